@@ -1,0 +1,66 @@
+# The two commands of the README: `make plan STACK=...` and `make test`. Each installs what it needs.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# vLLM is a CUDA build that pins its own torch: tests need only its interface classes, so it is
+# installed without dependencies, plus the pure-Python packages those interfaces import.
+VLLM_VERSION := 0.27.1
+VLLM_INTERFACE_DEPS := msgspec cachetools cloudpickle blake3 py-cpuinfo psutil pyzmq regex \
+	sentencepiece "transformers>=5.5.3" partial-json-parser cbor2 aiohttp openai-harmony pillow \
+	pybase64 uvloop
+# Debian packages that tests run for real (Prometheus and promtool).
+DEBIAN_PACKAGES := prometheus
+SOURCES := Makefile pyproject.toml CMakeLists.txt $(shell find csrc -type f 2>/dev/null)
+STAMP := $(VENV)/.installed
+DEBS_STAMP := $(VENV)/.debian-packages
+
+.PHONY: help setup debs test lint bench plan clean
+
+help:
+	@echo "make setup   create $(VENV)/ with the package, its dev extras and the native engine"
+	@echo "make test    setup, then ruff check, ruff format --check and pytest"
+	@echo "make bench   run every benchmark under benchmarks/"
+	@echo "make clean   remove $(VENV)/ and build outputs"
+
+setup: $(STAMP) $(DEBS_STAMP)
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade "pip>=24.2"
+
+# Reinstalls (and so rebuilds the extension) only when the metadata or the C++ sources change.
+$(STAMP): $(VENV)/bin/python $(SOURCES)
+	$(PIP) install --quiet -e '.[dev,bench]'
+	$(PIP) install --quiet --no-deps "vllm==$(VLLM_VERSION)"
+	$(PIP) install --quiet $(VLLM_INTERFACE_DEPS)
+	$(PY) -c "from vllm.v1.sample.logits_processor import BatchUpdateBuilder, LogitsProcessor"
+	touch $@
+
+$(DEBS_STAMP): | $(VENV)/bin/python
+	@missing=""; for p in $(DEBIAN_PACKAGES); do \
+		dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+		echo "installing Debian packages:$$missing"; \
+		$$sudo apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+	touch $@
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint
+	$(VENV)/bin/pytest
+
+bench: setup
+	@for b in benchmarks/[a-z]*.py; do \
+		m=$$(basename $$b .py); echo "== benchmarks.$$m"; $(PY) -m benchmarks.$$m || exit 1; done
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
