@@ -1,0 +1,306 @@
+"""Typed configuration of the llm-serving stacks, read from ``stacks/Pulumi.<stack>.yaml``.
+
+Every key lives under the ``llm-serving:`` namespace except ``aws:region``. A region stack
+(``<env>-<region>``) is a :class:`RegionStackConfig`; the ``global`` stack is a
+:class:`GlobalStackConfig`. Bad or missing keys raise :class:`StackConfigError`, whose message
+names the key and the stack file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = [
+    "GLOBAL_STACK",
+    "NAMESPACE",
+    "STACKS_DIR",
+    "AmiType",
+    "CapacityType",
+    "ClusterConfig",
+    "GlobalStackConfig",
+    "ImageConfig",
+    "ModelCacheConfig",
+    "ModelConfig",
+    "ModelVersionConfig",
+    "NetworkConfig",
+    "NodeGroupConfig",
+    "RegionStackConfig",
+    "StackConfigError",
+    "Strategy",
+    "load_stack_config",
+    "read_stack_file",
+    "stack_file",
+]
+
+NAMESPACE = "llm-serving"
+GLOBAL_STACK = "global"
+STACKS_DIR = Path(__file__).resolve().parent
+
+Strategy = Literal["red-black", "versioned"]
+AmiType = Literal["AL2023_x86_64_NVIDIA", "BOTTLEROCKET_x86_64_NVIDIA"]
+CapacityType = Literal["ON_DEMAND", "SPOT", "CAPACITY_BLOCK"]
+_NAME = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
+Name = Annotated[str, Field(pattern=_NAME)]
+
+
+class StackConfigError(ValueError):
+    """A stack file holds a missing or invalid key; ``key`` and ``path`` say which and where."""
+
+    def __init__(self, key: str, path: Path | str, problem: str) -> None:
+        self.key = key
+        self.path = Path(path)
+        super().__init__(f"{self.path}: {key}: {problem}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelVersionConfig(_Strict):
+    """One published model version (``models/<id>/<version>/`` in the model bucket)."""
+
+    version: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    route_weight: int | None = Field(default=None, ge=0, le=100)
+    replicas: int | None = Field(default=None, ge=0, description="overrides the model's replicas")
+
+
+class ModelConfig(_Strict):
+    """A model served in the region: Red-Black serves its last version, Versioned all of them."""
+
+    id: Name
+    strategy: Strategy = "red-black"
+    versions: list[ModelVersionConfig] = Field(min_length=1)
+    node_group: Name = Field(description="node group whose GPUs serve it")
+    gpus: int = Field(default=1, ge=1, le=8, description="GPUs per serving pod")
+    replicas: int = Field(default=1, ge=0)
+    max_replicas: int | None = Field(default=None, ge=1, description="enables KEDA scaling")
+    queue_target: int = Field(default=8, ge=1, description="waiting requests per pod for KEDA")
+    memory_gib: int = Field(default=64, ge=4)
+    cpu: int = Field(default=8, ge=1)
+    shm_gib: int = Field(default=16, ge=1)
+
+    @model_validator(mode="after")
+    def _unique_versions(self) -> ModelConfig:
+        names = [v.version for v in self.versions]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"versions listed twice: {', '.join(duplicates)}")
+        if self.max_replicas is not None and self.max_replicas < self.replicas:
+            raise ValueError("max_replicas must be at least replicas")
+        return self
+
+    @property
+    def served_versions(self) -> list[ModelVersionConfig]:
+        """The versions that get servers: the last one (Red-Black) or every one (Versioned)."""
+        return self.versions[-1:] if self.strategy == "red-black" else list(self.versions)
+
+
+class NodeGroupConfig(_Strict):
+    """An EKS managed GPU node group."""
+
+    name: Name
+    ami_type: AmiType = "AL2023_x86_64_NVIDIA"
+    instance_types: list[str] = Field(min_length=1)
+    capacity_type: CapacityType = "ON_DEMAND"
+    min_size: int = Field(ge=0)
+    max_size: int = Field(ge=1)
+    desired_size: int = Field(ge=0)
+    gpus_per_node: int = Field(ge=1, le=16)
+    root_volume_gib: int = Field(default=200, ge=20)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> NodeGroupConfig:
+        if not self.min_size <= self.desired_size <= self.max_size:
+            raise ValueError("expected min_size <= desired_size <= max_size")
+        return self
+
+
+class ClusterConfig(_Strict):
+    """The EKS cluster: created by the stack, or an existing one adopted by name."""
+
+    mode: Literal["create", "adopt"]
+    name: Name
+    version: str = Field(default="1.33", pattern=r"^1\.\d{2}$")
+
+
+class NetworkConfig(_Strict):
+    """The VPC the cluster, node groups and file system live in."""
+
+    vpc_id: str = Field(pattern=r"^vpc-[0-9a-f]+$")
+    private_subnet_ids: list[Annotated[str, Field(pattern=r"^subnet-[0-9a-f]+$")]] = Field(
+        min_length=1
+    )
+    node_security_group_id: str | None = Field(
+        default=None,
+        pattern=r"^sg-[0-9a-f]+$",
+        description="adopted clusters: the security group of the GPU nodes",
+    )
+
+
+class ModelCacheConfig(_Strict):
+    """The FSx for Lustre model cache."""
+
+    storage_capacity_gib: int = Field(default=2400, ge=1200, multiple_of=2400)
+    throughput_per_unit: Literal[125, 250, 500, 1000] = 250
+    restore_batch_size: int = Field(default=64, ge=1, description="files per lfs hsm_restore")
+
+
+class ImageConfig(_Strict):
+    """The serving image, pulled from the region's replica of the global ECR repository."""
+
+    tag: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+    triton_release: str = Field(default="26.08", pattern=r"^\d{2}\.\d{2}$")
+
+
+class RegionStackConfig(_Strict):
+    """Everything a region stack (``<env>-<region>``) reads."""
+
+    region: str = Field(pattern=r"^[a-z]{2}-[a-z]+-\d$")
+    environment: Literal["dev", "staging", "prod"]
+    global_stack: str = Field(description="StackReference name of the global stack")
+    cluster: ClusterConfig
+    network: NetworkConfig
+    node_groups: list[NodeGroupConfig] = Field(min_length=1)
+    model_cache: ModelCacheConfig = ModelCacheConfig()
+    image: ImageConfig
+    namespace: Name = "llm-serving"
+    models: list[ModelConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _references(self) -> RegionStackConfig:
+        groups = {g.name: g for g in self.node_groups}
+        if len(groups) != len(self.node_groups):
+            raise ValueError("node_groups: names must be unique")
+        ids = [m.id for m in self.models]
+        if len(set(ids)) != len(ids):
+            raise ValueError("models: ids must be unique")
+        for i, model in enumerate(self.models):
+            group = groups.get(model.node_group)
+            if group is None:
+                raise ValueError(
+                    f"models[{i}].node_group: unknown node group {model.node_group!r}; "
+                    f"expected one of: {', '.join(groups)}"
+                )
+            if model.gpus > group.gpus_per_node:
+                raise ValueError(
+                    f"models[{i}].gpus: {model.gpus} GPUs do not fit on a "
+                    f"{group.gpus_per_node}-GPU node of {group.name!r}"
+                )
+        if self.cluster.mode == "adopt" and self.network.node_security_group_id is None:
+            raise ValueError("network.node_security_group_id is required to adopt a cluster")
+        return self
+
+
+class GlobalStackConfig(_Strict):
+    """The ``global`` stack: shared image repository and per-region model buckets."""
+
+    region: str = Field(pattern=r"^[a-z]{2}-[a-z]+-\d$", description="the publishing region")
+    replica_regions: list[str] = Field(min_length=1)
+    image_repository: str = Field(default="llm-serving/triton-vllm", pattern=r"^[a-z0-9/._-]+$")
+
+    @model_validator(mode="after")
+    def _distinct(self) -> GlobalStackConfig:
+        if self.region in self.replica_regions:
+            raise ValueError("replica_regions must not list the publishing region")
+        return self
+
+
+# Which config key (as written in the stack file) holds each field.
+_REGION_KEYS = {
+    "region": "aws:region",
+    **{
+        name: f"{NAMESPACE}:{name}"
+        for name in RegionStackConfig.model_fields
+        if name not in {"region"}
+    },
+}
+_GLOBAL_KEYS = {
+    "region": "aws:region",
+    **{name: f"{NAMESPACE}:{name}" for name in GlobalStackConfig.model_fields if name != "region"},
+}
+
+
+def stack_file(stack: str, stacks_dir: Path = STACKS_DIR) -> Path:
+    """The file that holds a stack's configuration."""
+    return stacks_dir / f"Pulumi.{stack}.yaml"
+
+
+def read_stack_file(path: Path) -> dict[str, Any]:
+    """The ``config:`` mapping of a stack file, keys as written (``llm-serving:models``)."""
+    if not path.is_file():
+        raise StackConfigError("config", path, "stack file not found")
+    try:
+        document = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise StackConfigError("config", path, f"not valid YAML: {exc}") from exc
+    config = document.get("config") if isinstance(document, dict) else None
+    if not isinstance(config, dict):
+        raise StackConfigError("config", path, "expected a 'config:' mapping")
+    return config
+
+
+def load_stack_config(
+    stack: str,
+    get: Callable[[str], Any] | None = None,
+    stacks_dir: Path = STACKS_DIR,
+) -> RegionStackConfig | GlobalStackConfig:
+    """Validate a stack's configuration; ``get(key)`` reads a key (default: the stack file).
+
+    In a Pulumi run ``get`` reads ``pulumi.Config`` (values arrive as JSON strings); the
+    offline plan and tests read the file directly.
+    """
+    path = stack_file(stack, stacks_dir)
+    model: type[RegionStackConfig] | type[GlobalStackConfig]
+    keys: Mapping[str, str]
+    if stack == GLOBAL_STACK:
+        model, keys = GlobalStackConfig, _GLOBAL_KEYS
+    else:
+        model, keys = RegionStackConfig, _REGION_KEYS
+    if get is None:
+        values = read_stack_file(path)
+        unknown = sorted(
+            k for k in values if k.startswith(f"{NAMESPACE}:") and k not in keys.values()
+        )
+        if unknown:
+            allowed = ", ".join(sorted(keys.values()))
+            raise StackConfigError(unknown[0], path, f"unknown key; expected one of: {allowed}")
+        get = values.get
+    raw: dict[str, Any] = {}
+    for field, key in keys.items():
+        value = get(key)
+        if isinstance(value, str) and value[:1] in "[{":
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise StackConfigError(key, path, f"not valid JSON: {exc}") from exc
+        if value is not None:
+            raw[field] = value
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise _config_error(exc, keys, path) from None
+
+
+def _config_error(exc: ValidationError, keys: Mapping[str, str], path: Path) -> StackConfigError:
+    """The first validation error, phrased with the stack-file key it concerns."""
+    error = exc.errors()[0]
+    location = [str(p) for p in error["loc"]]
+    problem = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] == "missing":
+        problem = "missing required key"
+    elif error["type"] == "extra_forbidden":
+        problem = "unknown key"
+    if not location:
+        # A check across fields: its message starts with the field it is about.
+        match = re.match(r"([a-z_]+)", problem)
+        field = match.group(1) if match else ""
+        return StackConfigError(keys.get(field, f"{NAMESPACE}:*"), path, problem)
+    suffix = "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in location[1:])
+    return StackConfigError(f"{keys[location[0]]}{suffix}", path, problem)

@@ -1,0 +1,126 @@
+"""Stack configuration: every shipped stack file parses; bad or missing keys name key and file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from stacks.config import (
+    STACKS_DIR,
+    GlobalStackConfig,
+    RegionStackConfig,
+    StackConfigError,
+    load_stack_config,
+)
+
+REGION_STACKS = ["prod-us-east-1", "prod-eu-west-1", "prod-ap-northeast-1", "dev-us-west-2"]
+
+
+def _write(tmp_path: Path, stack: str, config: dict[str, Any]) -> Path:
+    path = tmp_path / f"Pulumi.{stack}.yaml"
+    path.write_text(yaml.safe_dump({"config": config}))
+    return path
+
+
+def _base() -> dict[str, Any]:
+    return yaml.safe_load((STACKS_DIR / "Pulumi.dev-us-west-2.yaml").read_text())["config"]
+
+
+@pytest.mark.parametrize("stack", REGION_STACKS)
+def test_region_stacks_parse(stack: str) -> None:
+    config = load_stack_config(stack)
+    assert isinstance(config, RegionStackConfig)
+    assert stack.endswith(config.region)
+    assert stack.startswith(config.environment)
+    assert config.models, "every shipped stack serves at least one model"
+
+
+def test_global_stack_parses() -> None:
+    config = load_stack_config("global")
+    assert isinstance(config, GlobalStackConfig)
+    assert config.region not in config.replica_regions
+    regions = {load_stack_config(s).region for s in REGION_STACKS}
+    assert regions <= {config.region, *config.replica_regions}
+
+
+def test_served_versions_follow_strategy() -> None:
+    config = load_stack_config("prod-us-east-1")
+    assert isinstance(config, RegionStackConfig)
+    by_id = {m.id: m for m in config.models}
+    red_black = by_id["llama-3-1-70b-instruct"]
+    versioned = by_id["catalog-ranker-8b"]
+    assert [v.version for v in red_black.served_versions] == [red_black.versions[-1].version]
+    assert [v.version for v in versioned.served_versions] == [v.version for v in versioned.versions]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "key", "problem"),
+    [
+        (lambda c: c.pop("llm-serving:cluster"), "llm-serving:cluster", "missing required key"),
+        (lambda c: c.pop("aws:region"), "aws:region", "missing required key"),
+        (
+            lambda c: c["llm-serving:models"][0].update(strategy="canary"),
+            "llm-serving:models[0].strategy",
+            "'red-black' or 'versioned'",
+        ),
+        (
+            lambda c: c["llm-serving:models"][0]["versions"][0].update(route_weight=120),
+            "llm-serving:models[0].versions[0].route_weight",
+            "less than or equal to 100",
+        ),
+        (
+            lambda c: c["llm-serving:models"][0].pop("versions"),
+            "llm-serving:models[0].versions",
+            "missing required key",
+        ),
+        (
+            lambda c: c["llm-serving:models"][0].update(node_group="h100"),
+            "llm-serving:models",
+            "unknown node group 'h100'",
+        ),
+        (
+            lambda c: c["llm-serving:node_groups"][0].update(ami_type="AL2_x86_64_GPU"),
+            "llm-serving:node_groups[0].ami_type",
+            "AL2023_x86_64_NVIDIA",
+        ),
+        (
+            lambda c: c["llm-serving:node_groups"][0].update(desired_size=9),
+            "llm-serving:node_groups[0]",
+            "min_size <= desired_size <= max_size",
+        ),
+        (
+            lambda c: c["llm-serving:models"][0].update(replica=2),
+            "llm-serving:models[0].replica",
+            "unknown key",
+        ),
+        (lambda c: c.update({"llm-serving:modles": []}), "llm-serving:modles", "unknown key"),
+    ],
+)
+def test_bad_config_names_key_and_file(tmp_path: Path, mutate: Any, key: str, problem: str) -> None:
+    config = _base()
+    mutate(config)
+    path = _write(tmp_path, "dev-us-west-2", config)
+    with pytest.raises(StackConfigError) as caught:
+        load_stack_config("dev-us-west-2", stacks_dir=tmp_path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: {key}")
+    assert problem in message
+    assert caught.value.key == key
+
+
+def test_missing_stack_file(tmp_path: Path) -> None:
+    with pytest.raises(StackConfigError, match="stack file not found"):
+        load_stack_config("prod-mars-1", stacks_dir=tmp_path)
+
+
+def test_values_read_through_getter_are_json() -> None:
+    # In a Pulumi run structured values arrive as JSON strings.
+    import json
+
+    raw = _base()
+    encoded = {k: v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()}
+    config = load_stack_config("dev-us-west-2", get=encoded.get)
+    assert config == load_stack_config("dev-us-west-2")
