@@ -1,0 +1,209 @@
+"""``ClusterAddons``: the pinned Helm releases that model services need in a cluster."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components.gpu_node_group import GPU_RESOURCE, gpu_tolerations
+
+__all__ = [
+    "GATEWAY_CLASS",
+    "ChartPin",
+    "ClusterAddons",
+    "ClusterAddonsArgs",
+]
+
+GATEWAY_CLASS = "envoy-gateway"
+GATEWAY_API_PLUGIN = "argoproj-labs/gatewayAPI"
+
+
+@dataclass(frozen=True)
+class ChartPin:
+    """One Helm chart at an exact version."""
+
+    chart: str
+    """Chart name, or an ``oci://`` reference."""
+    version: str
+    """Exact chart version (never a range)."""
+    repo: str | None
+    """Chart repository URL; ``None`` for ``oci://`` charts."""
+    namespace: str
+    """Namespace the release is installed into."""
+
+
+FSX_CSI_DRIVER = ChartPin(
+    "aws-fsx-csi-driver",
+    "1.11.0",
+    "https://kubernetes-sigs.github.io/aws-fsx-csi-driver",
+    "kube-system",
+)
+NVIDIA_DEVICE_PLUGIN = ChartPin(
+    "nvidia-device-plugin", "0.17.1", "https://nvidia.github.io/k8s-device-plugin", "nvidia"
+)
+ARGO_ROLLOUTS = ChartPin(
+    "argo-rollouts", "2.37.6", "https://argoproj.github.io/argo-helm", "argo-rollouts"
+)
+ENVOY_GATEWAY = ChartPin(
+    "oci://docker.io/envoyproxy/gateway-helm", "v1.4.0", None, "envoy-gateway-system"
+)
+KEDA = ChartPin("keda", "2.17.0", "https://kedacore.github.io/charts", "keda")
+KUBE_PROMETHEUS_STACK = ChartPin(
+    "kube-prometheus-stack",
+    "75.4.0",
+    "https://prometheus-community.github.io/helm-charts",
+    "monitoring",
+)
+
+
+@dataclass(frozen=True)
+class ClusterAddonsArgs:
+    """Inputs of the cluster add-ons; chart versions are pinned defaults."""
+
+    device_plugin_node_selector: Mapping[str, str] | None
+    """Nodes whose AMI lacks the NVIDIA device plugin; ``None`` installs none."""
+    gateway_namespace: str
+    """Namespace of the shared Gateway that model routes attach to."""
+    fsx_csi: ChartPin = FSX_CSI_DRIVER
+    """FSx for Lustre CSI driver."""
+    device_plugin: ChartPin = NVIDIA_DEVICE_PLUGIN
+    """NVIDIA device plugin (AL2023 NVIDIA AMIs only)."""
+    argo_rollouts: ChartPin = ARGO_ROLLOUTS
+    """Argo Rollouts controller."""
+    gateway_api_plugin_url: str = (
+        "https://github.com/argoproj-labs/rollouts-plugin-trafficrouter-gatewayapi/"
+        "releases/download/v0.4.0/gatewayapi-plugin-linux-amd64"
+    )
+    """Argo Rollouts' Gateway API traffic-router plugin binary."""
+    envoy_gateway: ChartPin = ENVOY_GATEWAY
+    """Envoy Gateway: the Gateway API implementation (installs the Gateway API CRDs)."""
+    keda: ChartPin = KEDA
+    """KEDA, for scaling on vLLM's queue length."""
+    prometheus_stack: ChartPin = KUBE_PROMETHEUS_STACK
+    """Prometheus operator, Prometheus, Alertmanager and Grafana."""
+    extra_values: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Per-release values merged over ours, keyed by release name."""
+
+
+class ClusterAddons(pulumi.ComponentResource):
+    """FSx CSI driver, device plugin, Argo Rollouts, Envoy Gateway, KEDA, Prometheus stack."""
+
+    releases: dict[str, k8s.helm.v3.Release]
+    gateway_name: str
+    gateway_namespace: str
+
+    def __init__(
+        self, name: str, args: ClusterAddonsArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("llm-serving:cluster_addons:ClusterAddons", name, None, opts)
+        self._name = name
+        self._args = args
+        self.releases = {}
+        # The CSI node plugin must run on GPU nodes too, or their pods cannot mount the cache.
+        self._release("aws-fsx-csi-driver", args.fsx_csi, {"node": {"tolerateAllTaints": True}})
+        if args.device_plugin_node_selector is not None:
+            self._release(
+                "nvidia-device-plugin",
+                args.device_plugin,
+                {
+                    "nodeSelector": dict(args.device_plugin_node_selector),
+                    "tolerations": gpu_tolerations(),
+                },
+            )
+        plugins = [{"name": GATEWAY_API_PLUGIN, "location": args.gateway_api_plugin_url}]
+        self._release(
+            "argo-rollouts",
+            args.argo_rollouts,
+            {"controller": {"trafficRouterPlugins": {"trafficRouterPlugins": json.dumps(plugins)}}},
+        )
+        envoy = self._release("envoy-gateway", args.envoy_gateway, {})
+        self._release("keda", args.keda, {})
+        self._release(
+            "kube-prometheus-stack",
+            args.prometheus_stack,
+            {
+                # Pick up every ServiceMonitor and PrometheusRule, not only the chart's own.
+                "prometheus": {
+                    "prometheusSpec": {
+                        "serviceMonitorSelectorNilUsesHelmValues": False,
+                        "podMonitorSelectorNilUsesHelmValues": False,
+                        "ruleSelectorNilUsesHelmValues": False,
+                    }
+                },
+                "grafana": {"sidecar": {"dashboards": {"enabled": True, "searchNamespace": "ALL"}}},
+            },
+        )
+        self.gateway_name, self.gateway_namespace = self._create_gateway(envoy)
+        self.register_outputs(
+            {
+                "releases": {k: r.status for k, r in self.releases.items()},
+                "gateway": f"{self.gateway_namespace}/{self.gateway_name}",
+                "gpu_resource": GPU_RESOURCE,
+            }
+        )
+
+    def _release(
+        self, release: str, pin: ChartPin, values: Mapping[str, Any]
+    ) -> k8s.helm.v3.Release:
+        merged = _merge(values, self._args.extra_values.get(release, {}))
+        resource = k8s.helm.v3.Release(
+            f"{self._name}-{release}",
+            name=release,
+            chart=pin.chart,
+            version=pin.version,
+            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=pin.repo) if pin.repo else None,
+            namespace=pin.namespace,
+            create_namespace=True,
+            atomic=True,
+            values=merged,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.releases[release] = resource
+        return resource
+
+    def _create_gateway(self, envoy: k8s.helm.v3.Release) -> tuple[str, str]:
+        after_envoy = pulumi.ResourceOptions(parent=self, depends_on=[envoy])
+        k8s.apiextensions.CustomResource(
+            f"{self._name}-gateway-class",
+            api_version="gateway.networking.k8s.io/v1",
+            kind="GatewayClass",
+            metadata={"name": GATEWAY_CLASS},
+            spec={"controllerName": "gateway.envoyproxy.io/gatewayclass-controller"},
+            opts=after_envoy,
+        )
+        name = "llm-serving"
+        k8s.apiextensions.CustomResource(
+            f"{self._name}-gateway",
+            api_version="gateway.networking.k8s.io/v1",
+            kind="Gateway",
+            metadata={"name": name, "namespace": self._args.gateway_namespace},
+            spec={
+                "gatewayClassName": GATEWAY_CLASS,
+                "listeners": [
+                    {
+                        "name": "http",
+                        "protocol": "HTTP",
+                        "port": 80,
+                        "allowedRoutes": {"namespaces": {"from": "Same"}},
+                    }
+                ],
+            },
+            opts=after_envoy,
+        )
+        return name, self._args.gateway_namespace
+
+
+def _merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep-merge Helm values: mappings merge, anything else in ``override`` wins."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged

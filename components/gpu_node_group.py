@@ -1,0 +1,224 @@
+"""``GpuNodeGroup``: an EKS managed node group of NVIDIA GPU instances, tainted for GPU pods."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_aws as aws
+
+__all__ = [
+    "AMI_TYPES",
+    "CAPACITY_TYPES",
+    "GPU_RESOURCE",
+    "NODE_GROUP_LABEL",
+    "GpuNodeGroup",
+    "GpuNodeGroupArgs",
+    "gpu_tolerations",
+    "node_selector",
+]
+
+GPU_RESOURCE = "nvidia.com/gpu"
+NODE_GROUP_LABEL = "llm-serving/node-group"
+AMI_TYPES = ("AL2023_x86_64_NVIDIA", "BOTTLEROCKET_x86_64_NVIDIA")
+CAPACITY_TYPES = ("ON_DEMAND", "SPOT", "CAPACITY_BLOCK")
+_NODE_POLICIES = (
+    "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
+    "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
+    "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly",
+)
+# AL2023's nodeadm stripes the instance-store NVMe disks into one RAID0 volume and moves the
+# kubelet and containerd directories onto it, so unpacked model packages (emptyDir) land there.
+_AL2023_USER_DATA = """MIME-Version: 1.0
+Content-Type: multipart/mixed; boundary="LLMSERVING"
+
+--LLMSERVING
+Content-Type: application/node.eks.aws
+
+---
+apiVersion: node.eks.aws/v1alpha1
+kind: NodeConfig
+spec:
+  instance:
+    localStorage:
+      strategy: RAID0
+
+--LLMSERVING--
+"""
+# Bottlerocket does the same through its ephemeral-storage API at every boot.
+_BOTTLEROCKET_USER_DATA = """[settings.bootstrap-commands.k8s-ephemeral-storage]
+commands = [["apiclient", "ephemeral-storage", "init"], \
+["apiclient", "ephemeral-storage", "bind", "--dirs", "/var/lib/containerd", "/var/lib/kubelet", \
+"/var/log/pods"]]
+mode = "always"
+essential = true
+"""
+
+
+def gpu_tolerations() -> list[dict[str, str]]:
+    """The toleration GPU pods need for the node group's ``nvidia.com/gpu`` NoSchedule taint."""
+    return [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def node_selector(group: str) -> dict[str, str]:
+    """The node selector that pins a pod onto one GPU node group."""
+    return {NODE_GROUP_LABEL: group}
+
+
+@dataclass(frozen=True)
+class GpuNodeGroupArgs:
+    """Inputs of a GPU node group."""
+
+    cluster_name: pulumi.Input[str]
+    """Name of the EKS cluster the group joins."""
+    subnet_ids: Sequence[pulumi.Input[str]]
+    """Private subnets the nodes are launched in."""
+    security_group_ids: Sequence[pulumi.Input[str]]
+    """Security groups of the nodes (the cluster's and the GPU nodes' own)."""
+    instance_types: Sequence[str]
+    """GPU instance types, e.g. ``p5.48xlarge``."""
+    min_size: int
+    """Lower scaling bound."""
+    max_size: int
+    """Upper scaling bound."""
+    desired_size: int
+    """Initial size; later changes by the cluster autoscaler are not reverted."""
+    gpus_per_node: int
+    """GPUs of each instance, used to size pods."""
+    ami_type: str = "AL2023_x86_64_NVIDIA"
+    """One of :data:`AMI_TYPES`."""
+    capacity_type: str = "ON_DEMAND"
+    """One of :data:`CAPACITY_TYPES`."""
+    root_volume_gib: int = 200
+    """Encrypted gp3 root volume size (images and logs; packages go to local NVMe)."""
+    kubernetes_version: pulumi.Input[str] | None = None
+    """Kubelet version; ``None`` follows the cluster."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Extra node labels."""
+
+
+class GpuNodeGroup(pulumi.ComponentResource):
+    """A managed node group on an NVIDIA AMI, with IMDSv2 and local NVMe for packages."""
+
+    node_group_name: pulumi.Output[str]
+    labels: dict[str, str]
+    needs_device_plugin: bool
+
+    def __init__(
+        self, name: str, args: GpuNodeGroupArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        _validate(args)
+        super().__init__("llm-serving:gpu_node_group:GpuNodeGroup", name, None, opts)
+        family = "al2023" if args.ami_type.startswith("AL2023") else "bottlerocket"
+        # Bottlerocket's NVIDIA variants run the device plugin on the host; AL2023's do not.
+        self.needs_device_plugin = family == "al2023"
+        self.labels = {
+            **args.labels,
+            NODE_GROUP_LABEL: name,
+            "llm-serving/ami-family": family,
+            "nvidia.com/gpu.present": "true",
+        }
+        role = self._create_role(name)
+        template = self._create_launch_template(name, args, family)
+        group = aws.eks.NodeGroup(
+            f"{name}-nodes",
+            cluster_name=args.cluster_name,
+            node_role_arn=role.arn,
+            subnet_ids=list(args.subnet_ids),
+            ami_type=args.ami_type,
+            capacity_type=args.capacity_type,
+            instance_types=list(args.instance_types),
+            version=args.kubernetes_version,
+            scaling_config=aws.eks.NodeGroupScalingConfigArgs(
+                min_size=args.min_size, max_size=args.max_size, desired_size=args.desired_size
+            ),
+            update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
+            labels=self.labels,
+            taints=[aws.eks.NodeGroupTaintArgs(key=GPU_RESOURCE, effect="NO_SCHEDULE")],
+            launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
+                id=template.id, version=template.latest_version.apply(str)
+            ),
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                # The autoscaler owns the size once the group exists.
+                ignore_changes=["scalingConfig.desiredSize"],
+            ),
+        )
+        self.node_group_name = group.node_group_name
+        self.register_outputs({"node_group_name": self.node_group_name, "labels": self.labels})
+
+    def _create_role(self, name: str) -> aws.iam.Role:
+        role = aws.iam.Role(
+            f"{name}-node-role",
+            assume_role_policy=json.dumps(
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [
+                        {
+                            "Effect": "Allow",
+                            "Principal": {"Service": "ec2.amazonaws.com"},
+                            "Action": "sts:AssumeRole",
+                        }
+                    ],
+                }
+            ),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        for policy in _NODE_POLICIES:
+            aws.iam.RolePolicyAttachment(
+                f"{name}-{policy.rsplit('/', 1)[1]}",
+                role=role.name,
+                policy_arn=policy,
+                opts=pulumi.ResourceOptions(parent=role),
+            )
+        return role
+
+    def _create_launch_template(
+        self, name: str, args: GpuNodeGroupArgs, family: str
+    ) -> aws.ec2.LaunchTemplate:
+        user_data = _AL2023_USER_DATA if family == "al2023" else _BOTTLEROCKET_USER_DATA
+        root_device = "/dev/xvda" if family == "al2023" else "/dev/xvdb"
+        return aws.ec2.LaunchTemplate(
+            f"{name}-launch-template",
+            # Hop limit 1 keeps pods (which use IRSA) away from the node role's credentials.
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
+                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1
+            ),
+            block_device_mappings=[
+                aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+                    device_name=root_device,
+                    ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
+                        volume_size=args.root_volume_gib,
+                        volume_type="gp3",
+                        encrypted="true",
+                        delete_on_termination="true",
+                    ),
+                )
+            ],
+            vpc_security_group_ids=list(args.security_group_ids),
+            user_data=base64.b64encode(user_data.encode()).decode(),
+            update_default_version=True,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+
+
+def _validate(args: GpuNodeGroupArgs) -> None:
+    if args.ami_type not in AMI_TYPES:
+        raise ValueError(
+            f"unsupported ami_type {args.ami_type!r}; expected one of: {', '.join(AMI_TYPES)}"
+        )
+    if args.capacity_type not in CAPACITY_TYPES:
+        raise ValueError(
+            f"unsupported capacity_type {args.capacity_type!r}; "
+            f"expected one of: {', '.join(CAPACITY_TYPES)}"
+        )
+    if not args.instance_types:
+        raise ValueError("instance_types must name at least one GPU instance type")
+    if not args.min_size <= args.desired_size <= args.max_size:
+        raise ValueError(
+            f"expected min_size <= desired_size <= max_size, got "
+            f"{args.min_size} <= {args.desired_size} <= {args.max_size}"
+        )

@@ -1,0 +1,307 @@
+"""``ModelCache``: FSx for Lustre linked to the model bucket, and the jobs that fill it.
+
+Importing from S3 brings only metadata, so each model version in service gets a materialize
+Job that restores its files into Lustre and verifies that none is still released; servers of
+that version depend on the Job, so no GPU pod ever starts by pulling weights from S3.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from components.naming import dns_label
+
+__all__ = [
+    "CACHE_MOUNT_PATH",
+    "CSI_DRIVER",
+    "FILE_SYSTEM_PATH",
+    "LUSTRE_PORTS",
+    "ModelCache",
+    "ModelCacheArgs",
+    "materialize_script",
+]
+
+CSI_DRIVER = "fsx.csi.aws.com"
+CACHE_MOUNT_PATH = "/mnt/model-cache"
+# The association links bucket prefix ``models/`` to this path (contract 5).
+FILE_SYSTEM_PATH = "/models"
+# Lustre clients reach the servers on 988 and 1018-1023 (FSx for Lustre VPC requirements).
+LUSTRE_PORTS = ((988, 988), (1018, 1023))
+THROUGHPUT_PER_UNIT = (125, 250, 500, 1000)
+
+
+@dataclass(frozen=True)
+class ModelCacheArgs:
+    """Inputs of the model cache."""
+
+    vpc_id: pulumi.Input[str]
+    """VPC of the file system and the GPU nodes."""
+    subnet_id: pulumi.Input[str]
+    """The one subnet a PERSISTENT_2 file system lives in."""
+    node_security_group_id: pulumi.Input[str]
+    """Security group of the GPU nodes: the only clients allowed on the Lustre ports."""
+    bucket_name: pulumi.Input[str]
+    """The region's model bucket (``models/<id>/<version>/...``)."""
+    namespace: str
+    """Kubernetes namespace of the claims and materialize jobs."""
+    versions: Sequence[tuple[str, str]]
+    """``(model_id, version)`` pairs in service: one materialize Job each."""
+    tools_image: str
+    """Image with the Lustre client tools (``lfs``) that materialize jobs run."""
+    storage_capacity_gib: int = 2400
+    """File system size: 1200 or a multiple of 2400 GiB."""
+    throughput_per_unit: int = 250
+    """MB/s per TiB, one of :data:`THROUGHPUT_PER_UNIT`."""
+    restore_batch_size: int = 64
+    """Files per ``lfs hsm_restore`` call."""
+    restore_timeout_s: int = 3600
+    """How long a materialize Job may take before it fails."""
+    depends_on: Sequence[pulumi.Resource] = ()
+    """What the claims and jobs need first: the namespace, the CSI driver."""
+
+
+def materialize_script(model_id: str, version: str, batch_size: int) -> str:
+    """The shell script a materialize Job runs for one model version."""
+    folder = f"{CACHE_MOUNT_PATH}{FILE_SYSTEM_PATH}/{model_id}/{version}"
+    return f"""set -euo pipefail
+dir='{folder}'
+if [ ! -f "$dir/manifest.json" ]; then
+  echo "no manifest.json under $dir: publish {model_id} {version} first" >&2
+  exit 1
+fi
+echo "restoring $(find "$dir" -type f | wc -l) files of {model_id} {version}"
+find "$dir" -type f -print0 | xargs -0 -r -n {batch_size} lfs hsm_restore
+# hsm_restore only queues the work: poll until no file is still released.
+while :; do
+  released=$(find "$dir" -type f -print0 | xargs -0 -r -n {batch_size} lfs hsm_state \\
+    | grep -cE '\\) .*\\breleased\\b' || true)
+  if [ "$released" -eq 0 ]; then
+    echo "all files of {model_id} {version} are in Lustre"
+    exit 0
+  fi
+  echo "$released files still released"
+  sleep 10
+done
+"""
+
+
+class ModelCache(pulumi.ComponentResource):
+    """An encrypted PERSISTENT_2 Lustre file system, its claims and materialize jobs."""
+
+    file_system_id: pulumi.Output[str]
+    dns_name: pulumi.Output[str]
+    mount_name: pulumi.Output[str]
+    claim_name: str
+    materialize_jobs: dict[tuple[str, str], k8s.batch.v1.Job]
+
+    def __init__(
+        self, name: str, args: ModelCacheArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        _validate(args)
+        super().__init__("llm-serving:model_cache:ModelCache", name, None, opts)
+        self._name = name
+        self._args = args
+        key = aws.kms.Key(
+            f"{name}-key",
+            description="FSx for Lustre model cache",
+            enable_key_rotation=True,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        group = self._create_security_group()
+        file_system = aws.fsx.LustreFileSystem(
+            f"{name}-fs",
+            deployment_type="PERSISTENT_2",
+            storage_type="SSD",
+            storage_capacity=args.storage_capacity_gib,
+            per_unit_storage_throughput=args.throughput_per_unit,
+            file_system_type_version="2.15",
+            data_compression_type="LZ4",
+            kms_key_id=key.arn,
+            subnet_ids=args.subnet_id,
+            security_group_ids=[group.id],
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        association = aws.fsx.DataRepositoryAssociation(
+            f"{name}-models",
+            file_system_id=file_system.id,
+            file_system_path=FILE_SYSTEM_PATH,
+            data_repository_path=pulumi.Output.concat("s3://", args.bucket_name, "/models/"),
+            batch_import_meta_data_on_create=True,
+            delete_data_in_filesystem=False,
+            # Import only: the cache never writes back to the bucket.
+            s3=aws.fsx.DataRepositoryAssociationS3Args(
+                auto_import_policy=aws.fsx.DataRepositoryAssociationS3AutoImportPolicyArgs(
+                    events=["NEW", "CHANGED", "DELETED"]
+                ),
+            ),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.file_system_id = file_system.id
+        self.dns_name = file_system.dns_name
+        self.mount_name = file_system.mount_name
+        self.claim_name = f"{name}-read-only"
+        reader = self._create_claim(file_system, self.claim_name, "ReadOnlyMany")
+        writer = self._create_claim(file_system, f"{name}-restore", "ReadWriteMany")
+        self.materialize_jobs = {
+            (model_id, version): self._create_job(model_id, version, writer, association)
+            for model_id, version in args.versions
+        }
+        self.register_outputs(
+            {
+                "file_system_id": self.file_system_id,
+                "dns_name": self.dns_name,
+                "mount_name": self.mount_name,
+                "claim_name": reader.metadata.name,
+            }
+        )
+
+    def _create_security_group(self) -> aws.ec2.SecurityGroup:
+        group = aws.ec2.SecurityGroup(
+            f"{self._name}-lustre",
+            description="FSx for Lustre model cache: Lustre ports from GPU nodes only",
+            vpc_id=self._args.vpc_id,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        sources = {"nodes": self._args.node_security_group_id, "servers": group.id}
+        for low, high in LUSTRE_PORTS:
+            for role, source in sources.items():
+                # Lustre servers also talk to each other on the same ports.
+                aws.vpc.SecurityGroupIngressRule(
+                    f"{self._name}-lustre-{role}-{low}",
+                    security_group_id=group.id,
+                    referenced_security_group_id=source,
+                    ip_protocol="tcp",
+                    from_port=low,
+                    to_port=high,
+                    description=f"Lustre {low}-{high} from the {role}",
+                    opts=pulumi.ResourceOptions(parent=group),
+                )
+            aws.vpc.SecurityGroupEgressRule(
+                f"{self._name}-lustre-servers-out-{low}",
+                security_group_id=group.id,
+                referenced_security_group_id=group.id,
+                ip_protocol="tcp",
+                from_port=low,
+                to_port=high,
+                description=f"Lustre {low}-{high} between servers",
+                opts=pulumi.ResourceOptions(parent=group),
+            )
+        return group
+
+    def _create_claim(
+        self, file_system: aws.fsx.LustreFileSystem, claim: str, mode: str
+    ) -> k8s.core.v1.PersistentVolumeClaim:
+        namespace = self._args.namespace
+        volume_name = f"{namespace}-{claim}"
+        volume = k8s.core.v1.PersistentVolume(
+            f"{self._name}-{claim}-pv",
+            metadata={"name": volume_name},
+            spec={
+                "capacity": {"storage": f"{self._args.storage_capacity_gib}Gi"},
+                "accessModes": [mode],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "mountOptions": ["flock"],
+                "csi": {
+                    "driver": CSI_DRIVER,
+                    "volumeHandle": file_system.id,
+                    "volumeAttributes": {
+                        "dnsname": file_system.dns_name,
+                        "mountname": file_system.mount_name,
+                    },
+                },
+            },
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        return k8s.core.v1.PersistentVolumeClaim(
+            f"{self._name}-{claim}",
+            metadata={"name": claim, "namespace": namespace},
+            spec={
+                "accessModes": [mode],
+                "storageClassName": "",
+                "volumeName": volume_name,
+                "resources": {"requests": {"storage": f"{self._args.storage_capacity_gib}Gi"}},
+            },
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[volume, *self._args.depends_on]),
+        )
+
+    def _create_job(
+        self,
+        model_id: str,
+        version: str,
+        claim: k8s.core.v1.PersistentVolumeClaim,
+        association: aws.fsx.DataRepositoryAssociation,
+    ) -> k8s.batch.v1.Job:
+        job_name = dns_label("materialize", model_id, version)
+        labels = {
+            "app.kubernetes.io/name": "model-materialize",
+            "app.kubernetes.io/part-of": "llm-serving",
+            "llm-serving/model-id": dns_label(model_id),
+            "llm-serving/model-version": dns_label(version),
+        }
+        script = materialize_script(model_id, version, self._args.restore_batch_size)
+        return k8s.batch.v1.Job(
+            f"{self._name}-{job_name}",
+            metadata={"name": job_name, "namespace": self._args.namespace, "labels": labels},
+            spec={
+                "backoffLimit": 3,
+                "activeDeadlineSeconds": self._args.restore_timeout_s,
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [
+                            {
+                                "name": "materialize",
+                                "image": self._args.tools_image,
+                                "command": ["/bin/bash", "-c", script],
+                                "resources": {
+                                    "requests": {"cpu": "500m", "memory": "512Mi"},
+                                    "limits": {"cpu": "2", "memory": "1Gi"},
+                                },
+                                "securityContext": {
+                                    # lfs hsm_* requests need CAP_SYS_ADMIN on the client.
+                                    "capabilities": {"add": ["SYS_ADMIN"]},
+                                },
+                                "volumeMounts": [
+                                    {"name": "model-cache", "mountPath": CACHE_MOUNT_PATH}
+                                ],
+                            }
+                        ],
+                        "volumes": [
+                            {
+                                "name": "model-cache",
+                                "persistentVolumeClaim": {"claimName": claim.metadata.name},
+                            }
+                        ],
+                    },
+                },
+            },
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[association, claim, *self._args.depends_on]
+            ),
+        )
+
+
+def _validate(args: ModelCacheArgs) -> None:
+    if args.throughput_per_unit not in THROUGHPUT_PER_UNIT:
+        allowed = ", ".join(map(str, THROUGHPUT_PER_UNIT))
+        raise ValueError(
+            f"unsupported throughput_per_unit {args.throughput_per_unit}; "
+            f"expected one of: {allowed}"
+        )
+    if args.storage_capacity_gib != 1200 and args.storage_capacity_gib % 2400:
+        raise ValueError(
+            f"storage_capacity_gib must be 1200 or a multiple of 2400, "
+            f"got {args.storage_capacity_gib}"
+        )
+    if args.restore_batch_size < 1:
+        raise ValueError(f"restore_batch_size must be at least 1, got {args.restore_batch_size}")
+    if len(set(args.versions)) != len(args.versions):
+        raise ValueError(f"versions lists a (model_id, version) twice: {json.dumps(args.versions)}")

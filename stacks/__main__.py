@@ -1,0 +1,51 @@
+"""The stack program: read this stack's configuration, compose the components, export outputs.
+
+``global`` holds what regions share; every other stack is one region and reads the global
+stack's outputs through a ``StackReference``.
+"""
+
+from __future__ import annotations
+
+import pulumi
+
+from components.region_platform import RegionPlatform, RegionPlatformArgs
+from components.shared_artifacts import SharedArtifacts, SharedArtifactsArgs
+from stacks.config import GLOBAL_STACK, NAMESPACE, GlobalStackConfig, load_stack_config
+
+stack = pulumi.get_stack()
+settings = pulumi.Config(NAMESPACE)
+aws_settings = pulumi.Config("aws")
+
+
+def _get(key: str) -> str | None:
+    namespace, _, name = key.partition(":")
+    return (aws_settings if namespace == "aws" else settings).get(name)
+
+
+config = load_stack_config(stack, get=_get)
+
+if isinstance(config, GlobalStackConfig):
+    shared = SharedArtifacts(
+        GLOBAL_STACK,
+        SharedArtifactsArgs(
+            publishing_region=config.region,
+            replica_regions=config.replica_regions,
+            image_repository=config.image_repository,
+        ),
+    )
+    pulumi.export("image_repository_urls", shared.image_repository_urls)
+    pulumi.export("model_buckets", shared.model_buckets)
+else:
+    shared_outputs = pulumi.StackReference(config.global_stack)
+    platform = RegionPlatform(
+        stack,
+        RegionPlatformArgs(
+            config=config,
+            image_repository_url=shared_outputs.require_output("image_repository_urls")[
+                config.region
+            ],
+            bucket_name=shared_outputs.require_output("model_buckets")[config.region],
+        ),
+    )
+    pulumi.export("cluster_name", platform.cluster_name)
+    pulumi.export("endpoints", platform.endpoints)

@@ -1,0 +1,274 @@
+"""Run a stack program under Pulumi's mock engine and record every resource it declares.
+
+This is what the offline plan and the component tests run instead of the Pulumi CLI and a
+cloud account. Cloud-side outputs are left unknown in preview (shown as computed) or filled
+with deterministic stand-ins otherwise; provider functions (``getCluster``, ``getObject``, ...)
+and the global stack's outputs behind ``StackReference`` are answered with stand-ins too.
+The module needs only Pulumi and PyYAML, so ``python stacks/mock_engine.py ROOT STACK OUT``
+can run another revision's program (``llm-serving plan --against``) from its own checkout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import runpy
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import yaml
+from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import rpc
+from pulumi.runtime.proto import resource_pb2
+
+__all__ = [
+    "COMPUTED",
+    "MOCK_ACCOUNT",
+    "PlanMocks",
+    "ProgramRun",
+    "RecordedResource",
+    "run_program",
+    "stack_config_strings",
+]
+
+COMPUTED = "(computed)"
+MOCK_ACCOUNT = "123456789012"
+STACK_REFERENCE = "pulumi:pulumi:StackReference"
+
+
+@dataclass
+class RecordedResource:
+    """One resource as the program declared it."""
+
+    urn: str
+    type: str
+    name: str
+    parent: str
+    custom: bool
+    inputs: dict[str, Any]
+    dependencies: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        """Type and name: what identifies a resource between two plans."""
+        return f"{self.type}::{self.name}"
+
+
+@dataclass
+class ProgramRun:
+    """Everything one run of a stack program declared."""
+
+    resources: list[RecordedResource]
+    outputs: dict[str, Any]
+
+
+def _plain(value: Any) -> Any:
+    """Inputs as plain data: unknown values become :data:`COMPUTED`."""
+    if isinstance(value, pulumi.output.Unknown) or value == rpc.UNKNOWN:
+        return COMPUTED
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items() if not str(k).startswith("__")}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, pulumi.Resource):
+        return f"<resource {type(value).__name__}>"
+    return value
+
+
+class _RecordingMonitor(pulumi_mocks.MockMonitor):
+    """The SDK's mock monitor, also keeping each registration's parent and dependencies."""
+
+    def __init__(self, mocks: pulumi_mocks.Mocks) -> None:
+        super().__init__(mocks)
+        self.records: list[RecordedResource] = []
+
+    def RegisterResource(self, request: Any) -> Any:
+        response = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            inputs = rpc.deserialize_properties(request.object, keep_unknowns=True)
+            self.records.append(
+                RecordedResource(
+                    urn=response.urn,
+                    type=request.type,
+                    name=request.name,
+                    parent=request.parent,
+                    custom=bool(request.custom),
+                    inputs=_plain(inputs),
+                    dependencies=sorted(request.dependencies),
+                )
+            )
+        return response
+
+    def ReadResource(self, request: Any) -> Any:  # noqa: N802 (the gRPC method name)
+        # The SDK's mock leaves a read's id empty, which a preview takes as unknown; a stack
+        # reference's id must be known or every invoke that depends on it turns unknown too.
+        response = super().ReadResource(request)
+        self.records.append(
+            RecordedResource(
+                urn=response.urn,
+                type=request.type,
+                name=request.name,
+                parent=request.parent,
+                custom=True,
+                inputs=_plain(rpc.deserialize_properties(request.properties, keep_unknowns=True)),
+                dependencies=sorted(request.dependencies),
+            )
+        )
+        return resource_pb2.ReadResourceResponse(
+            urn=response.urn, properties=response.properties, id=request.id
+        )
+
+
+class PlanMocks(pulumi_mocks.Mocks):
+    """Answers resource registrations and provider functions without a cloud.
+
+    With ``known_outputs`` every cloud output gets a deterministic stand-in value (for tests
+    that read them); without, outputs the cloud would compute stay unknown, as in a preview.
+    """
+
+    def __init__(
+        self,
+        global_outputs: Mapping[str, Any],
+        serving_mode: str = "embedded",
+        *,
+        known_outputs: bool = False,
+    ) -> None:
+        self.global_outputs = dict(global_outputs)
+        self.serving_mode = serving_mode
+        self.known_outputs = known_outputs
+        self.calls: list[str] = []
+
+    def new_resource(self, args: pulumi_mocks.MockResourceArgs) -> tuple[str | None, dict]:
+        outputs = dict(args.inputs)
+        if args.typ == STACK_REFERENCE:
+            return args.name, {**outputs, "outputs": self.global_outputs}
+        if not self.known_outputs:
+            return "", outputs
+        name = args.name
+        outputs.setdefault("arn", f"arn:aws:mock:::{name}")
+        outputs.setdefault("name", name)
+        extra = {
+            "aws:fsx/lustreFileSystem:LustreFileSystem": {
+                "dnsName": f"{name}.fsx.mock.amazonaws.com",
+                "mountName": "abcdefgh",
+            },
+            "aws:ec2/launchTemplate:LaunchTemplate": {"latestVersion": 1},
+            "aws:s3/bucket:Bucket": {"bucket": f"{name}-bucket"},
+            "aws:eks/cluster:Cluster": _cluster_outputs(name),
+            "aws:eks/nodeGroup:NodeGroup": {"nodeGroupName": name},
+        }.get(args.typ, {})
+        outputs.update(extra)
+        return f"{name}-id", outputs
+
+    def call(self, args: pulumi_mocks.MockCallArgs) -> dict:
+        self.calls.append(args.token)
+        if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
+            return {
+                "accountId": MOCK_ACCOUNT,
+                "arn": f"arn:aws:iam::{MOCK_ACCOUNT}:user/plan",
+                "userId": "plan",
+                "id": MOCK_ACCOUNT,
+            }
+        if args.token == "aws:eks/getCluster:getCluster":
+            return {"id": args.args["name"], **_cluster_outputs(args.args["name"], data=True)}
+        if args.token == "aws:iam/getOpenIdConnectProvider:getOpenIdConnectProvider":
+            url = args.args.get("url", "")
+            return {"arn": f"arn:aws:iam::{MOCK_ACCOUNT}:oidc-provider/{url}", "url": url}
+        if args.token == "aws:s3/getObject:getObject":
+            return {
+                "body": json.dumps({"serving_mode": self.serving_mode}),
+                "bucket": args.args.get("bucket"),
+                "key": args.args.get("key"),
+            }
+        return {}
+
+
+def _cluster_outputs(name: str, data: bool = False) -> dict[str, Any]:
+    issuer = f"https://oidc.eks.mock.amazonaws.com/id/{name.upper()}"
+    vpc = {"clusterSecurityGroupId": f"sg-{hashlib.sha256(name.encode()).hexdigest()[:17]}"}
+    outputs: dict[str, Any] = {
+        "name": name,
+        "endpoint": f"https://{name}.eks.mock.amazonaws.com",
+        "identities": [{"oidcs": [{"issuer": issuer}]}],
+        "vpcConfig": vpc,
+    }
+    if data:
+        outputs["certificateAuthorities"] = [{"data": "bW9jaw=="}]
+    else:
+        outputs["certificateAuthority"] = {"data": "bW9jaw=="}
+    return outputs
+
+
+def stack_config_strings(stack_file: Path) -> dict[str, str]:
+    """A stack file's ``config:`` as the engine passes it: structured values as JSON text."""
+    document = yaml.safe_load(stack_file.read_text()) if stack_file.is_file() else None
+    config = (document or {}).get("config") or {}
+    return {
+        key: value if isinstance(value, str) else json.dumps(value) for key, value in config.items()
+    }
+
+
+def run_program(
+    program: Path,
+    stack: str,
+    config: Mapping[str, str],
+    mocks: PlanMocks,
+    *,
+    preview: bool = True,
+    project: str = "llm-serving",
+    before: Callable[[], None] | None = None,
+) -> ProgramRun:
+    """Run ``program`` (a ``__main__.py``) as stack ``stack`` with ``config``; record it all."""
+    from pulumi.runtime.settings import ROOT
+    from pulumi.runtime.stack import run_pulumi_func
+    from pulumi.runtime.sync_await import _sync_await
+
+    ROOT.set(None)
+    monitor = _RecordingMonitor(mocks)
+    pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=preview, monitor=monitor)
+    pulumi.runtime.set_all_config(dict(config))
+    if before is not None:
+        before()
+    exported: dict[str, Any] = {}
+
+    def program_body() -> None:
+        runpy.run_path(str(program), run_name="__main__")
+        root = pulumi.runtime.get_root_resource()
+        outputs = dict(getattr(root, "outputs", {}))
+        names = sorted(outputs)
+
+        async def resolve() -> None:
+            for name in names:
+                output = pulumi.Output.from_input(outputs[name])
+                known = await output.is_known()
+                exported[name] = _plain(await output.future()) if known else COMPUTED
+
+        return resolve()
+
+    _sync_await(run_pulumi_func(program_body))
+    return ProgramRun(resources=list(monitor.records), outputs=exported)
+
+
+def _main(argv: list[str]) -> int:
+    """Run another checkout's program: ``ROOT STACK GLOBAL_OUTPUTS_JSON OUT_JSON``."""
+    root, stack, global_outputs, out = Path(argv[0]), argv[1], argv[2], Path(argv[3])
+    # That checkout's packages must win over the editable install of this one.
+    sys.meta_path[:] = [f for f in sys.meta_path if "Redirecting" not in type(f).__name__]
+    sys.path.insert(0, str(root))
+    program = root / "stacks" / "__main__.py"
+    run = ProgramRun(resources=[], outputs={})
+    if program.is_file():
+        config = stack_config_strings(root / "stacks" / f"Pulumi.{stack}.yaml")
+        run = run_program(program, stack, config, PlanMocks(json.loads(global_outputs)))
+    out.write_text(
+        json.dumps({"resources": [asdict(r) for r in run.resources], "outputs": run.outputs})
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
