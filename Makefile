@@ -25,6 +25,7 @@ help:
 	@echo "make test    setup, then ruff check, ruff format --check and pytest"
 	@echo "make bench   run every benchmark under benchmarks/"
 	@echo "make clean   remove $(VENV)/ and build outputs"
+	@echo "make plan STACK=prod-us-east-1   offline plan of a stack (no cloud, no Pulumi CLI)"
 
 setup: $(STAMP) $(DEBS_STAMP)
 
@@ -61,6 +62,12 @@ test: lint
 bench: setup
 	@for b in benchmarks/[a-z]*.py; do \
 		m=$$(basename $$b .py); echo "== benchmarks.$$m"; $(PY) -m benchmarks.$$m || exit 1; done
+
+# The offline plan of one stack: resource tree, Kubernetes YAML under plan-out/, validation.
+plan: setup
+	@test -n "$(STACK)" || { echo "usage: make plan STACK=<stack>, one of:" \
+		$$(ls stacks | sed -n 's/^Pulumi\.\(.*\)\.yaml$$/\1/p'); exit 2; }
+	$(VENV)/bin/llm-serving plan --stack $(STACK)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

@@ -30,6 +30,25 @@ def version() -> None:
     )
 
 
+@app.command()
+def plan(
+    stack: str = typer.Option(..., "--stack", "-s", help="Stack name, e.g. prod-us-east-1."),
+    out: str | None = typer.Option(None, "--out", help="Folder for the Kubernetes YAML."),
+    against: str | None = typer.Option(None, "--against", help="Git revision to diff with."),
+) -> None:
+    """Plan a stack offline: resource tree, Kubernetes YAML, validation, diff to a revision."""
+    from pathlib import Path
+
+    # Imported here: the serving image has no Pulumi, and the other commands must still run.
+    from stacks.plan import PlanError, run_plan
+
+    try:
+        run_plan(stack, Path(out) if out is not None else None, against, echo=typer.echo)
+    except PlanError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from exc
+
+
 def main() -> None:
     """Run the CLI (``python -m runtime.cli``)."""
     app()

@@ -74,6 +74,9 @@ def _plain(value: Any) -> Any:
         return {str(k): _plain(v) for k, v in value.items() if not str(k).startswith("__")}
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        # The engine's wire format (protobuf Struct) carries every number as a double.
+        return int(value)
     if isinstance(value, pulumi.Resource):
         return f"<resource {type(value).__name__}>"
     return value
@@ -103,7 +106,7 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
             )
         return response
 
-    def ReadResource(self, request: Any) -> Any:  # noqa: N802 (the gRPC method name)
+    def ReadResource(self, request: Any) -> Any:
         # The SDK's mock leaves a read's id empty, which a preview takes as unknown; a stack
         # reference's id must be known or every invoke that depends on it turns unknown too.
         response = super().ReadResource(request)

@@ -1,0 +1,399 @@
+"""The offline plan: what ``pulumi up`` would create for a stack, without credentials or a cloud.
+
+It runs the real stack program under Pulumi's mock engine (:mod:`stacks.mock_engine`) with the
+stack's configuration, prints the resource tree with the properties a reviewer cares about,
+writes every Kubernetes object as YAML and validates it, and with ``against`` prints the
+difference from the plan of another git revision, resource by resource.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stacks import mock_engine
+from stacks.config import (
+    GLOBAL_STACK,
+    STACKS_DIR,
+    RegionStackConfig,
+    StackConfigError,
+    load_stack_config,
+    stack_file,
+)
+from stacks.mock_engine import COMPUTED, MOCK_ACCOUNT, PlanMocks, ProgramRun, RecordedResource
+
+__all__ = [
+    "KEY_PROPERTIES",
+    "PlanError",
+    "PlanReport",
+    "Validation",
+    "diff_runs",
+    "global_outputs",
+    "kubernetes_objects",
+    "plan_program",
+    "run_plan",
+    "validate_object",
+]
+
+REPO_ROOT = STACKS_DIR.parent
+DEFAULT_OUT = REPO_ROOT / "plan-out"
+DEFAULT_KUBERNETES_VERSION = "1.33"
+# Properties shown in the tree, per resource type (dotted paths into the inputs).
+KEY_PROPERTIES: dict[str, tuple[str, ...]] = {
+    "aws:eks/cluster:Cluster": ("name", "version", "accessConfig.authenticationMode"),
+    "aws:eks/nodeGroup:NodeGroup": (
+        "amiType",
+        "capacityType",
+        "instanceTypes",
+        "scalingConfig",
+        "taints",
+    ),
+    "aws:ec2/launchTemplate:LaunchTemplate": (
+        "metadataOptions.httpTokens",
+        "blockDeviceMappings",
+    ),
+    "aws:fsx/lustreFileSystem:LustreFileSystem": (
+        "deploymentType",
+        "storageCapacity",
+        "perUnitStorageThroughput",
+        "kmsKeyId",
+    ),
+    "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation": (
+        "dataRepositoryPath",
+        "fileSystemPath",
+        "s3",
+    ),
+    "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule": (
+        "ipProtocol",
+        "fromPort",
+        "toPort",
+        "referencedSecurityGroupId",
+        "cidrIpv4",
+    ),
+    "aws:iam/rolePolicy:RolePolicy": ("policy",),
+    "aws:ecr/repository:Repository": ("name", "imageTagMutability"),
+    "aws:s3/bucketReplicationConfig:BucketReplicationConfig": ("rules",),
+    "kubernetes:helm.sh/v3:Release": ("chart", "version", "namespace"),
+    "kubernetes:apps/v1:Deployment": (
+        "metadata.namespace",
+        "spec.replicas",
+        "spec.template.spec.containers",
+    ),
+    "kubernetes:batch/v1:Job": ("metadata.namespace",),
+    "kubernetes:core/v1:Service": ("metadata.namespace", "spec.ports"),
+    "kubernetes:keda.sh/v1alpha1:ScaledObject": (
+        "spec.minReplicaCount",
+        "spec.maxReplicaCount",
+        "spec.triggers",
+    ),
+    "pulumi:pulumi:StackReference": ("name",),
+}
+_NOT_OBJECTS = ("kubernetes:helm.sh/", "pulumi:providers:")
+
+
+class PlanError(Exception):
+    """The plan cannot be made; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Validation:
+    """How one Kubernetes object was checked."""
+
+    path: Path
+    kind: str
+    schema: bool
+    """``True``: validated strictly against the Kubernetes schema; ``False``: a custom
+    resource, whose CRD schema is not available offline, checked for apiVersion/kind/metadata."""
+    error: str | None
+
+
+@dataclass
+class PlanReport:
+    """What one plan found."""
+
+    stack: str
+    run: ProgramRun
+    validations: list[Validation] = field(default_factory=list)
+    differences: list[str] | None = None
+    seconds: float = 0.0
+
+    @property
+    def invalid(self) -> list[Validation]:
+        """Objects that failed validation."""
+        return [v for v in self.validations if v.error is not None]
+
+
+def global_outputs(stacks_dir: Path = STACKS_DIR) -> dict[str, Any]:
+    """Stand-ins for the global stack's outputs, shaped as the global program exports them."""
+    config = mock_engine.stack_config_strings(stacks_dir / f"Pulumi.{GLOBAL_STACK}.yaml")
+    regions = [config.get("aws:region", "us-east-1")]
+    regions += json.loads(config.get("llm-serving:replica_regions", "[]"))
+    repository = config.get("llm-serving:image_repository", "llm-serving/triton-vllm")
+    return {
+        "image_repository_urls": {
+            r: f"{MOCK_ACCOUNT}.dkr.ecr.{r}.amazonaws.com/{repository}" for r in regions
+        },
+        "model_buckets": {r: f"llm-serving-models-{r}" for r in regions},
+    }
+
+
+def plan_program(stack: str, root: Path = REPO_ROOT) -> ProgramRun:
+    """Run this checkout's stack program for ``stack`` under the mock engine."""
+    stacks_dir = root / "stacks"
+    return mock_engine.run_program(
+        stacks_dir / "__main__.py",
+        stack,
+        mock_engine.stack_config_strings(stack_file(stack, stacks_dir)),
+        PlanMocks(global_outputs(stacks_dir)),
+    )
+
+
+def kubernetes_objects(run: ProgramRun) -> Iterator[tuple[RecordedResource, dict[str, Any]]]:
+    """Every Kubernetes object the run declared, as the manifest the provider would apply."""
+    for resource in run.resources:
+        if not resource.type.startswith("kubernetes:") or resource.type.startswith(_NOT_OBJECTS):
+            continue
+        manifest = {k: v for k, v in resource.inputs.items() if k not in {"status"}}
+        yield resource, manifest
+
+
+@cache
+def _validator(kind: str, api_version: str, version: str) -> Any:
+    """A strict schema validator for one built-in kind, or ``None`` for a custom resource."""
+    import jsonschema
+    import kubernetes_validate.utils as kv
+    from referencing import Registry, Resource
+
+    group = api_version.split("/")[0].split(".")[0] + "-" if "/" in api_version else ""
+    directory = f"kubernetes-json-schema/v{version}.0-local-strict"
+    name = f"{directory}/{kind.lower()}-{group}{api_version.split('/')[-1]}.json"
+    try:
+        schema = kv.schema_contents(name, version)
+    except FileNotFoundError:
+        return None
+    definitions = kv.schema_contents(f"{directory}/_definitions.json", version)
+    registry = Resource.from_contents(schema) @ Registry()
+    registry = Resource.from_contents(definitions) @ registry
+    return jsonschema.validators.Draft202012Validator(schema, registry=registry)
+
+
+def validate_object(
+    manifest: Mapping[str, Any], version: str = DEFAULT_KUBERNETES_VERSION
+) -> tuple[bool, str | None]:
+    """Check one object: ``(has_schema, error)``; built-ins strictly, custom resources by shape."""
+    api_version, kind = manifest.get("apiVersion"), manifest.get("kind")
+    metadata = manifest.get("metadata")
+    if not isinstance(api_version, str) or not isinstance(kind, str):
+        return False, "apiVersion and kind must be strings"
+    validator = _validator(kind, api_version, version)
+    if validator is None:
+        if not isinstance(metadata, Mapping) or not metadata.get("name"):
+            return False, "metadata.name is missing"
+        if "/" not in api_version:
+            return False, f"custom resource apiVersion {api_version!r} has no group"
+        return False, None
+    errors = sorted(validator.iter_errors(dict(manifest)), key=lambda e: list(e.path))
+    if errors:
+        where = ".".join(str(p) for p in errors[0].path) or "(root)"
+        return True, f"{where}: {errors[0].message}"
+    return True, None
+
+
+def _write_objects(run: ProgramRun, out: Path, version: str) -> list[Validation]:
+    validations = []
+    for resource, manifest in kubernetes_objects(run):
+        metadata = manifest.get("metadata") or {}
+        folder = out / str(metadata.get("namespace") or "_cluster")
+        folder.mkdir(parents=True, exist_ok=True)
+        name = metadata.get("name") or resource.name
+        path = folder / f"{str(manifest.get('kind', 'object')).lower()}-{name}.yaml"
+        path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+        schema, error = validate_object(manifest, version)
+        validations.append(Validation(path, str(manifest.get("kind")), schema, error))
+    return validations
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _lookup(inputs: Mapping[str, Any], path: str) -> Any:
+    value: Any = inputs
+    for part in path.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def format_tree(run: ProgramRun) -> list[str]:
+    """The resource tree: one line per resource (type, name), its key properties below it."""
+    children: dict[str, list[RecordedResource]] = {}
+    urns = {r.urn for r in run.resources}
+    for resource in run.resources:
+        parent = resource.parent if resource.parent in urns else ""
+        children.setdefault(parent, []).append(resource)
+    lines: list[str] = []
+
+    def walk(parent: str, depth: int) -> None:
+        for resource in sorted(children.get(parent, []), key=lambda r: (r.type, r.name)):
+            indent = "  " * depth
+            lines.append(f"{indent}+ {resource.type}  {resource.name}")
+            for path in KEY_PROPERTIES.get(resource.type, ()):
+                value = _lookup(resource.inputs, path)
+                if value is not None:
+                    lines.append(f"{indent}    {path}: {_short(value)}")
+            walk(resource.urn, depth + 1)
+
+    walk("", 0)
+    return lines
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, Mapping):
+        flat: dict[str, Any] = {}
+        for key in sorted(value):
+            flat.update(_flatten(value[key], f"{prefix}.{key}" if prefix else str(key)))
+        return flat
+    if isinstance(value, list):
+        flat = {}
+        for i, item in enumerate(value):
+            flat.update(_flatten(item, f"{prefix}[{i}]"))
+        return flat or {prefix: []}
+    return {prefix: value}
+
+
+def diff_runs(before: ProgramRun, after: ProgramRun) -> list[str]:
+    """Per-resource differences between two plans: ``+`` added, ``-`` removed, ``~`` changed."""
+    old = {r.key: r for r in before.resources}
+    new = {r.key: r for r in after.resources}
+    lines = []
+    for key in sorted(old.keys() | new.keys()):
+        if key not in old:
+            lines.append(f"+ {key.replace('::', '  ')}")
+        elif key not in new:
+            lines.append(f"- {key.replace('::', '  ')}")
+        else:
+            a, b = _flatten(old[key].inputs), _flatten(new[key].inputs)
+            changed = [p for p in sorted(a.keys() | b.keys()) if a.get(p) != b.get(p)]
+            if changed:
+                lines.append(f"~ {key.replace('::', '  ')}")
+                for path in changed:
+                    lines.append(
+                        f"    {path}: {_short(a.get(path, '(absent)'), 70)} -> "
+                        f"{_short(b.get(path, '(absent)'), 70)}"
+                    )
+    for name in sorted(before.outputs.keys() | after.outputs.keys()):
+        if before.outputs.get(name) != after.outputs.get(name):
+            lines.append(f"~ output {name}")
+    return lines
+
+
+def _plan_revision(ref: str, stack: str) -> ProgramRun:
+    """Plan ``stack`` as revision ``ref`` left it, in a fresh process on a temporary checkout."""
+    with tempfile.TemporaryDirectory(prefix="llm-serving-plan-") as tmp:
+        root = Path(tmp) / "checkout"
+        root.mkdir()
+        archive = Path(tmp) / "revision.tar"
+        # An exported tree, not a worktree: it leaves no trace in the repository's metadata.
+        result = subprocess.run(
+            ["git", "archive", "--format=tar", "-o", str(archive), ref],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+        )
+        if result.returncode != 0:
+            raise PlanError(f"--against {ref}: git cannot read that revision: {result.stderr}")
+        with tarfile.open(archive) as tar:
+            tar.extractall(root, filter="data")
+        out = Path(tmp) / "run.json"
+        process = subprocess.run(
+            [
+                sys.executable,
+                str(Path(mock_engine.__file__)),
+                str(root),
+                stack,
+                json.dumps(global_outputs()),
+                str(out),
+            ],
+            cwd=root,
+            capture_output=True,
+            text=True,
+        )
+        if process.returncode != 0:
+            tail = "\n".join(process.stderr.strip().splitlines()[-5:])
+            raise PlanError(f"--against {ref}: that revision's program failed:\n{tail}")
+        data = json.loads(out.read_text())
+    return ProgramRun(
+        resources=[RecordedResource(**r) for r in data["resources"]], outputs=data["outputs"]
+    )
+
+
+def run_plan(
+    stack: str,
+    out: Path | None = None,
+    against: str | None = None,
+    echo: Callable[[str], None] = print,
+) -> PlanReport:
+    """Plan ``stack``: print the tree, write and validate Kubernetes objects, diff ``against``."""
+    start = time.perf_counter()
+    stages = 5 if against else 4
+    try:
+        config = load_stack_config(stack)
+    except StackConfigError as exc:
+        raise PlanError(str(exc)) from exc
+    described = "global stack"
+    version = DEFAULT_KUBERNETES_VERSION
+    if isinstance(config, RegionStackConfig):
+        versions = sum(len(m.served_versions) for m in config.models)
+        described = f"{len(config.models)} models, {versions} served versions"
+        version = config.cluster.version
+    echo(f"[1/{stages}] config: {stack_file(stack)} is valid ({described})")
+    run = plan_program(stack)
+    echo(
+        f"[2/{stages}] program: {len(run.resources)} resources declared under the mock engine "
+        f"({time.perf_counter() - start:.1f} s); cloud-computed values show as {COMPUTED}, "
+        f"global stack outputs and package manifests are stand-ins"
+    )
+    for line in format_tree(run):
+        echo(line)
+    for name, value in sorted(run.outputs.items()):
+        echo(f"output {name}: {json.dumps(value, sort_keys=True)}")
+    report = PlanReport(stack=stack, run=run)
+    out_dir = (out or DEFAULT_OUT) / stack
+    # Objects of an earlier plan must not pass for this plan's.
+    shutil.rmtree(out_dir, ignore_errors=True)
+    report.validations = _write_objects(run, out_dir, version)
+    strict = sum(v.schema for v in report.validations)
+    echo(
+        f"[3/{stages}] kubernetes: wrote {len(report.validations)} objects under {out_dir}; "
+        f"{strict} built-in objects validated strictly against the Kubernetes {version} schema, "
+        f"{len(report.validations) - strict} custom resources (no CRD schema offline) checked "
+        f"for apiVersion, kind and metadata.name"
+    )
+    for invalid in report.invalid:
+        echo(f"INVALID {invalid.path}: {invalid.error}")
+    if against:
+        before = _plan_revision(against, stack)
+        report.differences = diff_runs(before, run)
+        echo(f"[4/{stages}] against {against}: {len(report.differences)} difference lines")
+        for line in report.differences:
+            echo(line)
+    report.seconds = time.perf_counter() - start
+    echo(f"[{stages}/{stages}] done in {report.seconds:.1f} s")
+    if report.invalid:
+        raise PlanError(f"{len(report.invalid)} Kubernetes objects failed validation")
+    return report
