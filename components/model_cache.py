@@ -66,9 +66,15 @@ class ModelCacheArgs:
     """What the claims and jobs need first: the namespace, the CSI driver."""
 
 
-def materialize_script(model_id: str, version: str, batch_size: int) -> str:
+def materialize_script(
+    model_id: str,
+    version: str,
+    batch_size: int,
+    poll_seconds: int = 10,
+    cache_root: str = CACHE_MOUNT_PATH,
+) -> str:
     """The shell script a materialize Job runs for one model version."""
-    folder = f"{CACHE_MOUNT_PATH}{FILE_SYSTEM_PATH}/{model_id}/{version}"
+    folder = f"{cache_root}{FILE_SYSTEM_PATH}/{model_id}/{version}"
     return f"""set -euo pipefail
 dir='{folder}'
 if [ ! -f "$dir/manifest.json" ]; then
@@ -86,7 +92,7 @@ while :; do
     exit 0
   fi
   echo "$released files still released"
-  sleep 10
+  sleep {poll_seconds}
 done
 """
 

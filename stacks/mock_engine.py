@@ -216,16 +216,18 @@ def stack_config_strings(stack_file: Path) -> dict[str, str]:
 
 
 def run_program(
-    program: Path,
+    program: Path | Callable[[], None],
     stack: str,
     config: Mapping[str, str],
     mocks: PlanMocks,
     *,
     preview: bool = True,
     project: str = "llm-serving",
-    before: Callable[[], None] | None = None,
 ) -> ProgramRun:
-    """Run ``program`` (a ``__main__.py``) as stack ``stack`` with ``config``; record it all."""
+    """Run ``program`` (a ``__main__.py``, or a function) as ``stack`` with ``config``.
+
+    Returns every resource the program declared and its resolved stack outputs.
+    """
     from pulumi.runtime.settings import ROOT
     from pulumi.runtime.stack import run_pulumi_func
     from pulumi.runtime.sync_await import _sync_await
@@ -234,12 +236,13 @@ def run_program(
     monitor = _RecordingMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=preview, monitor=monitor)
     pulumi.runtime.set_all_config(dict(config))
-    if before is not None:
-        before()
     exported: dict[str, Any] = {}
 
     def program_body() -> None:
-        runpy.run_path(str(program), run_name="__main__")
+        if callable(program):
+            program()
+        else:
+            runpy.run_path(str(program), run_name="__main__")
         root = pulumi.runtime.get_root_resource()
         outputs = dict(getattr(root, "outputs", {}))
         names = sorted(outputs)

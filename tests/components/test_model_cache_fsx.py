@@ -1,0 +1,111 @@
+"""ModelCache: encrypted PERSISTENT_2 Lustre, import-only association, Lustre-port SG, claims."""
+
+from __future__ import annotations
+
+import pytest
+
+from components.model_cache import (
+    CACHE_MOUNT_PATH,
+    CSI_DRIVER,
+    ModelCache,
+    ModelCacheArgs,
+)
+from tests.components.declared import Declare, Declared
+
+VERSIONS = [("llama", "v1"), ("ranker", "2026.11")]
+
+
+def _args(**overrides: object) -> ModelCacheArgs:
+    values: dict[str, object] = {
+        "vpc_id": "vpc-1",
+        "subnet_id": "subnet-1",
+        "node_security_group_id": "sg-nodes",
+        "bucket_name": "models-use1",
+        "namespace": "serving",
+        "versions": VERSIONS,
+        "tools_image": "tools:1",
+        "throughput_per_unit": 500,
+        "restore_batch_size": 32,
+    }
+    values.update(overrides)
+    return ModelCacheArgs(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def declared(declare: Declare) -> Declared:
+    return declare(lambda: ModelCache("cache", _args()))
+
+
+def test_file_system_is_persistent_2_and_kms_encrypted(declared: Declared) -> None:
+    fs = declared.one("aws:fsx/lustreFileSystem:LustreFileSystem").inputs
+    key = declared.one("aws:kms/key:Key")
+    assert fs["deploymentType"] == "PERSISTENT_2"
+    assert fs["perUnitStorageThroughput"] == 500
+    assert fs["kmsKeyId"] == f"arn:aws:mock:::{key.name}"
+    assert key.inputs["enableKeyRotation"] is True
+
+
+def test_association_imports_only_from_the_models_prefix(declared: Declared) -> None:
+    association = declared.one("aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation")
+    inputs = association.inputs
+    assert inputs["dataRepositoryPath"] == "s3://models-use1/models/"
+    assert inputs["fileSystemPath"] == "/models"
+    assert inputs["s3"]["autoImportPolicy"]["events"] == ["NEW", "CHANGED", "DELETED"]
+    assert "autoExportPolicy" not in inputs["s3"]
+    assert inputs["deleteDataInFilesystem"] is False
+
+
+def test_lustre_ports_open_only_to_nodes_and_servers(declared: Declared) -> None:
+    group = declared.one("aws:ec2/securityGroup:SecurityGroup")
+    rules = declared.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
+    assert {(r.inputs["fromPort"], r.inputs["toPort"]) for r in rules} == {(988, 988), (1018, 1023)}
+    sources = {r.inputs["referencedSecurityGroupId"] for r in rules}
+    assert sources == {"sg-nodes", f"{group.name}-id"}
+    assert all("cidrIpv4" not in r.inputs for r in rules)
+    assert all(r.inputs["ipProtocol"] == "tcp" for r in rules)
+
+
+def test_static_volume_and_read_only_claim(declared: Declared) -> None:
+    fs = declared.one("aws:fsx/lustreFileSystem:LustreFileSystem")
+    volumes = {v["metadata"]["name"]: v for v in declared.kubernetes("PersistentVolume")}
+    claims = {c["metadata"]["name"]: c for c in declared.kubernetes("PersistentVolumeClaim")}
+    reader = claims["cache-read-only"]
+    assert reader["spec"]["accessModes"] == ["ReadOnlyMany"]
+    volume = volumes[reader["spec"]["volumeName"]]
+    csi = volume["spec"]["csi"]
+    assert csi["driver"] == CSI_DRIVER
+    assert csi["volumeHandle"] == f"{fs.name}-id"
+    assert csi["volumeAttributes"] == {
+        "dnsname": f"{fs.name}.fsx.mock.amazonaws.com",
+        "mountname": "abcdefgh",
+    }
+    assert volume["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
+
+
+def test_one_materialize_job_per_version_after_the_association(declared: Declared) -> None:
+    association = declared.one("aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation")
+    jobs = declared.of_type("kubernetes:batch/v1:Job")
+    assert len(jobs) == len(VERSIONS)
+    for (model_id, version), job in zip(VERSIONS, sorted(jobs, key=lambda j: j.name), strict=True):
+        assert association.urn in job.dependencies
+        container = job.inputs["spec"]["template"]["spec"]["containers"][0]
+        script = container["command"][-1]
+        assert f"{CACHE_MOUNT_PATH}/models/{model_id}/{version}" in script
+        assert "xargs -0 -r -n 32 lfs hsm_restore" in script
+        assert "lfs hsm_state" in script
+        claim = job.inputs["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]
+        assert claim["claimName"] == "cache-restore"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"throughput_per_unit": 300}, "expected one of: 125, 250, 500, 1000"),
+        ({"storage_capacity_gib": 3000}, "1200 or a multiple of 2400"),
+        ({"restore_batch_size": 0}, "restore_batch_size must be at least 1"),
+        ({"versions": [("a", "1"), ("a", "1")]}, "twice"),
+    ],
+)
+def test_bad_args_are_refused(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ModelCache("bad", _args(**overrides))
