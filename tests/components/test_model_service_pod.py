@@ -1,0 +1,229 @@
+"""ModelService: the pod template (contract 5), its resources, IRSA, scaling and ordering."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+import pytest
+
+from components.gpu_node_group import GPU_RESOURCE, gpu_tolerations, node_selector
+from components.model_service import (
+    GRPC_PORT,
+    HEALTH_PORT,
+    METRICS_PORT,
+    MULTIPROC_DIR,
+    ModelService,
+    ModelServiceArgs,
+    build_pod_template,
+    serving_mode_from_manifest,
+)
+from stacks.plan import validate_object
+from tests.components.declared import Declare, Declared
+
+
+def _args(**overrides: Any) -> ModelServiceArgs:
+    values: dict[str, Any] = {
+        "model_id": "llama",
+        "version": "v2",
+        "namespace": "serving",
+        "image": "repo/serving:1",
+        "serving_mode": "embedded",
+        "bucket_name": "models-use1",
+        "oidc_provider_arn": "arn:aws:iam::1:oidc-provider/oidc.example/id/X",
+        "oidc_issuer": "oidc.example/id/X",
+        "cache_claim_name": "cache-read-only",
+        "node_group": "h100",
+        "gpus": 4,
+        "cpu": 32,
+        "memory_gib": 256,
+        "startup_timeout_s": 1500,
+        "max_replicas": 3,
+        "replicas": 1,
+    }
+    values.update(overrides)
+    return ModelServiceArgs(**values)
+
+
+def _containers(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in template["spec"]["containers"]}
+
+
+def test_pod_template_is_plain_and_follows_contract_5() -> None:
+    template = build_pod_template(_args(image="repo/serving:1"))
+    serving = _containers(template)["triton"]
+    ports = {p["name"]: p["containerPort"] for p in serving["ports"]}
+    assert ports == {"grpc": 8001, "openai": 8080, "health": 8081}
+    env = {e["name"]: e["value"] for e in serving["env"]}
+    assert env["LLM_SERVING_PACKAGE_PATH"] == "/mnt/model-cache/models/llama/v2"
+    assert env["LLM_SERVING_MODEL_ID"] == "llama"
+    assert env["LLM_SERVING_MODEL_VERSION"] == "v2"
+    assert env["LLM_SERVING_COLOUR"] == "stable"
+    assert env["PROMETHEUS_MULTIPROC_DIR"] == MULTIPROC_DIR == "/var/run/llm-serving/prometheus"
+    assert isinstance(env["LLM_SERVING_PACKAGE_S3_URI"], pulumi.Output)
+    mounts = {m["name"]: m for m in serving["volumeMounts"]}
+    assert mounts["model-cache"] == {
+        "name": "model-cache",
+        "mountPath": "/mnt/model-cache",
+        "readOnly": True,
+    }
+    assert mounts["dshm"]["mountPath"] == "/dev/shm"
+    volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+    assert volumes["model-cache"]["persistentVolumeClaim"] == {
+        "claimName": "cache-read-only",
+        "readOnly": True,
+    }
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+
+
+def test_gpu_requests_equal_limits_and_pods_land_on_gpu_nodes() -> None:
+    template = build_pod_template(_args())
+    for container in template["spec"]["containers"]:
+        assert container["resources"]["requests"] == container["resources"]["limits"]
+    serving = _containers(template)["triton"]
+    assert serving["resources"]["limits"][GPU_RESOURCE] == "4"
+    assert template["spec"]["tolerations"] == gpu_tolerations()
+    assert template["spec"]["nodeSelector"] == node_selector("h100")
+
+
+def test_probes_are_sized_for_a_gpu_cold_start() -> None:
+    serving = _containers(build_pod_template(_args(startup_timeout_s=1500)))["triton"]
+    startup = serving["startupProbe"]
+    assert startup["httpGet"] == {"path": "/readyz", "port": HEALTH_PORT}
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 1500
+    assert serving["readinessProbe"]["grpc"] == {"port": GRPC_PORT}
+    liveness = serving["livenessProbe"]
+    assert liveness["httpGet"] == {"path": "/livez", "port": HEALTH_PORT}
+    # Liveness alone would kill a pod within a minute; only the startup probe covers loading.
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] < 60
+
+
+def test_sidecar_shares_the_multiprocess_volume() -> None:
+    template = build_pod_template(_args())
+    containers = _containers(template)
+    proxy, serving = containers["metrics-proxy"], containers["triton"]
+
+    def multiproc_volume(container: dict[str, Any]) -> str:
+        return next(m["name"] for m in container["volumeMounts"] if m["mountPath"] == MULTIPROC_DIR)
+
+    assert multiproc_volume(proxy) == multiproc_volume(serving)
+    volume = next(v for v in template["spec"]["volumes"] if v["name"] == multiproc_volume(proxy))
+    assert "emptyDir" in volume
+    env = {e["name"]: e["value"] for e in proxy["env"]}
+    assert env["PROMETHEUS_MULTIPROC_DIR"] == MULTIPROC_DIR
+    assert env["LLM_SERVING_MODEL_VERSION"] == "v2"
+    assert proxy["ports"] == [{"name": "metrics", "containerPort": METRICS_PORT}]
+    assert proxy["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": METRICS_PORT}
+
+
+@pytest.fixture
+def declared(declare: Declare) -> Declared:
+    def program() -> None:
+        job = k8s.batch.v1.Job(
+            "materialize", metadata={"name": "materialize"}, spec={"template": {}}
+        )
+        ModelService("llama-v2", _args(depends_on=[job]))
+
+    return declare(program)
+
+
+def test_deployment_waits_for_the_materialize_job(declared: Declared) -> None:
+    job = declared.one("kubernetes:batch/v1:Job")
+    deployment = declared.one("kubernetes:apps/v1:Deployment")
+    assert job.urn in deployment.dependencies
+    template = deployment.inputs["spec"]["template"]
+    assert deployment.inputs["spec"]["selector"]["matchLabels"].items() <= (
+        template["metadata"]["labels"].items()
+    )
+
+
+def test_irsa_role_reads_only_its_model_prefix(declared: Declared) -> None:
+    role = declared.one("aws:iam/role:Role")
+    trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]
+    assert trust["Condition"]["StringEquals"] == {
+        "oidc.example/id/X:sub": "system:serviceaccount:serving:llama-v2",
+        "oidc.example/id/X:aud": "sts.amazonaws.com",
+    }
+    policy = json.loads(declared.one("aws:iam/rolePolicy:RolePolicy").inputs["policy"])
+    resources = [r for s in policy["Statement"] for r in s["Resource"]]
+    assert resources == ["arn:aws:s3:::models-use1/models/llama/v2/*", "arn:aws:s3:::models-use1"]
+    listing = next(s for s in policy["Statement"] if s["Action"] == ["s3:ListBucket"])
+    assert listing["Condition"] == {"StringLike": {"s3:prefix": ["models/llama/v2/*"]}}
+    assert all("*" not in a for s in policy["Statement"] for a in s["Action"])
+    account = declared.one("kubernetes:core/v1:ServiceAccount").inputs
+    assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"] == (
+        f"arn:aws:mock:::{role.name}"
+    )
+
+
+def test_service_pdb_scrape_config_and_scaler(declared: Declared) -> None:
+    service = declared.one("kubernetes:core/v1:Service").inputs
+    assert [p["port"] for p in service["spec"]["ports"]] == [8001, 8080, 9400]
+    pdb = declared.one("kubernetes:policy/v1:PodDisruptionBudget").inputs
+    assert pdb["spec"]["maxUnavailable"] == 1
+    monitor = declared.one("kubernetes:monitoring.coreos.com/v1:ServiceMonitor").inputs
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    scaler = declared.one("kubernetes:keda.sh/v1alpha1:ScaledObject").inputs["spec"]
+    assert scaler["scaleTargetRef"]["name"] == "llama-v2"
+    assert (scaler["minReplicaCount"], scaler["maxReplicaCount"]) == (1, 3)
+    query = scaler["triggers"][0]["metadata"]["query"]
+    assert query == 'sum(vllm:num_requests_waiting{model_id="llama",model_version="v2"})'
+
+
+def test_rendered_objects_validate(declared: Declared) -> None:
+    checked = {}
+    for resource in declared.run.resources:
+        if resource.type.startswith("kubernetes:"):
+            has_schema, error = validate_object(resource.inputs)
+            assert error is None, (resource.name, error)
+            checked[resource.inputs["kind"]] = has_schema
+    assert checked["Deployment"] is checked["Service"] is checked["PodDisruptionBudget"] is True
+    assert checked["ScaledObject"] is checked["ServiceMonitor"] is False
+
+
+def test_standalone_mode_has_no_openai_port(declare: Declare) -> None:
+    declared = declare(lambda: ModelService("s", _args(serving_mode="standalone")))
+    service = declared.one("kubernetes:core/v1:Service").inputs
+    assert [p["name"] for p in service["spec"]["ports"]] == ["grpc", "metrics"]
+
+
+def test_no_scaler_without_max_replicas(declare: Declare) -> None:
+    declared = declare(lambda: ModelService("s", _args(max_replicas=None)))
+    assert declared.of_type("kubernetes:keda.sh/v1alpha1:ScaledObject") == []
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"serving_mode": "embedded"}', "embedded"),
+        ('{"serving_mode": "standalone"}', "standalone"),
+        ("{}", "standalone"),
+    ],
+)
+def test_serving_mode_comes_from_the_manifest(text: str, expected: str) -> None:
+    assert serving_mode_from_manifest(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [('{"serving_mode": "grpc"}', "expected one of: standalone, embedded"), ("{", "not valid")],
+)
+def test_bad_manifest_is_refused(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        serving_mode_from_manifest(text)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"gpus": 0}, "gpus must be at least 1"),
+        ({"max_replicas": 1, "replicas": 2}, "must be at least replicas"),
+        ({"serving_mode": "both"}, "expected one of: standalone, embedded"),
+        ({"startup_timeout_s": 5}, "startup_timeout_s must be at least 60"),
+    ],
+)
+def test_bad_args_are_refused(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build_pod_template(_args(**overrides))
