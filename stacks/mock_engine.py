@@ -206,6 +206,18 @@ def _cluster_outputs(name: str, data: bool = False) -> dict[str, Any]:
     return outputs
 
 
+async def _resolve(value: Any) -> Any:
+    """An exported value as plain data, each unknown leaf shown as :data:`COMPUTED`."""
+    if isinstance(value, Mapping):
+        return {str(k): await _resolve(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [await _resolve(v) for v in value]
+    output = pulumi.Output.from_input(value)
+    if not await output.is_known():
+        return COMPUTED
+    return _plain(await output.future())
+
+
 def stack_config_strings(stack_file: Path) -> dict[str, str]:
     """A stack file's ``config:`` as the engine passes it: structured values as JSON text."""
     document = yaml.safe_load(stack_file.read_text()) if stack_file.is_file() else None
@@ -249,9 +261,7 @@ def run_program(
 
         async def resolve() -> None:
             for name in names:
-                output = pulumi.Output.from_input(outputs[name])
-                known = await output.is_known()
-                exported[name] = _plain(await output.future()) if known else COMPUTED
+                exported[name] = await _resolve(outputs[name])
 
         return resolve()
 

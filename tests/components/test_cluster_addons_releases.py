@@ -1,0 +1,71 @@
+"""ClusterAddons: pinned releases, the CSI node plugin on GPU nodes, the Gateway, the plugin."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from components.cluster_addons import (
+    GATEWAY_CLASS,
+    ClusterAddons,
+    ClusterAddonsArgs,
+)
+from components.gpu_node_group import gpu_tolerations
+from tests.components.declared import Declare
+
+RELEASE = "kubernetes:helm.sh/v3:Release"
+
+
+def test_every_release_is_pinned_to_an_exact_version(declare: Declare) -> None:
+    declared = declare(
+        lambda: ClusterAddons(
+            "addons",
+            ClusterAddonsArgs(
+                device_plugin_node_selector={"llm-serving/ami-family": "al2023"},
+                gateway_namespace="serving",
+            ),
+        )
+    )
+    releases = {r.inputs["name"]: r.inputs for r in declared.of_type(RELEASE)}
+    assert set(releases) == {
+        "aws-fsx-csi-driver",
+        "nvidia-device-plugin",
+        "argo-rollouts",
+        "envoy-gateway",
+        "keda",
+        "kube-prometheus-stack",
+    }
+    for release in releases.values():
+        assert re.fullmatch(r"v?\d+\.\d+\.\d+", release["version"]), release
+        assert release["chart"].startswith("oci://") or release["repositoryOpts"]["repo"]
+    assert releases["aws-fsx-csi-driver"]["values"]["node"]["tolerateAllTaints"] is True
+    plugin = releases["nvidia-device-plugin"]["values"]
+    assert plugin["nodeSelector"] == {"llm-serving/ami-family": "al2023"}
+    assert plugin["tolerations"] == gpu_tolerations()
+    routers = releases["argo-rollouts"]["values"]["controller"]["trafficRouterPlugins"]
+    assert json.loads(routers["trafficRouterPlugins"])[0]["name"] == "argoproj-labs/gatewayAPI"
+    spec = releases["kube-prometheus-stack"]["values"]["prometheus"]["prometheusSpec"]
+    assert spec["serviceMonitorSelectorNilUsesHelmValues"] is False
+    gateway = declared.one("kubernetes:gateway.networking.k8s.io/v1:Gateway").inputs
+    assert gateway["spec"]["gatewayClassName"] == GATEWAY_CLASS
+    assert gateway["metadata"]["namespace"] == "serving"
+    envoy = next(r for r in declared.of_type(RELEASE) if r.inputs["name"] == "envoy-gateway")
+    gateway_urn = declared.one("kubernetes:gateway.networking.k8s.io/v1:Gateway").dependencies
+    assert envoy.urn in gateway_urn
+
+
+def test_no_device_plugin_when_every_ami_brings_its_own(declare: Declare) -> None:
+    declared = declare(
+        lambda: ClusterAddons(
+            "addons",
+            ClusterAddonsArgs(
+                device_plugin_node_selector=None,
+                gateway_namespace="serving",
+                extra_values={"keda": {"resources": {"operator": {"limits": {"cpu": "1"}}}}},
+            ),
+        )
+    )
+    names = {r.inputs["name"] for r in declared.of_type(RELEASE)}
+    assert "nvidia-device-plugin" not in names
+    keda = next(r.inputs for r in declared.of_type(RELEASE) if r.inputs["name"] == "keda")
+    assert keda["values"] == {"resources": {"operator": {"limits": {"cpu": "1"}}}}

@@ -1,0 +1,128 @@
+"""The real stack program, run for every shipped stack under the mock engine (as the plan does)."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+
+from components.gpu_node_group import NODE_GROUP_LABEL
+from stacks.config import RegionStackConfig, load_stack_config
+from stacks.mock_engine import ProgramRun
+from stacks.plan import kubernetes_objects, plan_program, validate_object
+
+REGION_STACKS = ["prod-us-east-1", "prod-eu-west-1", "prod-ap-northeast-1", "dev-us-west-2"]
+_EFFECTS = {"NO_SCHEDULE": "NoSchedule"}
+
+
+@cache
+def _run(stack: str) -> ProgramRun:
+    return plan_program(stack)
+
+
+def _region(stack: str) -> RegionStackConfig:
+    config = load_stack_config(stack)
+    assert isinstance(config, RegionStackConfig)
+    return config
+
+
+@pytest.mark.parametrize("stack", REGION_STACKS)
+def test_outputs_give_every_served_version_its_endpoints(stack: str) -> None:
+    config, run = _region(stack), _run(stack)
+    endpoints = run.outputs["endpoints"]
+    for model in config.models:
+        served = [v.version for v in model.served_versions]
+        assert sorted(endpoints[model.id]) == sorted(served)
+        for version in served:
+            urls = endpoints[model.id][version]
+            assert urls["grpc"].endswith(":8001")
+            assert urls["openai"].endswith(":8080/v1")
+            assert urls["metrics"].endswith(":9400/metrics")
+    assert run.outputs["cluster_name"] == config.cluster.name
+
+
+@pytest.mark.parametrize("stack", REGION_STACKS)
+def test_every_kubernetes_object_validates(stack: str) -> None:
+    objects = list(kubernetes_objects(_run(stack)))
+    results = [(m["kind"], *validate_object(m, _region(stack).cluster.version)) for _, m in objects]
+    assert [r for r in results if r[2] is not None] == []
+    kinds_with_schema = {kind for kind, has_schema, _ in results if has_schema}
+    assert {"Deployment", "Job", "Service", "PersistentVolume", "PodDisruptionBudget"} <= (
+        kinds_with_schema
+    )
+
+
+@pytest.mark.parametrize("stack", REGION_STACKS)
+def test_servers_fit_their_node_group_and_wait_for_their_job(stack: str) -> None:
+    run = _run(stack)
+    groups = {
+        r.inputs["labels"][NODE_GROUP_LABEL]: r.inputs
+        for r in run.resources
+        if r.type == "aws:eks/nodeGroup:NodeGroup"
+    }
+    jobs = {
+        (
+            r.inputs["metadata"]["labels"]["llm-serving/model-id"],
+            r.inputs["metadata"]["labels"]["llm-serving/model-version"],
+        ): r.urn
+        for r in run.resources
+        if r.type == "kubernetes:batch/v1:Job"
+    }
+    deployments = [r for r in run.resources if r.type == "kubernetes:apps/v1:Deployment"]
+    assert deployments
+    for deployment in deployments:
+        pod = deployment.inputs["spec"]["template"]
+        group = groups[pod["spec"]["nodeSelector"][NODE_GROUP_LABEL]]
+        for taint in group["taints"]:
+            assert {
+                "key": taint["key"],
+                "operator": "Exists",
+                "effect": _EFFECTS[taint["effect"]],
+            } in (pod["spec"]["tolerations"])
+        labels = pod["metadata"]["labels"]
+        key = (labels["llm-serving/model-id"], labels["llm-serving/model-version"])
+        assert jobs[key] in deployment.dependencies
+
+
+def test_red_black_serves_only_the_last_version() -> None:
+    run = _run("prod-us-east-1")
+    served = {
+        (
+            d.inputs["metadata"]["labels"]["llm-serving/model-id"],
+            d.inputs["metadata"]["labels"]["llm-serving/model-version"],
+        )
+        for d in run.resources
+        if d.type == "kubernetes:apps/v1:Deployment"
+    }
+    assert ("llama-3-1-70b-instruct", "2026-11-15") in served
+    assert ("llama-3-1-70b-instruct", "2026-10-01") not in served
+    assert {("catalog-ranker-8b", "v3"), ("catalog-ranker-8b", "v4")} <= served
+
+
+def test_adopting_a_cluster_creates_none() -> None:
+    adopted = {r.type for r in _run("prod-eu-west-1").resources}
+    created = {r.type for r in _run("prod-us-east-1").resources}
+    assert "aws:eks/cluster:Cluster" not in adopted
+    assert "aws:iam/openIdConnectProvider:OpenIdConnectProvider" not in adopted
+    assert "aws:eks/cluster:Cluster" in created
+    assert "aws:eks/nodeGroup:NodeGroup" in adopted
+
+
+def test_region_stacks_read_the_global_stack() -> None:
+    run = _run("dev-us-west-2")
+    reference = next(r for r in run.resources if r.type == "pulumi:pulumi:StackReference")
+    assert reference.name == "llm-serving/global"
+    deployment = next(r for r in run.resources if r.type == "kubernetes:apps/v1:Deployment")
+    image = deployment.inputs["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image.startswith("123456789012.dkr.ecr.us-west-2.amazonaws.com/")
+    assert image.endswith(":0.1.0-dev")
+
+
+def test_global_stack_exports_what_regions_read() -> None:
+    run = _run("global")
+    regions = {"us-east-1", "eu-west-1", "ap-northeast-1", "us-west-2"}
+    assert set(run.outputs["image_repository_urls"]) == regions
+    assert set(run.outputs["model_buckets"]) == regions
+    types = {r.type for r in run.resources}
+    assert "aws:ecr/replicationConfiguration:ReplicationConfiguration" in types
+    assert "aws:s3/bucketReplicationConfig:BucketReplicationConfig" in types
