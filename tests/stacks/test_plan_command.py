@@ -1,0 +1,127 @@
+"""``llm-serving plan``: stages, YAML output, validation, errors and the diff between plans."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from runtime.cli import app
+from stacks.mock_engine import ProgramRun, RecordedResource
+from stacks.plan import diff_runs, validate_object
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    "stack", ["prod-us-east-1", "prod-eu-west-1", "prod-ap-northeast-1", "dev-us-west-2", "global"]
+)
+def test_plan_runs_for_every_stack(tmp_path: Path, stack: str) -> None:
+    result = runner.invoke(app, ["plan", "--stack", stack, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    stages = [line for line in result.output.splitlines() if line.startswith("[")]
+    assert [s.split("]")[0] for s in stages] == ["[1/4", "[2/4", "[3/4", "[4/4"]
+    assert "(computed)" in result.output or stack == "global"
+    written = sorted((tmp_path / stack).rglob("*.yaml"))
+    if stack == "global":
+        assert written == []
+        return
+    assert written
+    kinds = {yaml.safe_load(p.read_text())["kind"] for p in written}
+    assert {"Deployment", "Job", "PersistentVolume", "ServiceMonitor"} <= kinds
+    assert "llm-serving:model_service:ModelService" in result.output
+
+
+def test_plan_replaces_an_earlier_plans_objects(tmp_path: Path) -> None:
+    stale = tmp_path / "dev-us-west-2" / "llm-serving" / "deployment-gone.yaml"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("kind: Deployment\n")
+    result = runner.invoke(app, ["plan", "--stack", "dev-us-west-2", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert not stale.exists()
+
+
+def test_unknown_stack_is_one_red_line(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["plan", "--stack", "prod-mars-1", "--out", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "Pulumi.prod-mars-1.yaml: config: stack file not found" in result.output
+
+
+def test_against_a_revision_prints_the_difference(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, ["plan", "--stack", "dev-us-west-2", "--out", str(tmp_path), "--against", "HEAD"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "[4/5] against HEAD:" in result.output
+    assert "[5/5] done" in result.output
+
+
+def test_against_a_missing_revision_fails(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, ["plan", "--stack", "dev-us-west-2", "--out", str(tmp_path), "--against", "no-such"]
+    )
+    assert result.exit_code == 1
+    assert "--against no-such: git cannot read that revision" in result.output
+
+
+def _resource(name: str, **inputs: object) -> RecordedResource:
+    return RecordedResource(
+        urn=f"urn:{name}",
+        type="kubernetes:apps/v1:Deployment",
+        name=name,
+        parent="",
+        custom=True,
+        inputs=dict(inputs),
+    )
+
+
+def test_diff_lists_added_removed_and_changed_properties() -> None:
+    before = ProgramRun(
+        resources=[_resource("a", spec={"replicas": 1}), _resource("gone")], outputs={"x": 1}
+    )
+    after = ProgramRun(
+        resources=[_resource("a", spec={"replicas": 2}), _resource("new")], outputs={"x": 1}
+    )
+    assert diff_runs(before, after) == [
+        "~ kubernetes:apps/v1:Deployment  a",
+        "    spec.replicas: 1 -> 2",
+        "- kubernetes:apps/v1:Deployment  gone",
+        "+ kubernetes:apps/v1:Deployment  new",
+    ]
+    assert diff_runs(after, copy.deepcopy(after)) == []
+
+
+DEPLOYMENT = {
+    "apiVersion": "apps/v1",
+    "kind": "Deployment",
+    "metadata": {"name": "d"},
+    "spec": {
+        "selector": {"matchLabels": {"a": "b"}},
+        "template": {
+            "metadata": {"labels": {"a": "b"}},
+            "spec": {"containers": [{"name": "c", "image": "i"}]},
+        },
+    },
+}
+
+
+def test_validation_checks_built_ins_strictly() -> None:
+    assert validate_object(DEPLOYMENT) == (True, None)
+    typo = copy.deepcopy(DEPLOYMENT)
+    typo["spec"]["replica"] = 2
+    has_schema, error = validate_object(typo)
+    assert has_schema
+    assert error is not None and "replica" in error
+    wrong_type = copy.deepcopy(DEPLOYMENT)
+    wrong_type["spec"]["replicas"] = "two"
+    assert validate_object(wrong_type)[1] is not None
+
+
+def test_custom_resources_are_checked_for_shape_only() -> None:
+    scaled = {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": {"name": "s"}}
+    assert validate_object(scaled) == (False, None)
+    nameless = {**scaled, "metadata": {}}
+    assert validate_object(nameless) == (False, "metadata.name is missing")
