@@ -1,250 +1,30 @@
 """``ModelService``: Triton + vLLM serving one model version, with its sidecar, IRSA and scaling.
 
-Ports, paths and environment follow contract 5 of the project: the entrypoint gates the public
-KServe gRPC port 8001, serves ``/livez`` and ``/readyz`` on 8081, the embedded OpenAI frontend
-listens on 8080, and the metrics-proxy sidecar serves 9400 from the multiprocess directory the
-two containers share. :func:`build_pod_template` is pure so the rollout components can wrap it.
+The pod itself (contract 5) is :func:`components.serving_pod.build_pod_template`; this module
+adds what surrounds it: the workload, Service, PodDisruptionBudget, ServiceMonitor, the IRSA
+role and the optional KEDA scaler.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from components.gpu_node_group import GPU_RESOURCE, gpu_tolerations, node_selector
-from components.model_cache import CACHE_MOUNT_PATH, FILE_SYSTEM_PATH
-from components.naming import dns_label
+from components.serving_pod import (
+    GRPC_PORT,
+    METRICS_PORT,
+    OPENAI_PORT,
+    ModelServiceArgs,
+    build_pod_template,
+    pod_selector,
+    serving_mode_from_manifest,
+)
 
-__all__ = [
-    "GRPC_PORT",
-    "HEALTH_PORT",
-    "METRICS_PORT",
-    "MULTIPROC_DIR",
-    "OPENAI_PORT",
-    "SERVING_MODES",
-    "ModelService",
-    "ModelServiceArgs",
-    "build_pod_template",
-    "serving_mode_from_manifest",
-]
-
-GRPC_PORT = 8001
-OPENAI_PORT = 8080
-HEALTH_PORT = 8081
-METRICS_PORT = 9400
-MULTIPROC_DIR = "/var/run/llm-serving/prometheus"
-SCRATCH_DIR = "/var/lib/llm-serving"
-SERVING_MODES = ("standalone", "embedded")
-SERVING_CONTAINER = "triton"
-PROXY_CONTAINER = "metrics-proxy"
-
-
-def serving_mode_from_manifest(text: str) -> str:
-    """The serving mode a model package's ``manifest.json`` declares (``serving_mode``)."""
-    try:
-        manifest = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"manifest.json is not valid JSON: {exc}") from exc
-    mode = manifest.get("serving_mode", "standalone") if isinstance(manifest, dict) else None
-    if mode not in SERVING_MODES:
-        raise ValueError(
-            f"manifest.json: unsupported serving_mode {mode!r}; "
-            f"expected one of: {', '.join(SERVING_MODES)}"
-        )
-    return str(mode)
-
-
-@dataclass(frozen=True)
-class ModelServiceArgs:
-    """Inputs of one model version's service."""
-
-    model_id: str
-    """Model id, as in ``models/<model_id>/`` of the model bucket."""
-    version: str
-    """Model version, as in ``models/<model_id>/<version>/``."""
-    namespace: str
-    """Kubernetes namespace."""
-    image: pulumi.Input[str]
-    """The serving image (entrypoint, Triton, vLLM, metrics proxy)."""
-    serving_mode: pulumi.Input[str]
-    """``standalone`` or ``embedded`` (OpenAI frontend), read from the package manifest."""
-    bucket_name: pulumi.Input[str]
-    """The region's model bucket, the fallback source of the package."""
-    oidc_provider_arn: pulumi.Input[str]
-    """The cluster's IAM OIDC provider, trusted by the IRSA role."""
-    oidc_issuer: pulumi.Input[str]
-    """The cluster's OIDC issuer host and path (no ``https://``)."""
-    cache_claim_name: str
-    """Read-only claim of the FSx model cache."""
-    node_group: str
-    """GPU node group the pods are pinned to."""
-    gpus: int = 1
-    """GPUs per pod (requests equal limits)."""
-    cpu: int = 8
-    """CPUs of the serving container (requests equal limits)."""
-    memory_gib: int = 64
-    """Memory of the serving container (requests equal limits)."""
-    shm_gib: int = 16
-    """``/dev/shm`` size, used by NCCL and vLLM workers."""
-    replicas: int = 1
-    """Pods, and KEDA's floor when scaling is on."""
-    max_replicas: int | None = None
-    """Enables KEDA scaling on ``vllm:num_requests_waiting`` up to this many pods."""
-    queue_target: int = 8
-    """Waiting requests per pod that KEDA aims for."""
-    colour: str = "stable"
-    """Rollout colour, exported to the metrics as the ``colour`` label."""
-    service_name: str | None = None
-    """Name of the Service and workload; ``None``: ``<model_id>-<version>``."""
-    startup_timeout_s: int = 1800
-    """How long a cold start (package unpack, weights into GPU memory) may take."""
-    create_workload: bool = True
-    """``False`` when a rollout component wraps :func:`build_pod_template` itself."""
-    depends_on: Sequence[pulumi.Resource] = ()
-    """What must exist or finish first: the namespace and the version's materialize Job."""
-    prometheus_url: str = "http://kube-prometheus-stack-prometheus.monitoring.svc:9090"
-    """Prometheus that KEDA queries."""
-    metrics_proxy_command: Sequence[str] = ("python", "-m", "runtime.metrics_proxy")
-    """Command of the metrics-proxy sidecar in the serving image."""
-
-    @property
-    def name(self) -> str:
-        """Name of the Service, the workload and the service account."""
-        return self.service_name or dns_label(self.model_id, self.version)
-
-    @property
-    def package_path(self) -> str:
-        """Where the version's package lies in the model cache."""
-        return f"{CACHE_MOUNT_PATH}{FILE_SYSTEM_PATH}/{self.model_id}/{self.version}"
-
-    @property
-    def labels(self) -> dict[str, str]:
-        """Labels of the pods; the selector uses all but the colour."""
-        return {
-            "app.kubernetes.io/name": "llm-serving",
-            "app.kubernetes.io/instance": self.name,
-            "llm-serving/model-id": dns_label(self.model_id),
-            "llm-serving/model-version": dns_label(self.version),
-            "llm-serving/colour": self.colour,
-        }
-
-
-def _selector(args: ModelServiceArgs) -> dict[str, str]:
-    return {k: v for k, v in args.labels.items() if k != "llm-serving/colour"}
-
-
-def _env(args: ModelServiceArgs) -> list[dict[str, Any]]:
-    return [
-        {"name": "LLM_SERVING_MODEL_ID", "value": args.model_id},
-        {"name": "LLM_SERVING_MODEL_VERSION", "value": args.version},
-        {"name": "LLM_SERVING_COLOUR", "value": args.colour},
-        {"name": "PROMETHEUS_MULTIPROC_DIR", "value": MULTIPROC_DIR},
-    ]
-
-
-def build_pod_template(args: ModelServiceArgs) -> dict[str, Any]:
-    """The serving pod template (``metadata`` and ``spec``) of one model version."""
-    _validate(args)
-    compute = {
-        "cpu": str(args.cpu),
-        "memory": f"{args.memory_gib}Gi",
-        GPU_RESOURCE: str(args.gpus),
-    }
-    period = 10
-    serving = {
-        "name": SERVING_CONTAINER,
-        "image": args.image,
-        "ports": [
-            {"name": "grpc", "containerPort": GRPC_PORT},
-            {"name": "openai", "containerPort": OPENAI_PORT},
-            {"name": "health", "containerPort": HEALTH_PORT},
-        ],
-        "env": [
-            *_env(args),
-            {"name": "LLM_SERVING_PACKAGE_PATH", "value": args.package_path},
-            {
-                "name": "LLM_SERVING_PACKAGE_S3_URI",
-                "value": pulumi.Output.concat(
-                    "s3://", args.bucket_name, f"/models/{args.model_id}/{args.version}/"
-                ),
-            },
-        ],
-        "resources": {"requests": dict(compute), "limits": dict(compute)},
-        # The entrypoint answers /readyz only once the model is loaded; until then the startup
-        # probe holds liveness off for the whole GPU cold start.
-        "startupProbe": {
-            "httpGet": {"path": "/readyz", "port": HEALTH_PORT},
-            "periodSeconds": period,
-            "timeoutSeconds": 5,
-            "failureThreshold": -(-args.startup_timeout_s // period),
-        },
-        "readinessProbe": {
-            "grpc": {"port": GRPC_PORT},
-            "periodSeconds": 5,
-            "timeoutSeconds": 3,
-            "failureThreshold": 2,
-        },
-        "livenessProbe": {
-            "httpGet": {"path": "/livez", "port": HEALTH_PORT},
-            "periodSeconds": period,
-            "timeoutSeconds": 5,
-            "failureThreshold": 3,
-        },
-        # Endpoints drop the pod before Triton starts refusing requests.
-        "lifecycle": {"preStop": {"exec": {"command": ["sleep", "15"]}}},
-        "volumeMounts": [
-            {"name": "model-cache", "mountPath": CACHE_MOUNT_PATH, "readOnly": True},
-            {"name": "dshm", "mountPath": "/dev/shm"},
-            {"name": "prometheus-multiproc", "mountPath": MULTIPROC_DIR},
-            {"name": "scratch", "mountPath": SCRATCH_DIR},
-        ],
-    }
-    sidecar_compute = {"cpu": "250m", "memory": "256Mi"}
-    proxy = {
-        "name": PROXY_CONTAINER,
-        "image": args.image,
-        "command": list(args.metrics_proxy_command),
-        "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
-        "env": _env(args),
-        "resources": {"requests": dict(sidecar_compute), "limits": dict(sidecar_compute)},
-        "readinessProbe": {"httpGet": {"path": "/healthz", "port": METRICS_PORT}},
-        "livenessProbe": {
-            "httpGet": {"path": "/healthz", "port": METRICS_PORT},
-            "failureThreshold": 3,
-        },
-        "volumeMounts": [
-            {"name": "prometheus-multiproc", "mountPath": MULTIPROC_DIR, "readOnly": True}
-        ],
-    }
-    return {
-        "metadata": {"labels": args.labels},
-        "spec": {
-            "serviceAccountName": args.name,
-            "nodeSelector": node_selector(args.node_group),
-            "tolerations": gpu_tolerations(),
-            "terminationGracePeriodSeconds": 120,
-            "containers": [serving, proxy],
-            "volumes": [
-                {
-                    "name": "model-cache",
-                    "persistentVolumeClaim": {"claimName": args.cache_claim_name, "readOnly": True},
-                },
-                {
-                    "name": "dshm",
-                    "emptyDir": {"medium": "Memory", "sizeLimit": f"{args.shm_gib}Gi"},
-                },
-                {"name": "prometheus-multiproc", "emptyDir": {"sizeLimit": "1Gi"}},
-                # On the node's RAID0 NVMe (see GpuNodeGroup): the unpacked package.
-                {"name": "scratch", "emptyDir": {"sizeLimit": "200Gi"}},
-            ],
-        },
-    }
+__all__ = ["ModelService", "ModelServiceArgs", "build_pod_template", "serving_mode_from_manifest"]
 
 
 class ModelService(pulumi.ComponentResource):
@@ -278,7 +58,7 @@ class ModelService(pulumi.ComponentResource):
                 metadata=metadata,
                 spec={
                     "replicas": args.replicas,
-                    "selector": {"matchLabels": _selector(args)},
+                    "selector": {"matchLabels": pod_selector(args)},
                     "progressDeadlineSeconds": args.startup_timeout_s + 600,
                     # No capacity is given up during an update: a new pod must be ready first.
                     "strategy": {
@@ -301,14 +81,14 @@ class ModelService(pulumi.ComponentResource):
         k8s.policy.v1.PodDisruptionBudget(
             f"{name}-pdb",
             metadata=metadata,
-            spec={"maxUnavailable": 1, "selector": {"matchLabels": _selector(args)}},
+            spec={"maxUnavailable": 1, "selector": {"matchLabels": pod_selector(args)}},
             opts=child,
         )
         service = k8s.core.v1.Service(
             f"{name}-service",
             metadata=metadata,
             spec={
-                "selector": _selector(args),
+                "selector": pod_selector(args),
                 "ports": pulumi.Output.from_input(args.serving_mode).apply(_service_ports),
             },
             opts=child,
@@ -380,7 +160,7 @@ class ModelService(pulumi.ComponentResource):
             kind="ServiceMonitor",
             metadata=metadata,
             spec={
-                "selector": {"matchLabels": _selector(self._args)},
+                "selector": {"matchLabels": pod_selector(self._args)},
                 "namespaceSelector": {"matchNames": [self._args.namespace]},
                 "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
             },
@@ -453,19 +233,3 @@ def _read_prefix_policy(bucket: str, prefix: str) -> dict[str, Any]:
             },
         ],
     }
-
-
-def _validate(args: ModelServiceArgs) -> None:
-    if args.gpus < 1:
-        raise ValueError(f"gpus must be at least 1, got {args.gpus}")
-    if args.max_replicas is not None and args.max_replicas < max(args.replicas, 1):
-        raise ValueError(
-            f"max_replicas ({args.max_replicas}) must be at least replicas ({args.replicas})"
-        )
-    if args.startup_timeout_s < 60:
-        raise ValueError(f"startup_timeout_s must be at least 60, got {args.startup_timeout_s}")
-    if isinstance(args.serving_mode, str) and args.serving_mode not in SERVING_MODES:
-        raise ValueError(
-            f"unsupported serving_mode {args.serving_mode!r}; "
-            f"expected one of: {', '.join(SERVING_MODES)}"
-        )

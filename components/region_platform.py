@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +11,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from components.cluster_addons import ClusterAddons, ClusterAddonsArgs
+from components.eks_cluster import ClusterHandles, adopt_cluster, create_cluster, kubeconfig
 from components.gpu_node_group import GpuNodeGroup, GpuNodeGroupArgs
 from components.model_cache import ModelCache, ModelCacheArgs
 from components.model_service import ModelService, ModelServiceArgs, serving_mode_from_manifest
@@ -45,16 +45,6 @@ class RegionPlatformArgs:
     """Image with the Lustre client tools for materialize jobs."""
 
 
-@dataclass(frozen=True)
-class _Cluster:
-    name: pulumi.Output[str]
-    endpoint: pulumi.Output[str]
-    certificate_authority: pulumi.Output[str]
-    security_group_id: pulumi.Output[str]
-    oidc_issuer: pulumi.Output[str]
-    oidc_provider_arn: pulumi.Output[str]
-
-
 class RegionPlatform(pulumi.ComponentResource):
     """Creates or adopts the EKS cluster and composes the platform's components on it."""
 
@@ -67,11 +57,15 @@ class RegionPlatform(pulumi.ComponentResource):
         super().__init__("llm-serving:region_platform:RegionPlatform", name, None, opts)
         self._name = name
         self._config = config = args.config
-        cluster = self._create_cluster() if config.cluster.mode == "create" else self._adopt()
+        cluster = (
+            create_cluster(name, config, self)
+            if config.cluster.mode == "create"
+            else adopt_cluster(config, self)
+        )
         node_sg = self._node_security_group(cluster)
         provider = k8s.Provider(
             f"{name}-k8s",
-            kubeconfig=_kubeconfig(cluster, config.region),
+            kubeconfig=kubeconfig(cluster, config.region),
             enable_server_side_apply=True,
             opts=pulumi.ResourceOptions(parent=self),
         )
@@ -173,7 +167,7 @@ class RegionPlatform(pulumi.ComponentResource):
         version: ModelVersionConfig,
         args: RegionPlatformArgs,
         cache: ModelCache,
-        cluster: _Cluster,
+        cluster: ClusterHandles,
         image: pulumi.Output[str],
         after: list[pulumi.Resource],
         opts: pulumi.ResourceOptions,
@@ -186,107 +180,31 @@ class RegionPlatform(pulumi.ComponentResource):
         # Red-Black keeps one Service per model across versions; Versioned one per version.
         service_name = dns_label(model.id) if model.strategy == "red-black" else None
         replicas = version.replicas if version.replicas is not None else model.replicas
-        return ModelService(
-            f"{self._name}-{dns_label(model.id, version.version)}",
-            ModelServiceArgs(
-                model_id=model.id,
-                version=version.version,
-                namespace=args.config.namespace,
-                image=image,
-                serving_mode=manifest.body.apply(serving_mode_from_manifest),
-                bucket_name=args.bucket_name,
-                oidc_provider_arn=cluster.oidc_provider_arn,
-                oidc_issuer=cluster.oidc_issuer,
-                cache_claim_name=cache.claim_name,
-                node_group=f"{self._name}-{model.node_group}",
-                gpus=model.gpus,
-                cpu=model.cpu,
-                memory_gib=model.memory_gib,
-                shm_gib=model.shm_gib,
-                replicas=replicas,
-                max_replicas=model.max_replicas,
-                queue_target=model.queue_target,
-                service_name=service_name,
-                depends_on=[cache.materialize_jobs[(model.id, version.version)], *after],
-            ),
-            opts=opts,
+        service_args = ModelServiceArgs(
+            model_id=model.id,
+            version=version.version,
+            namespace=args.config.namespace,
+            image=image,
+            serving_mode=manifest.body.apply(serving_mode_from_manifest),
+            bucket_name=args.bucket_name,
+            oidc_provider_arn=cluster.oidc_provider_arn,
+            oidc_issuer=cluster.oidc_issuer,
+            cache_claim_name=cache.claim_name,
+            node_group=f"{self._name}-{model.node_group}",
+            gpus=model.gpus,
+            cpu=model.cpu,
+            memory_gib=model.memory_gib,
+            shm_gib=model.shm_gib,
+            replicas=replicas,
+            max_replicas=model.max_replicas,
+            queue_target=model.queue_target,
+            service_name=service_name,
+            depends_on=[cache.materialize_jobs[(model.id, version.version)], *after],
         )
+        # Named like its Service, so a Red-Black version change updates the same resources.
+        return ModelService(f"{self._name}-{service_args.name}", service_args, opts=opts)
 
-    def _create_cluster(self) -> _Cluster:
-        config = self._config
-        role = aws.iam.Role(
-            f"{self._name}-cluster-role",
-            assume_role_policy=json.dumps(
-                {
-                    "Version": "2012-10-17",
-                    "Statement": [
-                        {
-                            "Effect": "Allow",
-                            "Principal": {"Service": "eks.amazonaws.com"},
-                            "Action": ["sts:AssumeRole", "sts:TagSession"],
-                        }
-                    ],
-                }
-            ),
-            opts=pulumi.ResourceOptions(parent=self),
-        )
-        attachment = aws.iam.RolePolicyAttachment(
-            f"{self._name}-cluster-policy",
-            role=role.name,
-            policy_arn="arn:aws:iam::aws:policy/AmazonEKSClusterPolicy",
-            opts=pulumi.ResourceOptions(parent=role),
-        )
-        cluster = aws.eks.Cluster(
-            f"{self._name}-cluster",
-            name=config.cluster.name,
-            version=config.cluster.version,
-            role_arn=role.arn,
-            vpc_config=aws.eks.ClusterVpcConfigArgs(
-                subnet_ids=config.network.private_subnet_ids,
-                endpoint_private_access=True,
-                endpoint_public_access=True,
-            ),
-            access_config=aws.eks.ClusterAccessConfigArgs(
-                authentication_mode="API", bootstrap_cluster_creator_admin_permissions=True
-            ),
-            enabled_cluster_log_types=["api", "audit", "authenticator"],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[attachment]),
-        )
-        issuer_url = cluster.identities.apply(lambda ids: ids[0].oidcs[0].issuer)
-        provider = aws.iam.OpenIdConnectProvider(
-            f"{self._name}-oidc",
-            url=issuer_url,
-            client_id_lists=["sts.amazonaws.com"],
-            opts=pulumi.ResourceOptions(parent=cluster),
-        )
-        return _Cluster(
-            name=cluster.name,
-            endpoint=cluster.endpoint,
-            certificate_authority=cluster.certificate_authority.apply(lambda ca: ca.data),
-            security_group_id=cluster.vpc_config.apply(lambda v: v.cluster_security_group_id),
-            oidc_issuer=issuer_url.apply(_strip_scheme),
-            oidc_provider_arn=provider.arn,
-        )
-
-    def _adopt(self) -> _Cluster:
-        config = self._config
-        found = aws.eks.get_cluster_output(
-            name=config.cluster.name, opts=pulumi.InvokeOutputOptions(parent=self)
-        )
-        issuer_url = found.identities.apply(lambda ids: ids[0].oidcs[0].issuer)
-        provider = aws.iam.get_open_id_connect_provider_output(
-            url=issuer_url, opts=pulumi.InvokeOutputOptions(parent=self)
-        )
-        return _Cluster(
-            name=found.name,
-            endpoint=found.endpoint,
-            certificate_authority=found.certificate_authorities.apply(lambda cas: cas[0].data),
-            security_group_id=found.vpc_config.apply(lambda v: v.cluster_security_group_id),
-            oidc_issuer=issuer_url.apply(_strip_scheme),
-            oidc_provider_arn=provider.arn,
-        )
-
-    def _node_security_group(self, cluster: _Cluster) -> pulumi.Input[str]:
+    def _node_security_group(self, cluster: ClusterHandles) -> pulumi.Input[str]:
         network = self._config.network
         if network.node_security_group_id is not None:
             return network.node_security_group_id
@@ -313,48 +231,3 @@ class RegionPlatform(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=group),
         )
         return group.id
-
-
-def _strip_scheme(url: str) -> str:
-    return url.removeprefix("https://")
-
-
-def _kubeconfig(cluster: _Cluster, region: str) -> pulumi.Output[str]:
-    return pulumi.Output.all(cluster.name, cluster.endpoint, cluster.certificate_authority).apply(
-        lambda values: json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": values[0],
-                        "cluster": {
-                            "server": values[1],
-                            "certificate-authority-data": values[2],
-                        },
-                    }
-                ],
-                "contexts": [{"name": values[0], "context": {"cluster": values[0], "user": "aws"}}],
-                "current-context": values[0],
-                "users": [
-                    {
-                        "name": "aws",
-                        "user": {
-                            "exec": {
-                                "apiVersion": "client.authentication.k8s.io/v1beta1",
-                                "command": "aws",
-                                "args": [
-                                    "eks",
-                                    "get-token",
-                                    "--cluster-name",
-                                    values[0],
-                                    "--region",
-                                    region,
-                                ],
-                            }
-                        },
-                    }
-                ],
-            }
-        )
-    )

@@ -82,16 +82,19 @@ KEY_PROPERTIES: dict[str, tuple[str, ...]] = {
         "referencedSecurityGroupId",
         "cidrIpv4",
     ),
-    "aws:iam/rolePolicy:RolePolicy": ("policy",),
+    "aws:iam/rolePolicy:RolePolicy": ("policy.Statement[].Action", "policy.Statement[].Resource"),
+    "aws:iam/role:Role": ("assumeRolePolicy.Statement[].Condition",),
     "aws:ecr/repository:Repository": ("name", "imageTagMutability"),
     "aws:s3/bucketReplicationConfig:BucketReplicationConfig": ("rules",),
     "kubernetes:helm.sh/v3:Release": ("chart", "version", "namespace"),
     "kubernetes:apps/v1:Deployment": (
         "metadata.namespace",
         "spec.replicas",
-        "spec.template.spec.containers",
+        "spec.template.spec.containers[].image",
+        "spec.template.spec.containers[].resources.limits",
+        "spec.template.spec.nodeSelector",
     ),
-    "kubernetes:batch/v1:Job": ("metadata.namespace",),
+    "kubernetes:batch/v1:Job": ("metadata.namespace", "spec.template.spec.containers[].image"),
     "kubernetes:core/v1:Service": ("metadata.namespace", "spec.ports"),
     "kubernetes:keda.sh/v1alpha1:ScaledObject": (
         "spec.minReplicaCount",
@@ -230,13 +233,25 @@ def _short(value: Any, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _lookup(inputs: Mapping[str, Any], path: str) -> Any:
-    value: Any = inputs
-    for part in path.split("."):
-        if not isinstance(value, Mapping) or part not in value:
+def _lookup(value: Any, path: str) -> Any:
+    """The value at a dotted path; ``name[]`` maps the rest of the path over a list, and a
+    JSON document held in a string (an IAM policy) is looked into."""
+    if isinstance(value, str) and value.startswith("{"):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
             return None
-        value = value[part]
-    return value
+    head, _, rest = path.partition(".")
+    many = head.endswith("[]")
+    key = head.removesuffix("[]")
+    if not isinstance(value, Mapping) or key not in value:
+        return None
+    found = value[key]
+    if many:
+        if not isinstance(found, list):
+            return None
+        return [_lookup(item, rest) if rest else item for item in found]
+    return _lookup(found, rest) if rest else found
 
 
 def format_tree(run: ProgramRun) -> list[str]:

@@ -10,14 +10,14 @@ import pulumi_kubernetes as k8s
 import pytest
 
 from components.gpu_node_group import GPU_RESOURCE, gpu_tolerations, node_selector
-from components.model_service import (
+from components.model_service import ModelService, ModelServiceArgs, build_pod_template
+from components.serving_pod import (
     GRPC_PORT,
     HEALTH_PORT,
     METRICS_PORT,
     MULTIPROC_DIR,
-    ModelService,
-    ModelServiceArgs,
-    build_pod_template,
+    SCRATCH_DIR,
+    pod_selector,
     serving_mode_from_manifest,
 )
 from stacks.plan import validate_object
@@ -62,6 +62,8 @@ def test_pod_template_is_plain_and_follows_contract_5() -> None:
     assert env["LLM_SERVING_MODEL_VERSION"] == "v2"
     assert env["LLM_SERVING_COLOUR"] == "stable"
     assert env["PROMETHEUS_MULTIPROC_DIR"] == MULTIPROC_DIR == "/var/run/llm-serving/prometheus"
+    assert env["TMPDIR"] == SCRATCH_DIR
+    assert {"name": "scratch", "mountPath": SCRATCH_DIR} in serving["volumeMounts"]
     assert isinstance(env["LLM_SERVING_PACKAGE_S3_URI"], pulumi.Output)
     mounts = {m["name"]: m for m in serving["volumeMounts"]}
     assert mounts["model-cache"] == {
@@ -137,6 +139,14 @@ def test_deployment_waits_for_the_materialize_job(declared: Declared) -> None:
     assert deployment.inputs["spec"]["selector"]["matchLabels"].items() <= (
         template["metadata"]["labels"].items()
     )
+
+
+def test_selector_survives_a_version_change() -> None:
+    # Red-Black keeps one workload per model: a new version must not touch its selector.
+    old, new = _args(service_name="llama"), _args(service_name="llama", version="v3")
+    assert pod_selector(old) == pod_selector(new)
+    assert old.labels["llm-serving/model-version"] != new.labels["llm-serving/model-version"]
+    assert pod_selector(_args()) != pod_selector(_args(version="v3"))
 
 
 def test_irsa_role_reads_only_its_model_prefix(declared: Declared) -> None:

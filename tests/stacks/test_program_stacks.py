@@ -126,3 +126,36 @@ def test_global_stack_exports_what_regions_read() -> None:
     types = {r.type for r in run.resources}
     assert "aws:ecr/replicationConfiguration:ReplicationConfiguration" in types
     assert "aws:s3/bucketReplicationConfig:BucketReplicationConfig" in types
+
+
+def _services_for(config: RegionStackConfig) -> dict[str, str]:
+    from components.region_platform import RegionPlatform, RegionPlatformArgs
+    from stacks.mock_engine import PlanMocks, run_program
+
+    def program() -> None:
+        RegionPlatform(
+            "r", RegionPlatformArgs(config=config, image_repository_url="repo", bucket_name="b")
+        )
+
+    run = run_program(program, "test", {}, PlanMocks({}, known_outputs=True), preview=False)
+    return {
+        r.name: r.inputs["spec"]["template"]["metadata"]["labels"]["llm-serving/model-version"]
+        for r in run.resources
+        if r.type == "kubernetes:apps/v1:Deployment"
+    }
+
+
+def test_a_red_black_version_change_updates_the_same_resources() -> None:
+    config = _region("prod-us-east-1")
+    llama = config.models[0]
+    assert llama.strategy == "red-black"
+    newer = llama.model_copy(
+        update={
+            "versions": [*llama.versions, llama.versions[0].model_copy(update={"version": "v9"})]
+        }
+    )
+    before = _services_for(config)
+    after = _services_for(config.model_copy(update={"models": [newer, *config.models[1:]]}))
+    assert before.keys() == after.keys()
+    assert before["r-llama-3-1-70b-instruct-deployment"] == "2026-11-15"
+    assert after["r-llama-3-1-70b-instruct-deployment"] == "v9"
