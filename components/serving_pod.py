@@ -44,12 +44,14 @@ PROXY_CONTAINER = "metrics-proxy"
 
 
 def serving_mode_from_manifest(text: str) -> str:
-    """The serving mode a model package's ``manifest.json`` declares (``serving_mode``)."""
+    """The serving mode a model package's ``manifest.json`` declares (its ``serving_mode``)."""
     try:
         manifest = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"manifest.json is not valid JSON: {exc}") from exc
-    mode = manifest.get("serving_mode", "standalone") if isinstance(manifest, dict) else None
+    if not isinstance(manifest, dict) or "serving_mode" not in manifest:
+        raise ValueError("manifest.json: missing serving_mode (format_version 1 requires it)")
+    mode = manifest["serving_mode"]
     if mode not in SERVING_MODES:
         raise ValueError(
             f"manifest.json: unsupported serving_mode {mode!r}; "
@@ -168,8 +170,8 @@ def build_pod_template(args: ModelServiceArgs) -> dict[str, Any]:
         "env": [
             *_env(args),
             {"name": "LLM_SERVING_PACKAGE_PATH", "value": args.package_path},
-            # Temporary files (the unpacked package among them) go to the node's local NVMe.
-            {"name": "TMPDIR", "value": SCRATCH_DIR},
+            # The entrypoint unpacks the package there: the node's local NVMe (GpuNodeGroup).
+            {"name": "LLM_SERVING_WORK_DIR", "value": SCRATCH_DIR},
             {
                 "name": "LLM_SERVING_PACKAGE_S3_URI",
                 "value": pulumi.Output.concat(

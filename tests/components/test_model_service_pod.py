@@ -62,7 +62,7 @@ def test_pod_template_is_plain_and_follows_contract_5() -> None:
     assert env["LLM_SERVING_MODEL_VERSION"] == "v2"
     assert env["LLM_SERVING_COLOUR"] == "stable"
     assert env["PROMETHEUS_MULTIPROC_DIR"] == MULTIPROC_DIR == "/var/run/llm-serving/prometheus"
-    assert env["TMPDIR"] == SCRATCH_DIR
+    assert env["LLM_SERVING_WORK_DIR"] == SCRATCH_DIR
     assert {"name": "scratch", "mountPath": SCRATCH_DIR} in serving["volumeMounts"]
     assert isinstance(env["LLM_SERVING_PACKAGE_S3_URI"], pulumi.Output)
     mounts = {m["name"]: m for m in serving["volumeMounts"]}
@@ -208,8 +208,7 @@ def test_no_scaler_without_max_replicas(declare: Declare) -> None:
     ("text", "expected"),
     [
         ('{"serving_mode": "embedded"}', "embedded"),
-        ('{"serving_mode": "standalone"}', "standalone"),
-        ("{}", "standalone"),
+        ('{"format_version": 1, "serving_mode": "standalone"}', "standalone"),
     ],
 )
 def test_serving_mode_comes_from_the_manifest(text: str, expected: str) -> None:
@@ -218,7 +217,12 @@ def test_serving_mode_comes_from_the_manifest(text: str, expected: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [('{"serving_mode": "grpc"}', "expected one of: standalone, embedded"), ("{", "not valid")],
+    [
+        ('{"serving_mode": "grpc"}', "expected one of: standalone, embedded"),
+        ("{", "not valid"),
+        ("{}", "missing serving_mode"),
+        ("[]", "missing serving_mode"),
+    ],
 )
 def test_bad_manifest_is_refused(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
