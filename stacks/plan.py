@@ -168,8 +168,22 @@ def kubernetes_objects(run: ProgramRun) -> Iterator[tuple[RecordedResource, dict
     for resource in run.resources:
         if not resource.type.startswith("kubernetes:") or resource.type.startswith(_NOT_OBJECTS):
             continue
-        manifest = {k: v for k, v in resource.inputs.items() if k not in {"status"}}
+        head = ("apiVersion", "kind", "metadata")
+        manifest = {k: resource.inputs[k] for k in head if k in resource.inputs}
+        manifest.update({k: v for k, v in resource.inputs.items() if k not in {*head, "status"}})
         yield resource, manifest
+
+
+class _ManifestDumper(yaml.SafeDumper):
+    """Writes multi-line strings (job scripts, dashboards) as literal blocks, for review."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_ManifestDumper.add_representer(str, _represent_str)
 
 
 @cache
@@ -222,7 +236,7 @@ def _write_objects(run: ProgramRun, out: Path, version: str) -> list[Validation]
         folder.mkdir(parents=True, exist_ok=True)
         name = metadata.get("name") or resource.name
         path = folder / f"{str(manifest.get('kind', 'object')).lower()}-{name}.yaml"
-        path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+        path.write_text(yaml.dump(manifest, Dumper=_ManifestDumper, sort_keys=False))
         schema, error = validate_object(manifest, version)
         validations.append(Validation(path, str(manifest.get("kind")), schema, error))
     return validations
@@ -269,7 +283,9 @@ def format_tree(run: ProgramRun) -> list[str]:
             lines.append(f"{indent}+ {resource.type}  {resource.name}")
             for path in KEY_PROPERTIES.get(resource.type, ()):
                 value = _lookup(resource.inputs, path)
-                if value is not None:
+                if value is not None and not (
+                    isinstance(value, list) and all(v is None for v in value)
+                ):
                     lines.append(f"{indent}    {path}: {_short(value)}")
             walk(resource.urn, depth + 1)
 

@@ -30,7 +30,12 @@ def test_plan_runs_for_every_stack(tmp_path: Path, stack: str) -> None:
         assert written == []
         return
     assert written
-    kinds = {yaml.safe_load(p.read_text())["kind"] for p in written}
+    documents = [yaml.safe_load(p.read_text()) for p in written]
+    for document in documents:
+        # What a reviewer or kubectl reads back is what was validated.
+        assert list(document)[:3] == ["apiVersion", "kind", "metadata"]
+        assert validate_object(document)[1] is None
+    kinds = {d["kind"] for d in documents}
     assert {"Deployment", "Job", "PersistentVolume", "ServiceMonitor"} <= kinds
     assert "llm-serving:model_service:ModelService" in result.output
 
