@@ -94,6 +94,8 @@ class GpuNodeGroupArgs:
     """One of :data:`CAPACITY_TYPES`."""
     root_volume_gib: int = 200
     """Encrypted gp3 root volume size (images and logs; packages go to local NVMe)."""
+    capacity_reservation_id: str | None = None
+    """The EC2 Capacity Block (``cr-...``) a ``CAPACITY_BLOCK`` group launches into."""
     kubernetes_version: pulumi.Input[str] | None = None
     """Kubelet version; ``None`` follows the cluster."""
     labels: Mapping[str, str] = field(default_factory=dict)
@@ -199,10 +201,31 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 )
             ],
             vpc_security_group_ids=list(args.security_group_ids),
+            **_capacity_block(args),
             user_data=base64.b64encode(user_data.encode()).decode(),
             update_default_version=True,
             opts=pulumi.ResourceOptions(parent=self),
         )
+
+
+def _capacity_block(args: GpuNodeGroupArgs) -> dict[str, object]:
+    """Launch-template settings that place a ``CAPACITY_BLOCK`` group in its reservation."""
+    if args.capacity_reservation_id is None:
+        return {}
+    return {
+        "instance_market_options": aws.ec2.LaunchTemplateInstanceMarketOptionsArgs(
+            market_type="capacity-block"
+        ),
+        "capacity_reservation_specification": (
+            aws.ec2.LaunchTemplateCapacityReservationSpecificationArgs(
+                capacity_reservation_target=(
+                    aws.ec2.LaunchTemplateCapacityReservationSpecificationCapacityReservationTargetArgs(
+                        capacity_reservation_id=args.capacity_reservation_id
+                    )
+                )
+            )
+        ),
+    }
 
 
 def _validate(args: GpuNodeGroupArgs) -> None:
@@ -214,6 +237,10 @@ def _validate(args: GpuNodeGroupArgs) -> None:
         raise ValueError(
             f"unsupported capacity_type {args.capacity_type!r}; "
             f"expected one of: {', '.join(CAPACITY_TYPES)}"
+        )
+    if (args.capacity_type == "CAPACITY_BLOCK") != (args.capacity_reservation_id is not None):
+        raise ValueError(
+            "capacity_reservation_id is required with capacity_type CAPACITY_BLOCK, and only there"
         )
     if not args.instance_types:
         raise ValueError("instance_types must name at least one GPU instance type")

@@ -290,7 +290,13 @@ class ModelCache(pulumi.ComponentResource):
                 },
             },
             opts=pulumi.ResourceOptions(
-                parent=self, depends_on=[association, claim, *self._args.depends_on]
+                parent=self,
+                depends_on=[association, claim, *self._args.depends_on],
+                # Pulumi waits for the Job to complete: as long as the Job itself may run.
+                custom_timeouts=pulumi.CustomTimeouts(
+                    create=f"{self._args.restore_timeout_s + 300}s",
+                    update=f"{self._args.restore_timeout_s + 300}s",
+                ),
             ),
         )
 

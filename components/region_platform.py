@@ -90,6 +90,7 @@ class RegionPlatform(pulumi.ComponentResource):
                     ami_type=group.ami_type,
                     capacity_type=group.capacity_type,
                     root_volume_gib=group.root_volume_gib,
+                    capacity_reservation_id=group.capacity_reservation_id,
                 ),
                 opts=pulumi.ResourceOptions(parent=self),
             )

@@ -40,7 +40,15 @@ def plan(
     from pathlib import Path
 
     # Imported here: the serving image has no Pulumi, and the other commands must still run.
-    from stacks.plan import PlanError, run_plan
+    try:
+        from stacks.plan import PlanError, run_plan
+    except ImportError as exc:
+        typer.secho(
+            f"error: plan needs the deploy extra (pip install 'llm-serving[deploy]'): {exc}",
+            fg=typer.colors.RED,
+            err=True,
+        )
+        raise typer.Exit(1) from exc
 
     try:
         run_plan(stack, Path(out) if out is not None else None, against, echo=typer.echo)

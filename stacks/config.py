@@ -114,11 +114,17 @@ class NodeGroupConfig(_Strict):
     desired_size: int = Field(ge=0)
     gpus_per_node: int = Field(ge=1, le=16)
     root_volume_gib: int = Field(default=200, ge=20)
+    capacity_reservation_id: str | None = Field(default=None, pattern=r"^cr-[0-9a-f]+$")
 
     @model_validator(mode="after")
     def _bounds(self) -> NodeGroupConfig:
         if not self.min_size <= self.desired_size <= self.max_size:
             raise ValueError("expected min_size <= desired_size <= max_size")
+        if (self.capacity_type == "CAPACITY_BLOCK") != (self.capacity_reservation_id is not None):
+            raise ValueError(
+                "capacity_reservation_id is required with capacity_type CAPACITY_BLOCK, "
+                "and only there"
+            )
         return self
 
 
@@ -147,9 +153,15 @@ class NetworkConfig(_Strict):
 class ModelCacheConfig(_Strict):
     """The FSx for Lustre model cache."""
 
-    storage_capacity_gib: int = Field(default=2400, ge=1200, multiple_of=2400)
+    storage_capacity_gib: int = Field(default=2400, ge=1200)
     throughput_per_unit: Literal[125, 250, 500, 1000] = 250
     restore_batch_size: int = Field(default=64, ge=1, description="files per lfs hsm_restore")
+
+    @model_validator(mode="after")
+    def _capacity(self) -> ModelCacheConfig:
+        if self.storage_capacity_gib != 1200 and self.storage_capacity_gib % 2400:
+            raise ValueError("storage_capacity_gib must be 1200 or a multiple of 2400")
+        return self
 
 
 class ImageConfig(_Strict):

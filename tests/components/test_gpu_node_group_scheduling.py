@@ -78,6 +78,16 @@ def test_pod_tolerations_match_the_taint(declare: Declare) -> None:
     assert node_selector("h100").items() <= labels.items()
 
 
+def test_capacity_block_launches_into_its_reservation(declare: Declare) -> None:
+    args = _args(capacity_type="CAPACITY_BLOCK", capacity_reservation_id="cr-0abc")
+    declared = declare(lambda: GpuNodeGroup("h100", args))
+    template = declared.one("aws:ec2/launchTemplate:LaunchTemplate").inputs
+    assert template["instanceMarketOptions"] == {"marketType": "capacity-block"}
+    target = template["capacityReservationSpecification"]["capacityReservationTarget"]
+    assert target == {"capacityReservationId": "cr-0abc"}
+    assert declared.one("aws:eks/nodeGroup:NodeGroup").inputs["capacityType"] == "CAPACITY_BLOCK"
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -85,6 +95,8 @@ def test_pod_tolerations_match_the_taint(declare: Declare) -> None:
         ({"capacity_type": "RESERVED"}, "expected one of: ON_DEMAND, SPOT, CAPACITY_BLOCK"),
         ({"desired_size": 9}, "min_size <= desired_size <= max_size"),
         ({"instance_types": []}, "at least one GPU instance type"),
+        ({"capacity_type": "CAPACITY_BLOCK"}, "capacity_reservation_id is required"),
+        ({"capacity_reservation_id": "cr-1"}, "capacity_reservation_id is required"),
     ],
 )
 def test_bad_args_are_refused(overrides: dict[str, object], message: str) -> None:

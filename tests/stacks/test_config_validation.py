@@ -92,6 +92,16 @@ def test_served_versions_follow_strategy() -> None:
             "min_size <= desired_size <= max_size",
         ),
         (
+            lambda c: c["llm-serving:node_groups"][0].update(capacity_type="CAPACITY_BLOCK"),
+            "llm-serving:node_groups[0]",
+            "capacity_reservation_id is required",
+        ),
+        (
+            lambda c: c.update({"llm-serving:model_cache": {"storage_capacity_gib": 3000}}),
+            "llm-serving:model_cache",
+            "1200 or a multiple of 2400",
+        ),
+        (
             lambda c: c["llm-serving:models"][0].update(replica=2),
             "llm-serving:models[0].replica",
             "unknown key",

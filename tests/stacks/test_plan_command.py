@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,14 @@ def test_custom_resources_are_checked_for_shape_only() -> None:
     assert validate_object(scaled) == (False, None)
     nameless = {**scaled, "metadata": {}}
     assert validate_object(nameless) == (False, "metadata.name is missing")
+
+
+def test_without_the_deploy_extra_plan_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A None entry makes the import fail as it does in the serving image (no Pulumi there).
+    monkeypatch.setitem(sys.modules, "stacks.plan", None)
+    result = runner.invoke(app, ["plan", "--stack", "dev-us-west-2"])
+    assert result.exit_code == 1
+    assert "pip install 'llm-serving[deploy]'" in result.output
+    assert runner.invoke(app, ["version"]).exit_code == 0
