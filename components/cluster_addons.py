@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +88,8 @@ class ClusterAddonsArgs:
     """Prometheus operator, Prometheus, Alertmanager and Grafana."""
     extra_values: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Per-release values merged over ours, keyed by release name."""
+    depends_on: Sequence[pulumi.Resource] = ()
+    """What the Gateway needs first: its namespace."""
 
 
 class ClusterAddons(pulumi.ComponentResource):
@@ -167,7 +169,10 @@ class ClusterAddons(pulumi.ComponentResource):
         return resource
 
     def _create_gateway(self, envoy: k8s.helm.v3.Release) -> tuple[str, str]:
-        after_envoy = pulumi.ResourceOptions(parent=self, depends_on=[envoy])
+        # Children do not inherit a component's dependencies: each names them itself.
+        after_envoy = pulumi.ResourceOptions(
+            parent=self, depends_on=[envoy, *self._args.depends_on]
+        )
         k8s.apiextensions.CustomResource(
             f"{self._name}-gateway-class",
             api_version="gateway.networking.k8s.io/v1",

@@ -30,6 +30,8 @@ class ObservabilityArgs:
     """Grafana dashboard JSON model (``load_dashboard()``)."""
     alert_groups: Sequence[Mapping[str, Any]]
     """Prometheus rule groups (``load_alert_groups()``)."""
+    depends_on: Sequence[pulumi.Resource] = ()
+    """What must exist first: the namespace, the Prometheus operator's CRDs."""
 
 
 class Observability(pulumi.ComponentResource):
@@ -43,6 +45,8 @@ class Observability(pulumi.ComponentResource):
         _validate(args)
         super().__init__("llm-serving:observability:Observability", name, None, opts)
         labels = {"app.kubernetes.io/part-of": "llm-serving"}
+        # Children do not inherit a component's dependencies: each names them itself.
+        child = pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on))
         dashboard = k8s.core.v1.ConfigMap(
             f"{name}-dashboard",
             metadata={
@@ -51,7 +55,7 @@ class Observability(pulumi.ComponentResource):
                 "labels": {**labels, DASHBOARD_LABEL: "1"},
             },
             data={"llm-serving.json": json.dumps(args.dashboard, sort_keys=True)},
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=child,
         )
         rules = k8s.apiextensions.CustomResource(
             f"{name}-alerts",
@@ -59,7 +63,7 @@ class Observability(pulumi.ComponentResource):
             kind="PrometheusRule",
             metadata={"name": f"{name}-alerts", "namespace": args.namespace, "labels": labels},
             spec={"groups": [dict(group) for group in args.alert_groups]},
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=child,
         )
         self.dashboard_name = dashboard.metadata.name
         self.register_outputs({"dashboard": self.dashboard_name, "alert_rules": rules.id})

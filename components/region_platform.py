@@ -104,10 +104,9 @@ class RegionPlatform(pulumi.ComponentResource):
                     {"llm-serving/ami-family": "al2023"} if needs_plugin else None
                 ),
                 gateway_namespace=config.namespace,
+                depends_on=[namespace],
             ),
-            opts=pulumi.ResourceOptions.merge(
-                on_cluster, pulumi.ResourceOptions(depends_on=[namespace])
-            ),
+            opts=on_cluster,
         )
         served = [(m, v) for m in config.models for v in m.served_versions]
         cache = ModelCache(
@@ -125,9 +124,7 @@ class RegionPlatform(pulumi.ComponentResource):
                 restore_batch_size=config.model_cache.restore_batch_size,
                 depends_on=[namespace, addons],
             ),
-            opts=pulumi.ResourceOptions.merge(
-                on_cluster, pulumi.ResourceOptions(depends_on=[namespace, addons])
-            ),
+            opts=on_cluster,
         )
         image = pulumi.Output.concat(args.image_repository_url, ":", config.image.tag)
         self.endpoints = {}
@@ -154,10 +151,9 @@ class RegionPlatform(pulumi.ComponentResource):
                     namespace=config.namespace,
                     dashboard=args.dashboard,
                     alert_groups=args.alert_groups,
+                    depends_on=[namespace, addons],
                 ),
-                opts=pulumi.ResourceOptions.merge(
-                    on_cluster, pulumi.ResourceOptions(depends_on=[namespace, addons])
-                ),
+                opts=on_cluster,
             )
         self.cluster_name = cluster.name
         self.register_outputs({"cluster_name": self.cluster_name, "endpoints": self.endpoints})

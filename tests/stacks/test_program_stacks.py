@@ -82,6 +82,27 @@ def test_servers_fit_their_node_group_and_wait_for_their_job(stack: str) -> None
         labels = pod["metadata"]["labels"]
         key = (labels["llm-serving/model-id"], labels["llm-serving/model-version"])
         assert jobs[key] in deployment.dependencies
+    # Children do not inherit their component's dependencies: check the ones that matter.
+    namespace = next(r.urn for r in run.resources if r.type == "kubernetes:core/v1:Namespace")
+    csi = next(r.urn for r in run.resources if r.name.endswith("aws-fsx-csi-driver"))
+    direct = {r.urn: set(r.dependencies) for r in run.resources}
+
+    def waits_for(urn: str) -> set[str]:
+        seen: set[str] = set()
+        todo = list(direct[urn])
+        while todo:
+            item = todo.pop()
+            if item not in seen:
+                seen.add(item)
+                todo.extend(direct.get(item, ()))
+        return seen
+
+    for resource in run.resources:
+        metadata = resource.inputs.get("metadata", {})
+        if resource.type.startswith("kubernetes:") and metadata.get("namespace"):
+            assert namespace in waits_for(resource.urn), resource.name
+        if resource.type == "kubernetes:batch/v1:Job":
+            assert csi in resource.dependencies
 
 
 def test_red_black_serves_only_the_last_version() -> None:
@@ -159,3 +180,39 @@ def test_a_red_black_version_change_updates_the_same_resources() -> None:
     assert before.keys() == after.keys()
     assert before["r-llama-3-1-70b-instruct-deployment"] == "2026-11-15"
     assert after["r-llama-3-1-70b-instruct-deployment"] == "v9"
+
+
+def test_metrics_assets_ship_once_per_region() -> None:
+    from components.region_platform import RegionPlatform, RegionPlatformArgs
+    from stacks.mock_engine import PlanMocks, run_program
+
+    dashboard = {"uid": "llm-serving", "panels": []}
+    groups = [{"name": "llm-serving", "rules": [{"alert": "A", "expr": "vector(1) > 2"}]}]
+
+    def program() -> None:
+        RegionPlatform(
+            "r",
+            RegionPlatformArgs(
+                config=_region("prod-us-east-1"),
+                image_repository_url="repo",
+                bucket_name="b",
+                dashboard=dashboard,
+                alert_groups=groups,
+            ),
+        )
+
+    run = run_program(program, "test", {}, PlanMocks({}, known_outputs=True), preview=False)
+    maps = [r for r in run.resources if r.type == "kubernetes:core/v1:ConfigMap"]
+    rules = [r for r in run.resources if r.type.endswith(":PrometheusRule")]
+    assert len(maps) == len(rules) == 1
+    assert rules[0].inputs["spec"]["groups"] == groups
+    # Waits for the Prometheus operator (its CRD) and the namespace, though it is no child of
+    # the add-ons component: depending on a component means depending on its children.
+    operator = next(
+        r for r in run.resources if r.type.endswith(":Release") and "prometheus" in r.name
+    )
+    namespace = next(r for r in run.resources if r.type.endswith(":Namespace"))
+    assert {operator.urn, namespace.urn} <= set(rules[0].dependencies)
+    assert {operator.urn, namespace.urn} <= set(maps[0].dependencies)
+    gateway = next(r for r in run.resources if r.type.endswith(":Gateway"))
+    assert namespace.urn in gateway.dependencies
