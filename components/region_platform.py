@@ -43,6 +43,8 @@ class RegionPlatformArgs:
     """Prometheus rule groups of the metrics assets; ``None`` ships none."""
     tools_image: str = DEFAULT_TOOLS_IMAGE
     """Image with the Lustre client tools for materialize jobs."""
+    vllm_version: str | None = None
+    """vLLM of the image's Triton release (the compatibility matrix), annotated on pods."""
 
 
 class RegionPlatform(pulumi.ComponentResource):
@@ -196,6 +198,8 @@ class RegionPlatform(pulumi.ComponentResource):
             max_replicas=model.max_replicas,
             queue_target=model.queue_target,
             service_name=service_name,
+            triton_release=args.config.image.triton_release,
+            vllm_version=args.vllm_version,
             depends_on=[cache.materialize_jobs[(model.id, version.version)], *after],
         )
         # Named like its Service, so a Red-Black version change updates the same resources.

@@ -26,6 +26,8 @@ __all__ = [
     "MULTIPROC_DIR",
     "OPENAI_PORT",
     "SERVING_MODES",
+    "TRITON_ANNOTATION",
+    "VLLM_ANNOTATION",
     "ModelServiceArgs",
     "build_pod_template",
     "pod_selector",
@@ -41,6 +43,9 @@ SCRATCH_DIR = "/var/lib/llm-serving"
 SERVING_MODES = ("standalone", "embedded")
 SERVING_CONTAINER = "triton"
 PROXY_CONTAINER = "metrics-proxy"
+# The serving pair, as the policy pack reads it from the pod template.
+TRITON_ANNOTATION = "llm-serving/triton-release"
+VLLM_ANNOTATION = "llm-serving/vllm-version"
 
 
 def serving_mode_from_manifest(text: str) -> str:
@@ -112,6 +117,10 @@ class ModelServiceArgs:
     """Prometheus that KEDA queries."""
     metrics_proxy_command: Sequence[str] = ("python", "-m", "runtime.metrics_proxy")
     """Command of the metrics-proxy sidecar in the serving image."""
+    triton_release: str | None = None
+    """Triton release of the image (``26.08``), annotated for the policy pack and operators."""
+    vllm_version: str | None = None
+    """vLLM version the image pairs with that release (``images/compat.toml``), annotated."""
 
     @property
     def name(self) -> str:
@@ -139,6 +148,14 @@ def pod_selector(args: ModelServiceArgs) -> dict[str, str]:
     """The labels that select the pods: never the version or colour, which a rollout changes
     while the selector (immutable in a Deployment) stays."""
     return {k: args.labels[k] for k in ("app.kubernetes.io/name", "app.kubernetes.io/instance")}
+
+
+def _annotations(args: ModelServiceArgs) -> dict[str, str]:
+    pair = {
+        TRITON_ANNOTATION: args.triton_release,
+        VLLM_ANNOTATION: args.vllm_version,
+    }
+    return {key: value for key, value in pair.items() if value is not None}
 
 
 def _env(args: ModelServiceArgs) -> list[dict[str, Any]]:
@@ -227,7 +244,7 @@ def build_pod_template(args: ModelServiceArgs) -> dict[str, Any]:
         ],
     }
     return {
-        "metadata": {"labels": args.labels},
+        "metadata": {"labels": args.labels, "annotations": _annotations(args)},
         "spec": {
             "serviceAccountName": args.name,
             "nodeSelector": node_selector(args.node_group),

@@ -170,6 +170,16 @@ class ImageConfig(_Strict):
     tag: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
     triton_release: str = Field(default="26.08", pattern=r"^\d{2}\.\d{2}$")
 
+    @model_validator(mode="after")
+    def _tag_names_the_release(self) -> ImageConfig:
+        # Images are tagged <version>-triton<release>; the policy pack reads the pair from it.
+        if not self.tag.endswith(f"-triton{self.triton_release}"):
+            raise ValueError(
+                f"tag {self.tag!r} must end with -triton{self.triton_release} "
+                f"(the image's Triton release, triton_release)"
+            )
+        return self
+
 
 class RegionStackConfig(_Strict):
     """Everything a region stack (``<env>-<region>``) reads."""

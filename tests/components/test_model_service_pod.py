@@ -80,6 +80,15 @@ def test_pod_template_is_plain_and_follows_contract_5() -> None:
     assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
 
 
+def test_serving_pair_is_annotated_when_known() -> None:
+    assert build_pod_template(_args())["metadata"]["annotations"] == {}
+    template = build_pod_template(_args(triton_release="26.08", vllm_version="0.27.1"))
+    assert template["metadata"]["annotations"] == {
+        "llm-serving/triton-release": "26.08",
+        "llm-serving/vllm-version": "0.27.1",
+    }
+
+
 def test_gpu_requests_equal_limits_and_pods_land_on_gpu_nodes() -> None:
     template = build_pod_template(_args())
     for container in template["spec"]["containers"]:

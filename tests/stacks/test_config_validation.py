@@ -107,6 +107,11 @@ def test_served_versions_follow_strategy() -> None:
             "unknown key",
         ),
         (lambda c: c.update({"llm-serving:modles": []}), "llm-serving:modles", "unknown key"),
+        (
+            lambda c: c["llm-serving:image"].update(triton_release="26.07"),
+            "llm-serving:image",
+            "must end with -triton26.07",
+        ),
     ],
 )
 def test_bad_config_names_key_and_file(tmp_path: Path, mutate: Any, key: str, problem: str) -> None:

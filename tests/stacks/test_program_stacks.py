@@ -136,7 +136,9 @@ def test_region_stacks_read_the_global_stack() -> None:
     deployment = next(r for r in run.resources if r.type == "kubernetes:apps/v1:Deployment")
     image = deployment.inputs["spec"]["template"]["spec"]["containers"][0]["image"]
     assert image.startswith("123456789012.dkr.ecr.us-west-2.amazonaws.com/")
-    assert image.endswith(":0.1.0-dev")
+    assert image.endswith(":0.1.0-dev-triton26.08")
+    annotations = deployment.inputs["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {"llm-serving/triton-release": "26.08"}
 
 
 def test_global_stack_exports_what_regions_read() -> None:
