@@ -129,46 +129,22 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
 class PlanMocks(pulumi_mocks.Mocks):
     """Answers resource registrations and provider functions without a cloud.
 
-    With ``known_outputs`` every cloud output gets a deterministic stand-in value (for tests
-    that read them); without, outputs the cloud would compute stay unknown, as in a preview.
+    Outputs that the cloud would compute stay unknown, as in a preview; the global stack's
+    outputs, the account and each version's ``manifest.json`` (with ``serving_mode``) are
+    stand-ins.
     """
 
-    def __init__(
-        self,
-        global_outputs: Mapping[str, Any],
-        serving_mode: str = "embedded",
-        *,
-        known_outputs: bool = False,
-    ) -> None:
+    def __init__(self, global_outputs: Mapping[str, Any], serving_mode: str = "embedded") -> None:
         self.global_outputs = dict(global_outputs)
         self.serving_mode = serving_mode
-        self.known_outputs = known_outputs
-        self.calls: list[str] = []
 
     def new_resource(self, args: pulumi_mocks.MockResourceArgs) -> tuple[str | None, dict]:
         outputs = dict(args.inputs)
         if args.typ == STACK_REFERENCE:
             return args.name, {**outputs, "outputs": self.global_outputs}
-        if not self.known_outputs:
-            return "", outputs
-        name = args.name
-        outputs.setdefault("arn", f"arn:aws:mock:::{name}")
-        outputs.setdefault("name", name)
-        extra = {
-            "aws:fsx/lustreFileSystem:LustreFileSystem": {
-                "dnsName": f"{name}.fsx.mock.amazonaws.com",
-                "mountName": "abcdefgh",
-            },
-            "aws:ec2/launchTemplate:LaunchTemplate": {"latestVersion": 1},
-            "aws:s3/bucket:Bucket": {"bucket": f"{name}-bucket"},
-            "aws:eks/cluster:Cluster": _cluster_outputs(name),
-            "aws:eks/nodeGroup:NodeGroup": {"nodeGroupName": name},
-        }.get(args.typ, {})
-        outputs.update(extra)
-        return f"{name}-id", outputs
+        return "", outputs
 
     def call(self, args: pulumi_mocks.MockCallArgs) -> dict:
-        self.calls.append(args.token)
         if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
             return {
                 "accountId": MOCK_ACCOUNT,
@@ -177,7 +153,7 @@ class PlanMocks(pulumi_mocks.Mocks):
                 "id": MOCK_ACCOUNT,
             }
         if args.token == "aws:eks/getCluster:getCluster":
-            return {"id": args.args["name"], **_cluster_outputs(args.args["name"], data=True)}
+            return {"id": args.args["name"], **_cluster_outputs(args.args["name"])}
         if args.token == "aws:iam/getOpenIdConnectProvider:getOpenIdConnectProvider":
             url = args.args.get("url", "")
             return {"arn": f"arn:aws:iam::{MOCK_ACCOUNT}:oidc-provider/{url}", "url": url}
@@ -190,20 +166,17 @@ class PlanMocks(pulumi_mocks.Mocks):
         return {}
 
 
-def _cluster_outputs(name: str, data: bool = False) -> dict[str, Any]:
-    issuer = f"https://oidc.eks.mock.amazonaws.com/id/{name.upper()}"
-    vpc = {"clusterSecurityGroupId": f"sg-{hashlib.sha256(name.encode()).hexdigest()[:17]}"}
-    outputs: dict[str, Any] = {
+def _cluster_outputs(name: str) -> dict[str, Any]:
+    """What ``getCluster`` answers for an adopted cluster."""
+    return {
         "name": name,
         "endpoint": f"https://{name}.eks.mock.amazonaws.com",
-        "identities": [{"oidcs": [{"issuer": issuer}]}],
-        "vpcConfig": vpc,
+        "identities": [{"oidcs": [{"issuer": f"https://oidc.eks.mock.amazonaws.com/id/{name}"}]}],
+        "vpcConfig": {
+            "clusterSecurityGroupId": f"sg-{hashlib.sha256(name.encode()).hexdigest()[:17]}"
+        },
+        "certificateAuthorities": [{"data": "bW9jaw=="}],
     }
-    if data:
-        outputs["certificateAuthorities"] = [{"data": "bW9jaw=="}]
-    else:
-        outputs["certificateAuthority"] = {"data": "bW9jaw=="}
-    return outputs
 
 
 async def _resolve(value: Any) -> Any:

@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import pytest
 
-from stacks.mock_engine import PlanMocks, run_program
-from tests.components.declared import GLOBAL_OUTPUTS, Declare, Declared
+from stacks.mock_engine import run_program
+from tests.components.declared import GLOBAL_OUTPUTS, Declare, Declared, KnownOutputMocks
 
 
 @pytest.fixture
@@ -15,7 +15,7 @@ def declare() -> Declare:
     """``declare(fn, serving_mode=...)`` runs ``fn`` as a Pulumi program (outputs known)."""
 
     def run(program: Callable[[], None], serving_mode: str = "embedded") -> Declared:
-        mocks = PlanMocks(GLOBAL_OUTPUTS, serving_mode, known_outputs=True)
+        mocks = KnownOutputMocks(GLOBAL_OUTPUTS, serving_mode)
         return Declared(run_program(program, "test", {}, mocks, preview=False))
 
     return run

@@ -6,11 +6,48 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from stacks.mock_engine import ProgramRun, RecordedResource
+from pulumi.runtime.mocks import MockResourceArgs
+
+from stacks.mock_engine import PlanMocks, ProgramRun, RecordedResource
 
 GLOBAL_OUTPUTS = {
     "image_repository_urls": {"us-east-1": "111.dkr.ecr.us-east-1.amazonaws.com/llm"},
     "model_buckets": {"us-east-1": "models-use1"},
+}
+
+
+class KnownOutputMocks(PlanMocks):
+    """The plan's mocks, with a deterministic stand-in for every output the cloud computes.
+
+    Tests read those outputs where components pass them on (an ARN into a policy, the file
+    system's DNS name into a PersistentVolume); a preview would leave them unknown.
+    """
+
+    def new_resource(self, args: MockResourceArgs) -> tuple[str | None, dict]:
+        resource_id, outputs = super().new_resource(args)
+        if resource_id:
+            return resource_id, outputs
+        name = args.name
+        outputs.setdefault("arn", f"arn:aws:mock:::{name}")
+        outputs.setdefault("name", name)
+        outputs.update(_COMPUTED.get(args.typ, lambda _: {})(name))
+        return f"{name}-id", outputs
+
+
+_COMPUTED: dict[str, Any] = {
+    "aws:fsx/lustreFileSystem:LustreFileSystem": lambda name: {
+        "dnsName": f"{name}.fsx.mock.amazonaws.com",
+        "mountName": "abcdefgh",
+    },
+    "aws:ec2/launchTemplate:LaunchTemplate": lambda name: {"latestVersion": 1},
+    "aws:s3/bucket:Bucket": lambda name: {"bucket": f"{name}-bucket"},
+    "aws:eks/cluster:Cluster": lambda name: {
+        "endpoint": f"https://{name}.eks.mock.amazonaws.com",
+        "identities": [{"oidcs": [{"issuer": f"https://oidc.eks.mock.amazonaws.com/id/{name}"}]}],
+        "vpcConfig": {"clusterSecurityGroupId": "sg-0cluster"},
+        "certificateAuthority": {"data": "bW9jaw=="},
+    },
+    "aws:eks/nodeGroup:NodeGroup": lambda name: {"nodeGroupName": name},
 }
 
 

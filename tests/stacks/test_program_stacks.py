@@ -153,14 +153,15 @@ def test_global_stack_exports_what_regions_read() -> None:
 
 def _services_for(config: RegionStackConfig) -> dict[str, str]:
     from components.region_platform import RegionPlatform, RegionPlatformArgs
-    from stacks.mock_engine import PlanMocks, run_program
+    from stacks.mock_engine import run_program
+    from tests.components.declared import KnownOutputMocks
 
     def program() -> None:
         RegionPlatform(
             "r", RegionPlatformArgs(config=config, image_repository_url="repo", bucket_name="b")
         )
 
-    run = run_program(program, "test", {}, PlanMocks({}, known_outputs=True), preview=False)
+    run = run_program(program, "test", {}, KnownOutputMocks({}), preview=False)
     return {
         r.name: r.inputs["spec"]["template"]["metadata"]["labels"]["llm-serving/model-version"]
         for r in run.resources
@@ -186,7 +187,8 @@ def test_a_red_black_version_change_updates_the_same_resources() -> None:
 
 def test_metrics_assets_ship_once_per_region() -> None:
     from components.region_platform import RegionPlatform, RegionPlatformArgs
-    from stacks.mock_engine import PlanMocks, run_program
+    from stacks.mock_engine import run_program
+    from tests.components.declared import KnownOutputMocks
 
     dashboard = {"uid": "llm-serving", "panels": []}
     groups = [{"name": "llm-serving", "rules": [{"alert": "A", "expr": "vector(1) > 2"}]}]
@@ -203,7 +205,7 @@ def test_metrics_assets_ship_once_per_region() -> None:
             ),
         )
 
-    run = run_program(program, "test", {}, PlanMocks({}, known_outputs=True), preview=False)
+    run = run_program(program, "test", {}, KnownOutputMocks({}), preview=False)
     maps = [r for r in run.resources if r.type == "kubernetes:core/v1:ConfigMap"]
     rules = [r for r in run.resources if r.type.endswith(":PrometheusRule")]
     assert len(maps) == len(rules) == 1
