@@ -57,6 +57,8 @@ class SharedArtifacts(pulumi.ComponentResource):
             ),
             opts=pulumi.ResourceOptions(parent=self),
         )
+        # The replication configuration is registry-wide: this stack owns the account's in the
+        # publishing region.
         aws.ecr.ReplicationConfiguration(
             f"{name}-image-replication",
             replication_configuration=aws.ecr.ReplicationConfigurationReplicationConfigurationArgs(
