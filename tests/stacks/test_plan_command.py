@@ -142,3 +142,38 @@ def test_without_the_deploy_extra_plan_says_what_to_install(
     assert result.exit_code == 1
     assert "pip install 'llm-serving[deploy]'" in result.output
     assert runner.invoke(app, ["version"]).exit_code == 0
+
+
+def test_against_plans_that_revisions_own_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other revision runs its own components, not the installed ones."""
+    import shutil
+    import subprocess
+
+    from stacks import plan as plan_module
+
+    repo, current = tmp_path / "repo", plan_module.REPO_ROOT
+    for package in ("stacks", "components"):
+        shutil.copytree(
+            current / package,
+            repo / package,
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
+    pod = repo / "components" / "serving_pod.py"
+    pod.write_text(
+        pod.read_text().replace(
+            '"terminationGracePeriodSeconds": 120', '"terminationGracePeriodSeconds": 30'
+        )
+    )
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run([*git, "add", "."], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "older"], cwd=repo, check=True)
+    monkeypatch.setattr(plan_module, "REPO_ROOT", repo)
+
+    before = plan_module._plan_revision("HEAD", "dev-us-west-2")
+    lines = diff_runs(before, plan_module.plan_program("dev-us-west-2", root=current))
+    changed = [line for line in lines if "terminationGracePeriodSeconds" in line]
+    assert changed == ["    spec.template.spec.terminationGracePeriodSeconds: 30 -> 120"] * 2
+    assert not [line for line in lines if line.startswith(("+", "-"))]
