@@ -6,13 +6,16 @@ import base64
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import pulumi
 import pulumi_aws as aws
 
 __all__ = [
+    "AMI_FAMILY_LABEL",
     "AMI_TYPES",
     "CAPACITY_TYPES",
+    "DEVICE_PLUGIN_NODES",
     "GPU_RESOURCE",
     "NODE_GROUP_LABEL",
     "GpuNodeGroup",
@@ -23,6 +26,9 @@ __all__ = [
 
 GPU_RESOURCE = "nvidia.com/gpu"
 NODE_GROUP_LABEL = "llm-serving/node-group"
+AMI_FAMILY_LABEL = "llm-serving/ami-family"
+# Nodes whose AMI needs the NVIDIA device plugin as a DaemonSet (AL2023; Bottlerocket has it).
+DEVICE_PLUGIN_NODES: Mapping[str, str] = MappingProxyType({AMI_FAMILY_LABEL: "al2023"})
 AMI_TYPES = ("AL2023_x86_64_NVIDIA", "BOTTLEROCKET_x86_64_NVIDIA")
 CAPACITY_TYPES = ("ON_DEMAND", "SPOT", "CAPACITY_BLOCK")
 _NODE_POLICIES = (
@@ -120,7 +126,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
         self.labels = {
             **args.labels,
             NODE_GROUP_LABEL: name,
-            "llm-serving/ami-family": family,
+            AMI_FAMILY_LABEL: family,
             "nvidia.com/gpu.present": "true",
         }
         role = self._create_role(name)

@@ -12,7 +12,7 @@ import pulumi_kubernetes as k8s
 
 from components.cluster_addons import ClusterAddons, ClusterAddonsArgs
 from components.eks_cluster import ClusterHandles, adopt_cluster, create_cluster, kubeconfig
-from components.gpu_node_group import GpuNodeGroup, GpuNodeGroupArgs
+from components.gpu_node_group import DEVICE_PLUGIN_NODES, GpuNodeGroup, GpuNodeGroupArgs
 from components.model_cache import ModelCache, ModelCacheArgs
 from components.model_service import ModelService, ModelServiceArgs, serving_mode_from_manifest
 from components.naming import dns_label
@@ -102,9 +102,7 @@ class RegionPlatform(pulumi.ComponentResource):
         addons = ClusterAddons(
             f"{name}-addons",
             ClusterAddonsArgs(
-                device_plugin_node_selector=(
-                    {"llm-serving/ami-family": "al2023"} if needs_plugin else None
-                ),
+                device_plugin_node_selector=DEVICE_PLUGIN_NODES if needs_plugin else None,
                 gateway_namespace=config.namespace,
                 depends_on=[namespace],
             ),

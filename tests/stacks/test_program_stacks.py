@@ -220,3 +220,21 @@ def test_metrics_assets_ship_once_per_region() -> None:
     assert {operator.urn, namespace.urn} <= set(maps[0].dependencies)
     gateway = next(r for r in run.resources if r.type.endswith(":Gateway"))
     assert namespace.urn in gateway.dependencies
+
+
+@pytest.mark.parametrize("stack", REGION_STACKS)
+def test_device_plugin_runs_exactly_where_the_ami_lacks_it(stack: str) -> None:
+    run = _run(stack)
+    families = {
+        r.inputs["labels"]["llm-serving/ami-family"]
+        for r in run.resources
+        if r.type == "aws:eks/nodeGroup:NodeGroup"
+    }
+    plugins = [
+        r.inputs
+        for r in run.resources
+        if r.type == "kubernetes:helm.sh/v3:Release" and r.inputs["name"] == "nvidia-device-plugin"
+    ]
+    assert bool(plugins) == ("al2023" in families)
+    for plugin in plugins:
+        assert plugin["values"]["nodeSelector"] == {"llm-serving/ami-family": "al2023"}
