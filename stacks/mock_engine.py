@@ -1,11 +1,11 @@
 """Run a stack program under Pulumi's mock engine and record every resource it declares.
 
 This is what the offline plan and the component tests run instead of the Pulumi CLI and a
-cloud account. Cloud-side outputs are left unknown in preview (shown as computed) or filled
-with deterministic stand-ins otherwise; provider functions (``getCluster``, ``getObject``, ...)
-and the global stack's outputs behind ``StackReference`` are answered with stand-ins too.
-The module needs only Pulumi and PyYAML, so ``python stacks/mock_engine.py ROOT STACK OUT``
-can run another revision's program (``llm-serving plan --against``) from its own checkout.
+cloud account. Outputs only the cloud knows stay unknown, as in a preview (shown as computed);
+provider functions (``getCluster``, ``getObject``, ...) and the global stack's outputs behind
+``StackReference`` are answered with stand-ins. The module needs only Pulumi and PyYAML, so
+``python stacks/mock_engine.py ROOT STACK GLOBAL_OUTPUTS_JSON OUT_JSON`` can run another
+revision's program (``llm-serving plan --against``) from that revision's own checkout.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import hashlib
 import json
 import runpy
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -223,7 +223,7 @@ def run_program(
     pulumi.runtime.set_all_config(dict(config))
     exported: dict[str, Any] = {}
 
-    def program_body() -> None:
+    def program_body() -> Awaitable[None]:
         if callable(program):
             program()
         else:

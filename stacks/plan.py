@@ -187,6 +187,20 @@ _ManifestDumper.add_representer(str, _represent_str)
 
 
 @cache
+def _schema_version(version: str) -> str:
+    """The newest schema kubernetes-validate ships that is not newer than the cluster."""
+    import kubernetes_validate.utils as kv
+
+    def key(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in text.split(".")[:2])
+
+    usable = [v for v in kv.all_versions() if key(v) <= key(version)]
+    if not usable:
+        raise PlanError(f"no Kubernetes schema for version {version} or older")
+    return max(usable, key=key)
+
+
+@cache
 def _validator(kind: str, api_version: str, version: str) -> Any:
     """A strict schema validator for one built-in kind, or ``None`` for a custom resource."""
     import jsonschema
@@ -194,7 +208,7 @@ def _validator(kind: str, api_version: str, version: str) -> Any:
     from referencing import Registry, Resource
 
     group = api_version.split("/")[0].split(".")[0] + "-" if "/" in api_version else ""
-    directory = f"kubernetes-json-schema/v{version}.0-local-strict"
+    directory = f"kubernetes-json-schema/v{_schema_version(version)}-local-strict"
     name = f"{directory}/{kind.lower()}-{group}{api_version.split('/')[-1]}.json"
     try:
         schema = kv.schema_contents(name, version)

@@ -177,3 +177,9 @@ def test_against_plans_that_revisions_own_code(
     changed = [line for line in lines if "terminationGracePeriodSeconds" in line]
     assert changed == ["    spec.template.spec.terminationGracePeriodSeconds: 30 -> 120"] * 2
     assert not [line for line in lines if line.startswith(("+", "-"))]
+
+
+def test_a_cluster_newer_than_the_schemas_uses_the_newest_schema() -> None:
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "n"}}
+    assert validate_object(namespace, "1.99") == (True, None)
+    assert validate_object({**namespace, "spec": {"finalizer": []}}, "1.99")[1] is not None
