@@ -41,3 +41,16 @@ def deploy(mocks: RecordingMocks, args: RedBlackArgs) -> list[str]:
 
     declare()
     return phases
+
+
+def run_under_mocks(mocks: RecordingMocks, build: Any) -> list[Any]:
+    """Run ``build()`` (returning an Output) under the mocks; returns the Output's value."""
+    pulumi.runtime.set_mocks(mocks, preview=False)
+    values: list[Any] = []
+
+    @pulumi.runtime.test
+    def declare() -> pulumi.Output:
+        return build().apply(values.append)
+
+    declare()
+    return values
