@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
 from runtime.constraints import default_num_threads, engine_version
@@ -28,6 +31,31 @@ def version() -> None:
         f"llm-serving {dist_version('llm-serving')} "
         f"(engine {engine_version}, {default_num_threads()} threads)"
     )
+
+
+versions_app = typer.Typer(help="Manage the versions of Versioned models.", no_args_is_help=True)
+app.add_typer(versions_app, name="versions")
+
+
+@versions_app.command("gc")
+def versions_gc(
+    stack: Annotated[str, typer.Option(help="Stack name: edits stacks/Pulumi.<stack>.yaml.")],
+    prometheus: Annotated[str, typer.Option(help="Prometheus base URL with the serving metrics.")],
+    idle: Annotated[
+        str, typer.Option(help="Window without requests that makes a version idle.")
+    ] = ("24h"),
+    apply: Annotated[bool, typer.Option("--apply", help="Edit the stack file.")] = False,
+    stacks_dir: Annotated[Path, typer.Option(help="Folder of the stack files.")] = Path("stacks"),
+) -> None:
+    """List, then with --apply remove, Versioned model versions idle for the whole window."""
+    from runtime.versions_gc import GcError, format_decisions, run_gc
+
+    try:
+        decisions = run_gc(stack, prometheus, idle, apply=apply, stacks_dir=stacks_dir)
+    except GcError as error:
+        typer.secho(str(error), fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from error
+    typer.echo(format_decisions(decisions, applied=apply))
 
 
 def main() -> None:
