@@ -11,11 +11,11 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib.metadata import version as dist_version
 from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
-from pulumi_kubernetes import _utilities as k8s_utilities
 
 __all__ = [
     "GATEWAY_PLUGIN",
@@ -205,7 +205,7 @@ class _Rollout(pulumi.CustomResource):
 
     def __init__(self, name: str, metadata: Any, spec: Any, opts: pulumi.ResourceOptions) -> None:
         opts = pulumi.ResourceOptions.merge(
-            opts, pulumi.ResourceOptions(version=k8s_utilities.get_version())
+            opts, pulumi.ResourceOptions(version=dist_version("pulumi_kubernetes"))
         )
         props = {"apiVersion": ROLLOUTS_API, "kind": "Rollout", "metadata": metadata}
         props |= {"spec": spec, "status": None}
