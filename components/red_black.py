@@ -216,6 +216,7 @@ class RedBlackRollout(pulumi.ComponentResource):
     """Rollout, stable and canary Services, GRPCRoute, HTTPRoute and AnalysisTemplates."""
 
     phase: pulumi.Output[str]
+    endpoints: pulumi.Output[dict[str, str]]
     grpc_route_name: pulumi.Output[str]
     http_route_name: pulumi.Output[str]
     stable_service_name: pulumi.Output[str]
@@ -250,14 +251,31 @@ class RedBlackRollout(pulumi.ComponentResource):
         self.grpc_route_name = grpc_route.metadata["name"]
         self.http_route_name = http_route.metadata["name"]
         self.stable_service_name = stable.metadata.name
+        self.endpoints = self._endpoints(stable)
         self.register_outputs(
             {
                 "phase": self.phase,
+                "endpoints": self.endpoints,
                 "grpc_route_name": self.grpc_route_name,
                 "http_route_name": self.http_route_name,
                 "stable_service_name": self.stable_service_name,
             }
         )
+
+    def _endpoints(self, stable: k8s.core.v1.Service) -> pulumi.Output[dict[str, str]]:
+        args = self._args
+        host = args.hostnames[0] if args.hostnames else None
+
+        def render(values: list[str]) -> dict[str, str]:
+            # Without a hostname the routes answer on the Gateway's address for any host.
+            service = f"{values[0]}.{values[1]}.svc"
+            return {
+                "grpc": f"{host}:443" if host else f"{service}:{args.grpc_port}",
+                "openai": f"https://{host}/v1" if host else f"http://{service}:{args.http_port}/v1",
+                "metrics": f"http://{service}:{args.metrics_port}/metrics",
+            }
+
+        return pulumi.Output.all(stable.metadata.name, args.namespace).apply(render)
 
     def _meta(self, **extra: Any) -> dict[str, Any]:
         return {"namespace": self._args.namespace, "labels": dict(self._labels), **extra}

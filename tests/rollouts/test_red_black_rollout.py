@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import kubernetes_validate
 import pytest
 
 from components.red_black import (
@@ -18,7 +19,7 @@ from policy.workloads import (
     check_images_pinned,
     check_red_black_steps,
 )
-from tests.rollouts.harness import deploy, make_args
+from tests.rollouts.harness import deploy, make_args, run_under_mocks
 from tests.rollouts.mocks import RecordingMocks
 
 ROLLOUT = "kubernetes:argoproj.io/v1alpha1:Rollout"
@@ -189,3 +190,23 @@ def test_healthy_rollout_reports_its_phase() -> None:
 def test_bad_arguments_name_the_field(overrides: dict[str, Any], field: str) -> None:
     with pytest.raises(RedBlackConfigError, match=field):
         RedBlackRollout("bad", make_args(**overrides))
+
+
+def test_endpoints_name_the_public_host_and_the_stable_metrics() -> None:
+    mocks = RecordingMocks()
+    (endpoints,) = run_under_mocks(mocks, lambda: RedBlackRollout("llama", make_args()).endpoints)
+    assert endpoints == {
+        "grpc": "llama.models.example.com:443",
+        "openai": "https://llama.models.example.com/v1",
+        "metrics": "http://llama-stable-x1y2z3.serving.svc:9400/metrics",
+    }
+
+
+def test_core_objects_validate_against_the_kubernetes_schema(mocks: RecordingMocks) -> None:
+    deploy(mocks, make_args())
+    for service in mocks.of_type(":Service"):
+        body = {"apiVersion": "v1", "kind": "Service", **service.inputs}
+        kubernetes_validate.validate(body, "1.33", strict=True)
+    template = rollout_spec(mocks)["template"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", **template["metadata"]}}
+    kubernetes_validate.validate({**pod, "spec": template["spec"]}, "1.33", strict=True)

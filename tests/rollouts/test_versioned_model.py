@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import kubernetes_validate
 import pulumi
 import pytest
 
@@ -147,3 +148,13 @@ def test_bad_versions_name_the_field(versions: tuple[VersionSpec, ...], message:
     )
     with pytest.raises(VersionedConfigError, match=message):
         VersionedModel("ranker", args)
+
+
+def test_deployments_and_services_validate_against_the_kubernetes_schema() -> None:
+    mocks, _ = declare(version("v3"), version("v4"))
+    for declared, api_version, kind in (
+        *((d, "apps/v1", "Deployment") for d in mocks.of_type(":Deployment")),
+        *((d, "v1", "Service") for d in mocks.of_type(":Service")),
+    ):
+        body = {"apiVersion": api_version, "kind": kind, **declared.inputs}
+        kubernetes_validate.validate(body, "1.33", strict=True)
