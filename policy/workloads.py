@@ -32,6 +32,7 @@ VLLM_ANNOTATION = "llm-serving.io/vllm-version"
 
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 # A release tag starts with a version number: 25.09, v1.2.3, 26.08-vllm-python-py3.
+_TRITON_TAG = re.compile(r":[^/@]*triton(\d{2}\.\d{2})(?![\d.])")
 _RELEASE_TAG = re.compile(r"^v?\d+(\.\d+)*([.-][A-Za-z0-9_.-]+)?$")
 
 
@@ -123,24 +124,40 @@ def check_images_pinned(resource_type: str, props: Props) -> list[str]:
 def check_serving_pair_supported(
     resource_type: str, props: Props, pairs: Collection[tuple[str, str]]
 ) -> list[str]:
-    """A GPU pod declares its Triton/vLLM pair, and ``compat.toml`` must list it."""
+    """A GPU pod's Triton/vLLM pair must be one ``compat.toml`` lists.
+
+    The pair comes from the pod annotations; without them, from a serving image tagged
+    ``...-triton<release>`` (the image is built for the matrix's pair of that release).
+    """
     template = pod_template_of(resource_type, props)
     if template is None or not _gpu_containers(template):
         return []
     annotations = (template.get("metadata") or {}).get("annotations") or {}
     triton, vllm = annotations.get(TRITON_ANNOTATION), annotations.get(VLLM_ANNOTATION)
     label = resource_label(resource_type, props)
-    if not triton or not vllm:
-        return [
-            f"{label}: the serving pod template must carry annotations {TRITON_ANNOTATION} and "
-            f"{VLLM_ANNOTATION} naming its image's Triton/vLLM pair"
-        ]
-    if (str(triton), str(vllm)) in set(pairs):
-        return []
     supported = ", ".join(f"{t}/{v}" for t, v in sorted(pairs)) or "none"
+    if triton and vllm:
+        if (str(triton), str(vllm)) in set(pairs):
+            return []
+        return [
+            f"{label}: Triton {triton} with vLLM {vllm} is not a pair listed in "
+            f"images/compat.toml; supported: {supported}"
+        ]
+    releases = {
+        match.group(1)
+        for container in _gpu_containers(template)
+        if (match := _TRITON_TAG.search(str(container.get("image") or "")))
+    }
+    if not releases:
+        return [
+            f"{label}: cannot tell the serving image's Triton/vLLM pair; add annotations "
+            f"{TRITON_ANNOTATION} and {VLLM_ANNOTATION} (or tag the image ...-triton<release>)"
+        ]
+    listed = {t for t, _ in pairs}
     return [
-        f"{label}: Triton {triton} with vLLM {vllm} is not a pair listed in images/compat.toml; "
+        f"{label}: Triton {release} is not a release listed in images/compat.toml; "
         f"supported: {supported}"
+        for release in sorted(releases - listed)
     ]
 
 

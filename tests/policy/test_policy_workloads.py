@@ -175,3 +175,14 @@ def test_rollout_without_weights_or_canary_fails() -> None:
 def test_other_types_are_ignored() -> None:
     assert check_red_black_steps(DEPLOYMENT, deployment()) == []
     assert check_gpu_startup_probes("aws:s3/bucket:Bucket", {"bucket": "x"}) == []
+
+
+def test_pair_taken_from_the_image_tag_without_annotations() -> None:
+    pod = serving_pod()
+    pod["metadata"]["annotations"] = {}
+    image = "123456789012.dkr.ecr.us-east-1.amazonaws.com/llm-serving:0.1.0-triton26.08"
+    pod["spec"]["containers"][0]["image"] = image
+    assert check_serving_pair_supported(DEPLOYMENT, deployment(pod), PAIRS) == []
+    pod["spec"]["containers"][0]["image"] = image.replace("26.08", "25.01")
+    messages = check_serving_pair_supported(DEPLOYMENT, deployment(pod), PAIRS)
+    assert len(messages) == 1 and "Triton 25.01 is not a release listed" in messages[0]
