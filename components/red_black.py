@@ -8,7 +8,6 @@ the analysis reads the stable and canary hashes from Argo (``podTemplateHashValu
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import version as dist_version
@@ -27,6 +26,7 @@ __all__ = [
     "RolloutAbortedError",
     "analysis_metrics",
     "check_rollout_status",
+    "copy_tree",
     "with_colour_env",
 ]
 
@@ -134,9 +134,19 @@ def _validate(args: RedBlackArgs) -> None:
         raise RedBlackConfigError(f"replicas is {args.replicas}; a Rollout needs at least 1")
 
 
+def copy_tree(value: Any) -> Any:
+    """Copy nested dicts and lists, sharing every other value (Pulumi Outputs cannot be
+    deep-copied)."""
+    if isinstance(value, Mapping):
+        return {key: copy_tree(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [copy_tree(item) for item in value]
+    return value
+
+
 def with_colour_env(pod_template: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of the pod template whose containers read their colour from the pod-template hash."""
-    template = copy.deepcopy(dict(pod_template))
+    template = copy_tree(pod_template)
     colour = {
         "name": COLOUR_ENV,
         "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{POD_HASH_LABEL}']"}},
@@ -230,13 +240,14 @@ class RedBlackRollout(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         self._labels = {
             **args.labels,
-            "llm-serving.io/model-id": args.model_id,
-            "llm-serving.io/strategy": "red-black",
+            "llm-serving/model-id": args.model_id,
+            "llm-serving/strategy": "red-black",
         }
         template = with_colour_env(args.pod_template)
         metadata = template.setdefault("metadata", {})
         metadata["labels"] = {**(metadata.get("labels") or {}), **self._labels}
-        self._selector = dict(metadata["labels"])
+        # Only labels that never change between versions: a Rollout's selector must not move.
+        self._selector = dict(self._labels)
 
         stable, canary = self._create_services(child)
         grpc_route, http_route = self._create_routes(stable, canary, child)
@@ -406,7 +417,7 @@ class RedBlackRollout(pulumi.ComponentResource):
         annotations = {
             "pulumi.com/waitFor": WAIT_FOR_SETTLED,
             "pulumi.com/timeoutSeconds": str(args.await_timeout_seconds),
-            "llm-serving.io/model-version": args.version,
+            "llm-serving/model-version": args.version,
         }
         spec = {
             "replicas": args.replicas,

@@ -8,7 +8,6 @@ the stack configuration removes exactly its resources (their names embed the ver
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.red_black import GatewayRef
+from components.red_black import GatewayRef, copy_tree
 
 __all__ = [
     "VersionSpec",
@@ -41,8 +40,12 @@ class VersionSpec:
 
     version: str
     """Version (``models/<id>/<version>/`` in the model bucket)."""
-    pod_template: Mapping[str, Any]
-    """Its pod template, from ``components.model_service.build_pod_template``."""
+    pod_template: Mapping[str, Any] | None = None
+    """Its pod template, from ``components.model_service.build_pod_template``: the component
+    then creates the version's Deployment and Service."""
+    service_name: pulumi.Input[str] | None = None
+    """Instead of ``pod_template``: the Service of a workload created elsewhere (a
+    ``ModelService``); the component then adds only the routes and outputs."""
     replicas: int = 1
     """Pods serving this version."""
     route_weight: int | None = None
@@ -100,6 +103,11 @@ def _validate(args: VersionedArgs) -> None:
                 f"model {args.model_id}: versions[{index}] {spec.version!r} repeats a version"
             )
         seen.add(label)
+        if (spec.pod_template is None) == (spec.service_name is None):
+            raise VersionedConfigError(
+                f"model {args.model_id}: versions[{index}] needs exactly one of pod_template "
+                "and service_name"
+            )
         if spec.route_weight is not None and not 0 <= spec.route_weight <= 100:
             raise VersionedConfigError(
                 f"model {args.model_id}: versions[{index}].route_weight is {spec.route_weight}; "
@@ -126,7 +134,7 @@ class VersionedModel(pulumi.ComponentResource):
         self._name, self._args = name, args
         self._child = pulumi.ResourceOptions(parent=self)
         newest = args.versions[-1].version
-        services: dict[str, k8s.core.v1.Service] = {}
+        services: dict[str, pulumi.Input[str]] = {}
         self.endpoints = {}
         for spec in args.versions:
             services[spec.version] = self._create_version(spec, spec.version == newest)
@@ -145,21 +153,24 @@ class VersionedModel(pulumi.ComponentResource):
     def _meta(self, version: str, **extra: Any) -> dict[str, Any]:
         labels = {
             **self._args.labels,
-            "llm-serving.io/model-id": self._args.model_id,
-            "llm-serving.io/model-version": version,
-            "llm-serving.io/strategy": "versioned",
+            "llm-serving/model-id": self._args.model_id,
+            "llm-serving/model-version": version,
+            "llm-serving/strategy": "versioned",
         }
         return {"namespace": self._args.namespace, "labels": labels, **extra}
 
-    def _create_version(self, spec: VersionSpec, newest: bool) -> k8s.core.v1.Service:
+    def _create_version(self, spec: VersionSpec, newest: bool) -> pulumi.Input[str]:
+        """The version's workload (unless it brings its own Service) and routes; returns the
+        name of the Service its routes point at."""
         args, prefix = self._args, f"{self._name}-{dns_label(spec.version)}"
-        template = copy.deepcopy(dict(spec.pod_template))
+        host = f"{dns_label(spec.version)}.{dns_label(args.model_id)}.{args.domain}"
+        if spec.service_name is not None:
+            self._create_routes(prefix, host, [(spec.service_name, None)], version=spec.version)
+            return spec.service_name
+        template = copy_tree(spec.pod_template)
         metadata = template.setdefault("metadata", {})
-        metadata["labels"] = {
-            **(metadata.get("labels") or {}),
-            **self._meta(spec.version)["labels"],
-        }
-        selector = dict(metadata["labels"])
+        selector = self._meta(spec.version)["labels"]
+        metadata["labels"] = {**(metadata.get("labels") or {}), **selector}
         k8s.apps.v1.Deployment(
             f"{prefix}-deployment",
             metadata=self._meta(spec.version),
@@ -170,9 +181,9 @@ class VersionedModel(pulumi.ComponentResource):
             },
             opts=self._child,
         )
-        annotations = {"llm-serving.io/newest": "true" if newest else "false"}
+        annotations = {"llm-serving/newest": "true" if newest else "false"}
         if spec.created_at is not None:
-            annotations["llm-serving.io/created-at"] = spec.created_at
+            annotations["llm-serving/created-at"] = spec.created_at
         service = k8s.core.v1.Service(
             f"{prefix}-service",
             metadata=self._meta(spec.version, annotations=annotations),
@@ -186,15 +197,14 @@ class VersionedModel(pulumi.ComponentResource):
             },
             opts=self._child,
         )
-        host = f"{dns_label(spec.version)}.{dns_label(args.model_id)}.{args.domain}"
-        self._create_routes(prefix, host, [(service, None)], version=spec.version)
-        return service
+        self._create_routes(prefix, host, [(service.metadata.name, None)], version=spec.version)
+        return service.metadata.name
 
     def _create_routes(
         self,
         prefix: str,
         host: str,
-        backends: list[tuple[k8s.core.v1.Service, int | None]],
+        backends: list[tuple[pulumi.Input[str], int | None]],
         version: str = "shared",
     ) -> None:
         gateway = self._args.gateway
@@ -208,8 +218,8 @@ class VersionedModel(pulumi.ComponentResource):
             if section is not None:
                 parent["sectionName"] = section
             refs = []
-            for service, weight in backends:
-                ref: dict[str, Any] = {"name": service.metadata.name, "port": port}
+            for service_name, weight in backends:
+                ref: dict[str, Any] = {"name": service_name, "port": port}
                 if weight is not None:
                     ref["weight"] = weight
                 refs.append(ref)
@@ -226,9 +236,11 @@ class VersionedModel(pulumi.ComponentResource):
                 opts=self._child,
             )
 
-    def _endpoints(self, service: k8s.core.v1.Service, host: str) -> pulumi.Output[dict[str, str]]:
+    def _endpoints(
+        self, service_name: pulumi.Input[str], host: str
+    ) -> pulumi.Output[dict[str, str]]:
         args = self._args
-        return pulumi.Output.all(service.metadata.name, args.namespace).apply(
+        return pulumi.Output.all(service_name, args.namespace).apply(
             lambda values: {
                 "grpc": f"{host}:443",
                 "openai": f"https://{host}/v1",

@@ -13,9 +13,9 @@ __all__ = [
     "check_versioned_age",
 ]
 
-STRATEGY_LABEL = "llm-serving.io/strategy"
-CREATED_AT_ANNOTATION = "llm-serving.io/created-at"
-NEWEST_ANNOTATION = "llm-serving.io/newest"
+STRATEGY_LABEL = "llm-serving/strategy"
+CREATED_AT_ANNOTATION = "llm-serving/created-at"
+NEWEST_ANNOTATION = "llm-serving/newest"
 
 
 def check_versioned_age(
@@ -41,7 +41,7 @@ def check_versioned_age(
     age = now - created_at
     if age <= idle:
         return []
-    version = labels.get("llm-serving.io/model-version", "?")
+    version = labels.get("llm-serving/model-version", "?")
     return [
         f"Versioned deployment {metadata.get('name')} (version {version}) is {age.days} days old, "
         f"beyond the idle window of {idle}; run `llm-serving versions gc` to retire it if idle"

@@ -27,8 +27,8 @@ __all__ = [
 
 ROLLOUT_TYPE = "kubernetes:argoproj.io/v1alpha1:Rollout"
 # The serving pod template declares the Triton release and vLLM version its image carries.
-TRITON_ANNOTATION = "llm-serving.io/triton-release"
-VLLM_ANNOTATION = "llm-serving.io/vllm-version"
+TRITON_ANNOTATION = "llm-serving/triton-release"
+VLLM_ANNOTATION = "llm-serving/vllm-version"
 
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 # A release tag starts with a version number: 25.09, v1.2.3, 26.08-vllm-python-py3.

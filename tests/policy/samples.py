@@ -14,10 +14,10 @@ def serving_pod(**overrides: Any) -> dict[str, Any]:
     """A pod template like the serving one: GPU container with probes, sidecar, toleration."""
     pod: dict[str, Any] = {
         "metadata": {
-            "labels": {"app.kubernetes.io/name": "llama", "llm-serving.io/model-id": "llama"},
+            "labels": {"app.kubernetes.io/name": "llama", "llm-serving/model-id": "llama"},
             "annotations": {
-                "llm-serving.io/triton-release": "26.08",
-                "llm-serving.io/vllm-version": "0.27.1",
+                "llm-serving/triton-release": "26.08",
+                "llm-serving/vllm-version": "0.27.1",
             },
         },
         "spec": {

@@ -61,7 +61,7 @@ def run_pack(cases: list[dict], tmp_path: Path) -> dict:
 def test_pack_reports_each_failing_resource_under_its_policy(tmp_path: Path) -> None:
     unpinned = serving_pod()
     unpinned["spec"]["containers"][0]["image"] = "nvcr.io/nvidia/tritonserver:latest"
-    unpinned["metadata"]["annotations"]["llm-serving.io/vllm-version"] = "0.33.0"
+    unpinned["metadata"]["annotations"]["llm-serving/vllm-version"] = "0.33.0"
     cases = [
         {"type": DEPLOYMENT, "props": deployment()},
         {"type": DEPLOYMENT, "props": deployment(unpinned)},

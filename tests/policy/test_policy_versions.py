@@ -14,10 +14,10 @@ def service(created_at: str, *, newest: str = "false", strategy: str = "versione
     return {
         "metadata": {
             "name": "llama-v1",
-            "labels": {"llm-serving.io/strategy": strategy, "llm-serving.io/model-version": "v1"},
+            "labels": {"llm-serving/strategy": strategy, "llm-serving/model-version": "v1"},
             "annotations": {
-                "llm-serving.io/created-at": created_at,
-                "llm-serving.io/newest": newest,
+                "llm-serving/created-at": created_at,
+                "llm-serving/newest": newest,
             },
         }
     }

@@ -122,7 +122,7 @@ def test_supported_pair_passes() -> None:
 
 def test_unsupported_pair_fails_and_lists_supported() -> None:
     pod = serving_pod()
-    pod["metadata"]["annotations"]["llm-serving.io/vllm-version"] = "0.33.0"
+    pod["metadata"]["annotations"]["llm-serving/vllm-version"] = "0.33.0"
     messages = check_serving_pair_supported(DEPLOYMENT, deployment(pod), PAIRS)
     assert len(messages) == 1
     assert "0.33.0" in messages[0] and "26.07/0.24.0, 26.08/0.27.1" in messages[0]
@@ -132,7 +132,7 @@ def test_gpu_pod_without_pair_annotations_fails() -> None:
     pod = serving_pod()
     pod["metadata"]["annotations"] = {}
     messages = check_serving_pair_supported(DEPLOYMENT, deployment(pod), PAIRS)
-    assert messages and "llm-serving.io/triton-release" in messages[0]
+    assert messages and "llm-serving/triton-release" in messages[0]
 
 
 def test_steps_ending_at_100_with_analyses_pass() -> None:

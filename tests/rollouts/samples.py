@@ -20,10 +20,16 @@ def pod_template(model_id: str = "llama", version: str = "2026-11-15") -> dict[s
     mounts = [{"name": "prometheus", "mountPath": "/var/run/llm-serving/prometheus"}]
     return {
         "metadata": {
-            "labels": {"app.kubernetes.io/name": model_id, "llm-serving.io/model-id": model_id},
+            "labels": {
+                "app.kubernetes.io/name": "llm-serving",
+                "app.kubernetes.io/instance": f"{model_id}-{version}",
+                "llm-serving/model-id": model_id,
+                "llm-serving/model-version": version,
+                "llm-serving/colour": "stable",
+            },
             "annotations": {
-                "llm-serving.io/triton-release": "26.08",
-                "llm-serving.io/vllm-version": "0.27.1",
+                "llm-serving/triton-release": "26.08",
+                "llm-serving/vllm-version": "0.27.1",
             },
         },
         "spec": {

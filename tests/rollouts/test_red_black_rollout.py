@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import kubernetes_validate
+import pulumi
 import pytest
 
 from components.red_black import (
@@ -21,6 +22,7 @@ from policy.workloads import (
 )
 from tests.rollouts.harness import deploy, make_args, run_under_mocks
 from tests.rollouts.mocks import RecordingMocks
+from tests.rollouts.samples import pod_template
 
 ROLLOUT = "kubernetes:argoproj.io/v1alpha1:Rollout"
 
@@ -106,10 +108,15 @@ def test_services_select_the_rollout_pods(mocks: RecordingMocks) -> None:
     deploy(mocks, make_args())
     spec = rollout_spec(mocks)
     labels = spec["template"]["metadata"]["labels"]
-    assert spec["selector"]["matchLabels"] == labels
+    # The selector keeps only what no rollout changes: never the version or the colour.
+    assert spec["selector"]["matchLabels"] == {
+        "llm-serving/model-id": "llama",
+        "llm-serving/strategy": "red-black",
+    }
+    assert labels["llm-serving/model-version"] == "2026-11-15"
     for service in mocks.of_type(":Service"):
         selector = service.inputs["spec"]["selector"]
-        assert selector.items() <= labels.items() and selector
+        assert selector == spec["selector"]["matchLabels"]
         assert {p["port"] for p in service.inputs["spec"]["ports"]} == {8001, 8080, 9400}
 
 
@@ -210,3 +217,20 @@ def test_core_objects_validate_against_the_kubernetes_schema(mocks: RecordingMoc
     template = rollout_spec(mocks)["template"]
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", **template["metadata"]}}
     kubernetes_validate.validate({**pod, "spec": template["spec"]}, "1.33", strict=True)
+
+
+def test_pod_template_outputs_pass_through_unchanged() -> None:
+    """build_pod_template puts Pulumi Outputs in env values (the S3 fallback URI)."""
+    mocks = RecordingMocks()
+
+    def build() -> pulumi.Output:
+        template = pod_template()
+        uri = pulumi.Output.concat("s3://", pulumi.Output.from_input("bucket"), "/models/llama/")
+        template["spec"]["containers"][0]["env"].append(
+            {"name": "LLM_SERVING_PACKAGE_S3_URI", "value": uri}
+        )
+        return RedBlackRollout("llama", make_args(pod_template=template)).phase
+
+    run_under_mocks(mocks, build)
+    env = rollout_spec(mocks)["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "LLM_SERVING_PACKAGE_S3_URI", "value": "s3://bucket/models/llama/"} in env

@@ -93,8 +93,12 @@ def test_each_deployment_selects_only_its_version() -> None:
     for deployment in mocks.of_type(":Deployment"):
         spec = deployment.inputs["spec"]
         wanted = deployment.name.split("-")[1]
-        assert spec["selector"]["matchLabels"]["llm-serving.io/model-version"] == wanted
-        assert spec["template"]["metadata"]["labels"]["llm-serving.io/model-version"] == wanted
+        assert spec["selector"]["matchLabels"] == {
+            "llm-serving/model-id": "ranker",
+            "llm-serving/model-version": wanted,
+            "llm-serving/strategy": "versioned",
+        }
+        assert spec["template"]["metadata"]["labels"]["llm-serving/model-version"] == wanted
         assert (
             check_gpu_pods_tolerate_taint("kubernetes:apps/v1:Deployment", deployment.inputs) == []
         )
@@ -158,3 +162,32 @@ def test_deployments_and_services_validate_against_the_kubernetes_schema() -> No
     ):
         body = {"apiVersion": api_version, "kind": kind, **declared.inputs}
         kubernetes_validate.validate(body, "1.33", strict=True)
+
+
+def test_versions_served_by_model_services_get_routes_and_outputs_only() -> None:
+    mocks, endpoints = declare(
+        VersionSpec(version="v3", service_name="ranker-v3", route_weight=30),
+        VersionSpec(version="v4", service_name="ranker-v4", route_weight=70),
+    )
+    kinds = sorted(d.type.rsplit(":", 1)[-1] for d in mocks.declared if "kubernetes" in d.type)
+    assert kinds == ["GRPCRoute"] * 3 + ["HTTPRoute"] * 3
+    shared = next(d for d in mocks.declared if d.name == "ranker-shared-grpcroute")
+    assert shared.inputs["spec"]["rules"][0]["backendRefs"] == [
+        {"name": "ranker-v3", "port": 8001, "weight": 30},
+        {"name": "ranker-v4", "port": 8001, "weight": 70},
+    ]
+    assert endpoints["v3"]["metrics"] == "http://ranker-v3.serving.svc:9400/metrics"
+
+
+def test_version_needs_exactly_one_workload_source() -> None:
+    with pytest.raises(VersionedConfigError, match="exactly one of pod_template and service_name"):
+        VersionedModel(
+            "ranker",
+            VersionedArgs(
+                model_id="ranker",
+                versions=(VersionSpec(version="v1"),),
+                namespace="serving",
+                gateway=GatewayRef(name="inference"),
+                domain="models.example.com",
+            ),
+        )
