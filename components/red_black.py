@@ -305,13 +305,17 @@ class RedBlackRollout(pulumi.ComponentResource):
             {"name": "http", "port": args.http_port, "targetPort": args.http_port},
             {"name": "metrics", "port": args.metrics_port, "targetPort": args.metrics_port},
         ]
-        # Argo adds the rollouts-pod-template-hash to each selector to split the colours.
+        # Argo adds the rollouts-pod-template-hash to each selector to split the colours; the
+        # selector map is atomic, so Pulumi must not re-apply its own copy over Argo's.
+        service_opts = pulumi.ResourceOptions.merge(
+            opts, pulumi.ResourceOptions(ignore_changes=["spec.selector"])
+        )
         return tuple(  # type: ignore[return-value]
             k8s.core.v1.Service(
                 f"{self._name}-{side}",
                 metadata=self._meta(),
                 spec={"selector": dict(self._selector), "ports": ports},
-                opts=opts,
+                opts=service_opts,
             )
             for side in ("stable", "canary")
         )
