@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
-
 import typer
 
 from runtime.constraints import default_num_threads, engine_version
@@ -22,16 +19,9 @@ def _root() -> None:
     """Keep ``app`` a command group even while it has a single command."""
 
 
-@app.command()
-def version() -> None:
-    """Print the package version and the native engine's build and thread count."""
-    from importlib.metadata import version as dist_version
-
-    typer.echo(
-        f"llm-serving {dist_version('llm-serving')} "
-        f"(engine {engine_version}, {default_num_threads()} threads)"
-    )
-
+# --- versions of Versioned models (issue 8) ---
+from pathlib import Path  # noqa: E402  (kept in this hunk so branches merge cleanly)
+from typing import Annotated  # noqa: E402
 
 versions_app = typer.Typer(help="Manage the versions of Versioned models.", no_args_is_help=True)
 app.add_typer(versions_app, name="versions")
@@ -43,7 +33,7 @@ def versions_gc(
     prometheus: Annotated[str, typer.Option(help="Prometheus base URL with the serving metrics.")],
     idle: Annotated[
         str, typer.Option(help="Window without requests that makes a version idle.")
-    ] = ("24h"),
+    ] = "24h",
     apply: Annotated[bool, typer.Option("--apply", help="Edit the stack file.")] = False,
     stacks_dir: Annotated[Path, typer.Option(help="Folder of the stack files.")] = Path("stacks"),
 ) -> None:
@@ -56,6 +46,17 @@ def versions_gc(
         typer.secho(str(error), fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from error
     typer.echo(format_decisions(decisions, applied=apply))
+
+
+@app.command()
+def version() -> None:
+    """Print the package version and the native engine's build and thread count."""
+    from importlib.metadata import version as dist_version
+
+    typer.echo(
+        f"llm-serving {dist_version('llm-serving')} "
+        f"(engine {engine_version}, {default_num_threads()} threads)"
+    )
 
 
 def main() -> None:
