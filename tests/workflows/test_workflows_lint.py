@@ -114,6 +114,7 @@ def test_deploy_goes_one_region_at_a_time_and_stops_at_first_failure() -> None:
     assert stacks == ["global", *REGION_STACKS]
     (pulumi,) = steps_using(up, "pulumi/actions")
     assert pulumi["with"]["command"] == "up" and pulumi["with"]["policyPacks"] == "policy"
+    assert pulumi["with"]["refresh"] is True
 
 
 def test_matrix_covers_the_stack_files_when_present() -> None:
