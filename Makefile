@@ -71,3 +71,16 @@ plan: setup
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
+
+# The CrossGuard policy pack's own virtualenv: pulumi-policy pins protobuf 5, which cannot share
+# .venv with tritonclient. Rebuilt only when policy/requirements.txt changes.
+POLICY_VENV := .venv-policy
+POLICY_STAMP := $(POLICY_VENV)/.installed
+
+$(POLICY_STAMP): policy/requirements.txt
+	$(PYTHON) -m venv $(POLICY_VENV)
+	$(POLICY_VENV)/bin/python -m pip install --quiet -r policy/requirements.txt
+	touch $@
+
+setup: $(POLICY_STAMP)
+test: $(POLICY_STAMP)

@@ -19,6 +19,35 @@ def _root() -> None:
     """Keep ``app`` a command group even while it has a single command."""
 
 
+# --- versions of Versioned models (issue 8) ---
+from pathlib import Path  # noqa: E402  (kept in this hunk so branches merge cleanly)
+from typing import Annotated  # noqa: E402
+
+versions_app = typer.Typer(help="Manage the versions of Versioned models.", no_args_is_help=True)
+app.add_typer(versions_app, name="versions")
+
+
+@versions_app.command("gc")
+def versions_gc(
+    stack: Annotated[str, typer.Option(help="Stack name: edits stacks/Pulumi.<stack>.yaml.")],
+    prometheus: Annotated[str, typer.Option(help="Prometheus base URL with the serving metrics.")],
+    idle: Annotated[
+        str, typer.Option(help="Window without requests that makes a version idle.")
+    ] = "24h",
+    apply: Annotated[bool, typer.Option("--apply", help="Edit the stack file.")] = False,
+    stacks_dir: Annotated[Path, typer.Option(help="Folder of the stack files.")] = Path("stacks"),
+) -> None:
+    """List, then with --apply remove, Versioned model versions idle for the whole window."""
+    from runtime.versions_gc import GcError, format_decisions, run_gc
+
+    try:
+        decisions = run_gc(stack, prometheus, idle, apply=apply, stacks_dir=stacks_dir)
+    except GcError as error:
+        typer.secho(str(error), fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from error
+    typer.echo(format_decisions(decisions, applied=apply))
+
+
 @app.command()
 def version() -> None:
     """Print the package version and the native engine's build and thread count."""

@@ -1,0 +1,458 @@
+"""Red-Black rollout of one model: an Argo Rollouts canary that shifts Gateway API traffic in
+weighted steps, each gated by an analysis comparing the new colour with the old.
+
+The colour of a pod is its ReplicaSet's ``rollouts-pod-template-hash``: the component injects it
+as ``LLM_SERVING_COLOUR`` (downward API) so the metrics proxy labels every series with it, and
+the analysis reads the stable and canary hashes from Argo (``podTemplateHashValue``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import version as dist_version
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+__all__ = [
+    "GATEWAY_PLUGIN",
+    "WAIT_FOR_SETTLED",
+    "GatewayRef",
+    "RedBlackArgs",
+    "RedBlackConfigError",
+    "RedBlackRollout",
+    "RolloutAbortedError",
+    "analysis_metrics",
+    "check_rollout_status",
+    "copy_tree",
+    "with_colour_env",
+]
+
+GATEWAY_PLUGIN = "argoproj-labs/gatewayAPI"
+ROLLOUTS_API = "argoproj.io/v1alpha1"
+GATEWAY_API = "gateway.networking.k8s.io/v1"
+COLOUR_ENV = "LLM_SERVING_COLOUR"
+POD_HASH_LABEL = "rollouts-pod-template-hash"
+# pulumi-kubernetes >= 4.24 evaluates RFC 9535 JSONPath: wait until the controller settles the
+# rollout either way; a Degraded (aborted) rollout then fails the update in check_rollout_status.
+WAIT_FOR_SETTLED = "jsonpath={.status[?@ == 'Healthy' || @ == 'Degraded']}"
+SIDES = ("canary", "stable")
+
+
+class RedBlackConfigError(ValueError):
+    """The rollout's arguments are inconsistent; the message names the field."""
+
+
+class RolloutAbortedError(RuntimeError):
+    """Argo aborted the rollout (failed analysis or health): traffic is back on the old colour."""
+
+
+@dataclass(frozen=True)
+class GatewayRef:
+    """The Gateway whose listeners the model's routes attach to."""
+
+    name: str
+    """Gateway name."""
+    namespace: str | None = None
+    """Gateway namespace (the routes' namespace when ``None``)."""
+    grpc_section: str | None = None
+    """Listener for gRPC (KServe v2), ``None`` for any listener."""
+    http_section: str | None = None
+    """Listener for the OpenAI HTTP API, ``None`` for any listener."""
+
+
+@dataclass(frozen=True)
+class RedBlackArgs:
+    """One model served by one Rollout; a change of ``version`` or of the pod is a rollout."""
+
+    model_id: str
+    """Model id (``llm-serving:models[].id``)."""
+    version: str
+    """The version to serve: the last one listed for the model."""
+    pod_template: Mapping[str, Any]
+    """Pod template (metadata + spec) from ``components.model_service.build_pod_template``."""
+    namespace: pulumi.Input[str]
+    """Namespace of the Rollout, its Services, routes and analysis templates."""
+    gateway: GatewayRef
+    """The Gateway the GRPCRoute and HTTPRoute attach to."""
+    queries: Mapping[str, str]
+    """Analysis PromQL by name (``success_ratio``, ``ttft_p95``), with Argo placeholders
+    ``{{args.model_id}}``, ``{{args.model_version}}``, ``{{args.colour}}``."""
+    success_conditions: Mapping[str, str]
+    """Absolute successCondition for the canary side of each query (``result[0] >= 0.99``)."""
+    prometheus_address: str
+    """Prometheus URL the AnalysisRuns query."""
+    previous_version: str | None = None
+    """Version the stable colour serves during the rollout (``None``: same as ``version``)."""
+    replicas: int = 1
+    """Pods at 100 %; with dynamicStableScale the two colours share this budget."""
+    steps: tuple[int, ...] = (10, 25, 50, 100)
+    """Canary weights in percent, strictly increasing and ending at 100."""
+    hostnames: tuple[str, ...] = ()
+    """Hostnames for both routes (any host when empty)."""
+    grpc_port: int = 8001
+    """Public KServe gRPC port of the serving container."""
+    http_port: int = 8080
+    """OpenAI-compatible HTTP port."""
+    metrics_port: int = 9400
+    """Metrics proxy port."""
+    analysis_interval: str = "1m"
+    """Time between measurements of one analysis."""
+    analysis_count: int = 5
+    """Measurements per analysis step."""
+    failure_limit: int = 1
+    """Failed measurements tolerated before the step fails and the rollout aborts."""
+    initial_delay: str = "2m"
+    """Wait after a weight change before measuring (the queries use 2 m rate windows)."""
+    success_ratio_tolerance: float = 0.005
+    """How far the new colour's success ratio may fall below the old colour's."""
+    ttft_ratio_limit: float = 1.25
+    """Largest allowed ratio of the new colour's TTFT p95 to the old colour's."""
+    progress_deadline_seconds: int = 3600
+    """A step (GPU pods starting included) that makes no progress this long aborts."""
+    await_timeout_seconds: int = 7200
+    """How long ``pulumi up`` waits for the rollout to settle."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Extra labels for every object."""
+
+
+def _validate(args: RedBlackArgs) -> None:
+    steps = list(args.steps)
+    if not steps or steps[-1] != 100:
+        raise RedBlackConfigError(f"steps {steps} must end at 100 (e.g. 10, 25, 50, 100)")
+    if any(not 0 < w <= 100 for w in steps) or steps != sorted(set(steps)):
+        raise RedBlackConfigError(f"steps {steps} must be strictly increasing within 1..100")
+    missing = [name for name in ("success_ratio", "ttft_p95") if name not in args.queries]
+    if missing:
+        raise RedBlackConfigError(f"queries lacks {', '.join(missing)}")
+    for name in args.queries:
+        if name not in args.success_conditions:
+            raise RedBlackConfigError(f"success_conditions lacks {name!r}")
+    if args.replicas < 1:
+        raise RedBlackConfigError(f"replicas is {args.replicas}; a Rollout needs at least 1")
+
+
+def copy_tree(value: Any) -> Any:
+    """Copy nested dicts and lists, sharing every other value (Pulumi Outputs cannot be
+    deep-copied)."""
+    if isinstance(value, Mapping):
+        return {key: copy_tree(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [copy_tree(item) for item in value]
+    return value
+
+
+def with_colour_env(pod_template: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of the pod template whose containers read their colour from the pod-template hash."""
+    template = copy_tree(pod_template)
+    colour = {
+        "name": COLOUR_ENV,
+        "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{POD_HASH_LABEL}']"}},
+    }
+    for container in (template.get("spec") or {}).get("containers") or []:
+        env = [e for e in container.get("env") or [] if e.get("name") != COLOUR_ENV]
+        container["env"] = [*env, colour]
+    return template
+
+
+def _side(query: str, side: str) -> str:
+    return query.replace("{{args.colour}}", f"{{{{args.{side}-colour}}}}").replace(
+        "{{args.model_version}}", f"{{{{args.{side}-version}}}}"
+    )
+
+
+def analysis_metrics(args: RedBlackArgs, name: str) -> list[dict[str, Any]]:
+    """The AnalysisTemplate metrics for one query: the canary alone, then canary vs stable."""
+    canary, stable = _side(args.queries[name], "canary"), _side(args.queries[name], "stable")
+    if name == "ttft_p95":
+        compare = f"vector(scalar({canary}) / scalar({stable}))"
+        condition = f"result[0] <= {args.ttft_ratio_limit}"
+    else:
+        compare = f"vector(scalar({canary}) - scalar({stable}))"
+        condition = f"result[0] >= {-args.success_ratio_tolerance}"
+    common = {
+        "interval": args.analysis_interval,
+        "count": args.analysis_count,
+        "failureLimit": args.failure_limit,
+        "initialDelay": args.initial_delay,
+    }
+    slug = name.replace("_", "-")
+    return [
+        {
+            "name": slug,
+            "successCondition": args.success_conditions[name],
+            **common,
+            "provider": {"prometheus": {"address": args.prometheus_address, "query": canary}},
+        },
+        {
+            "name": f"{slug}-vs-stable",
+            "successCondition": condition,
+            **common,
+            "provider": {"prometheus": {"address": args.prometheus_address, "query": compare}},
+        },
+    ]
+
+
+def check_rollout_status(model_id: str, version: str, status: Any) -> str:
+    """The settled phase, or :class:`RolloutAbortedError` when Argo aborted the rollout."""
+    status = status or {}
+    phase = str(status.get("phase") or "Unknown")
+    if phase == "Degraded" or status.get("abort"):
+        reason = status.get("message") or "no reason given by the controller"
+        raise RolloutAbortedError(
+            f"rollout of model {model_id} to version {version} was aborted and rolled back "
+            f"(all traffic on the previous colour): {reason}"
+        )
+    return phase
+
+
+class _Rollout(pulumi.CustomResource):
+    """An Argo ``Rollout`` whose ``status`` output the component reads after the await."""
+
+    status: pulumi.Output[Any]
+
+    def __init__(self, name: str, metadata: Any, spec: Any, opts: pulumi.ResourceOptions) -> None:
+        opts = pulumi.ResourceOptions.merge(
+            opts, pulumi.ResourceOptions(version=dist_version("pulumi_kubernetes"))
+        )
+        props = {"apiVersion": ROLLOUTS_API, "kind": "Rollout", "metadata": metadata}
+        props |= {"spec": spec, "status": None}
+        super().__init__(f"kubernetes:{ROLLOUTS_API}:Rollout", name, props, opts)
+
+
+class RedBlackRollout(pulumi.ComponentResource):
+    """Rollout, stable and canary Services, GRPCRoute, HTTPRoute and AnalysisTemplates."""
+
+    phase: pulumi.Output[str]
+    endpoints: pulumi.Output[dict[str, str]]
+    grpc_route_name: pulumi.Output[str]
+    http_route_name: pulumi.Output[str]
+    stable_service_name: pulumi.Output[str]
+
+    def __init__(
+        self, name: str, args: RedBlackArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        _validate(args)
+        super().__init__("llm-serving:red_black:RedBlackRollout", name, None, opts)
+        self._name, self._args = name, args
+        child = pulumi.ResourceOptions(parent=self)
+        self._labels = {
+            **args.labels,
+            "llm-serving/model-id": args.model_id,
+            "llm-serving/strategy": "red-black",
+        }
+        template = with_colour_env(args.pod_template)
+        metadata = template.setdefault("metadata", {})
+        metadata["labels"] = {**(metadata.get("labels") or {}), **self._labels}
+        # Only labels that never change between versions: a Rollout's selector must not move.
+        self._selector = dict(self._labels)
+
+        stable, canary = self._create_services(child)
+        grpc_route, http_route = self._create_routes(stable, canary, child)
+        templates = self._create_analysis_templates(child)
+        self.rollout = self._create_rollout(
+            template, stable, canary, grpc_route, http_route, templates, child
+        )
+
+        self.phase = self.rollout.status.apply(
+            lambda status: check_rollout_status(args.model_id, args.version, status)
+        )
+        self.grpc_route_name = grpc_route.metadata["name"]
+        self.http_route_name = http_route.metadata["name"]
+        self.stable_service_name = stable.metadata.name
+        self.endpoints = self._endpoints(stable)
+        self.register_outputs(
+            {
+                "phase": self.phase,
+                "endpoints": self.endpoints,
+                "grpc_route_name": self.grpc_route_name,
+                "http_route_name": self.http_route_name,
+                "stable_service_name": self.stable_service_name,
+            }
+        )
+
+    def _endpoints(self, stable: k8s.core.v1.Service) -> pulumi.Output[dict[str, str]]:
+        args = self._args
+        host = args.hostnames[0] if args.hostnames else None
+
+        def render(values: list[str]) -> dict[str, str]:
+            # Without a hostname the routes answer on the Gateway's address for any host.
+            service = f"{values[0]}.{values[1]}.svc"
+            return {
+                "grpc": f"{host}:443" if host else f"{service}:{args.grpc_port}",
+                "openai": f"https://{host}/v1" if host else f"http://{service}:{args.http_port}/v1",
+                "metrics": f"http://{service}:{args.metrics_port}/metrics",
+            }
+
+        return pulumi.Output.all(stable.metadata.name, args.namespace).apply(render)
+
+    def _meta(self, **extra: Any) -> dict[str, Any]:
+        return {"namespace": self._args.namespace, "labels": dict(self._labels), **extra}
+
+    def _create_services(
+        self, opts: pulumi.ResourceOptions
+    ) -> tuple[k8s.core.v1.Service, k8s.core.v1.Service]:
+        args = self._args
+        ports = [
+            {
+                "name": "grpc",
+                "port": args.grpc_port,
+                "targetPort": args.grpc_port,
+                "appProtocol": "kubernetes.io/h2c",
+            },
+            {"name": "http", "port": args.http_port, "targetPort": args.http_port},
+            {"name": "metrics", "port": args.metrics_port, "targetPort": args.metrics_port},
+        ]
+        # Argo adds the rollouts-pod-template-hash to each selector to split the colours; the
+        # selector map is atomic, so Pulumi must not re-apply its own copy over Argo's.
+        service_opts = pulumi.ResourceOptions.merge(
+            opts, pulumi.ResourceOptions(ignore_changes=["spec.selector"])
+        )
+        return tuple(  # type: ignore[return-value]
+            k8s.core.v1.Service(
+                f"{self._name}-{side}",
+                metadata=self._meta(),
+                spec={"selector": dict(self._selector), "ports": ports},
+                opts=service_opts,
+            )
+            for side in ("stable", "canary")
+        )
+
+    def _create_routes(
+        self,
+        stable: k8s.core.v1.Service,
+        canary: k8s.core.v1.Service,
+        opts: pulumi.ResourceOptions,
+    ) -> tuple[k8s.apiextensions.CustomResource, k8s.apiextensions.CustomResource]:
+        args, gateway = self._args, self._args.gateway
+        # The plugin owns the weights during a rollout; Pulumi must not reset them mid-way.
+        route_opts = pulumi.ResourceOptions.merge(
+            opts, pulumi.ResourceOptions(ignore_changes=["spec.rules[*].backendRefs[*].weight"])
+        )
+
+        def parent(section: str | None) -> dict[str, Any]:
+            ref: dict[str, Any] = {"name": gateway.name}
+            if gateway.namespace is not None:
+                ref["namespace"] = gateway.namespace
+            if section is not None:
+                ref["sectionName"] = section
+            return ref
+
+        def backends(port: int) -> list[dict[str, Any]]:
+            return [
+                {"name": stable.metadata.name, "port": port, "weight": 100},
+                {"name": canary.metadata.name, "port": port, "weight": 0},
+            ]
+
+        routes = []
+        for kind, section, port in (
+            ("GRPCRoute", gateway.grpc_section, args.grpc_port),
+            ("HTTPRoute", gateway.http_section, args.http_port),
+        ):
+            spec: dict[str, Any] = {
+                "parentRefs": [parent(section)],
+                "rules": [{"backendRefs": backends(port)}],
+            }
+            if args.hostnames:
+                spec["hostnames"] = list(args.hostnames)
+            routes.append(
+                k8s.apiextensions.CustomResource(
+                    f"{self._name}-{kind.lower()}",
+                    api_version=GATEWAY_API,
+                    kind=kind,
+                    metadata=self._meta(),
+                    spec=spec,
+                    opts=route_opts,
+                )
+            )
+        return routes[0], routes[1]
+
+    def _create_analysis_templates(
+        self, opts: pulumi.ResourceOptions
+    ) -> list[k8s.apiextensions.CustomResource]:
+        arg_names = ["model_id"] + [f"{s}-{a}" for s in SIDES for a in ("colour", "version")]
+        return [
+            k8s.apiextensions.CustomResource(
+                f"{self._name}-{name.replace('_', '-')}",
+                api_version=ROLLOUTS_API,
+                kind="AnalysisTemplate",
+                metadata=self._meta(),
+                spec={
+                    "args": [{"name": n} for n in arg_names],
+                    "metrics": analysis_metrics(self._args, name),
+                },
+                opts=opts,
+            )
+            for name in ("success_ratio", "ttft_p95")
+        ]
+
+    def _analysis_step(self, templates: list[k8s.apiextensions.CustomResource]) -> dict[str, Any]:
+        args = self._args
+        previous = args.previous_version if args.previous_version is not None else args.version
+        return {
+            "analysis": {
+                "templates": [{"templateName": t.metadata["name"]} for t in templates],
+                "args": [
+                    {"name": "model_id", "value": args.model_id},
+                    {"name": "canary-version", "value": args.version},
+                    {"name": "stable-version", "value": previous},
+                    {"name": "canary-colour", "valueFrom": {"podTemplateHashValue": "Latest"}},
+                    {"name": "stable-colour", "valueFrom": {"podTemplateHashValue": "Stable"}},
+                ],
+            }
+        }
+
+    def _create_rollout(
+        self,
+        template: dict[str, Any],
+        stable: k8s.core.v1.Service,
+        canary: k8s.core.v1.Service,
+        grpc_route: k8s.apiextensions.CustomResource,
+        http_route: k8s.apiextensions.CustomResource,
+        templates: list[k8s.apiextensions.CustomResource],
+        opts: pulumi.ResourceOptions,
+    ) -> _Rollout:
+        args = self._args
+        steps: list[dict[str, Any]] = []
+        for weight in args.steps:
+            steps += [{"setWeight": weight}, self._analysis_step(templates)]
+        annotations = {
+            "pulumi.com/waitFor": WAIT_FOR_SETTLED,
+            "pulumi.com/timeoutSeconds": str(args.await_timeout_seconds),
+            "llm-serving/model-version": args.version,
+        }
+        spec = {
+            "replicas": args.replicas,
+            "selector": {"matchLabels": dict(self._selector)},
+            "template": template,
+            "revisionHistoryLimit": 2,
+            "progressDeadlineSeconds": args.progress_deadline_seconds,
+            "progressDeadlineAbort": True,
+            "strategy": {
+                "canary": {
+                    "stableService": stable.metadata.name,
+                    "canaryService": canary.metadata.name,
+                    "dynamicStableScale": True,
+                    "trafficRouting": {
+                        "plugins": {
+                            GATEWAY_PLUGIN: {
+                                "grpcRoute": grpc_route.metadata["name"],
+                                "httpRoute": http_route.metadata["name"],
+                                "namespace": args.namespace,
+                            }
+                        }
+                    },
+                    "steps": steps,
+                }
+            },
+        }
+        return _Rollout(
+            self._name,
+            metadata=self._meta(annotations=annotations),
+            spec=spec,
+            opts=pulumi.ResourceOptions.merge(
+                opts, pulumi.ResourceOptions(depends_on=[*templates, grpc_route, http_route])
+            ),
+        )

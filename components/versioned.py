@@ -1,0 +1,249 @@
+"""Versioned serving of one model: an independent Deployment, Service, GRPCRoute and HTTPRoute
+per ``(model_id, model_version)``, each version on its own hostname, plus a shared weighted
+route over the versions that carry a ``route_weight``.
+
+Consumers pin a version by hostname and switch on their own schedule; removing a version from
+the stack configuration removes exactly its resources (their names embed the version).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components.red_black import GatewayRef, copy_tree
+
+__all__ = [
+    "VersionSpec",
+    "VersionedArgs",
+    "VersionedConfigError",
+    "VersionedModel",
+    "dns_label",
+    "version_output_name",
+]
+
+GATEWAY_API = "gateway.networking.k8s.io/v1"
+
+
+class VersionedConfigError(ValueError):
+    """The Versioned model's arguments are inconsistent; the message names the field."""
+
+
+@dataclass(frozen=True)
+class VersionSpec:
+    """One listed version."""
+
+    version: str
+    """Version (``models/<id>/<version>/`` in the model bucket)."""
+    pod_template: Mapping[str, Any] | None = None
+    """Its pod template, from ``components.model_service.build_pod_template``: the component
+    then creates the version's Deployment and Service."""
+    service_name: pulumi.Input[str] | None = None
+    """Instead of ``pod_template``: the Service of a workload created elsewhere (a
+    ``ModelService``); the component then adds only the routes and outputs."""
+    replicas: int = 1
+    """Pods serving this version."""
+    route_weight: int | None = None
+    """Share of the model's shared hostname, or ``None`` to serve only on its own hostname."""
+    created_at: str | None = None
+    """ISO 8601 time the version was first deployed (read by the advisory age policy)."""
+
+
+@dataclass(frozen=True)
+class VersionedArgs:
+    """A model whose every listed version is deployed independently."""
+
+    model_id: str
+    """Model id."""
+    versions: tuple[VersionSpec, ...]
+    """Listed versions, oldest first (the last is the newest)."""
+    namespace: pulumi.Input[str]
+    """Namespace of every object."""
+    gateway: GatewayRef
+    """Gateway the routes attach to."""
+    domain: str
+    """Base domain: versions answer on ``<version>.<model_id>.<domain>``, the shared route on
+    ``<model_id>.<domain>``."""
+    grpc_port: int = 8001
+    """Public KServe gRPC port."""
+    http_port: int = 8080
+    """OpenAI-compatible HTTP port."""
+    metrics_port: int = 9400
+    """Metrics proxy port."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Extra labels for every object."""
+
+
+def dns_label(value: str) -> str:
+    """``value`` as a DNS label (lower case, ``.`` and ``_`` become ``-``)."""
+    label = re.sub(r"[^a-z0-9-]", "-", value.lower()).strip("-")
+    if not label or len(label) > 63:
+        raise VersionedConfigError(f"{value!r} cannot be a DNS label (1-63 of a-z, 0-9, -)")
+    return label
+
+
+def version_output_name(model_id: str, version: str) -> str:
+    """Stack output key holding one version's endpoints: ``model/<id>/<version>``."""
+    return f"model/{model_id}/{version}"
+
+
+def _validate(args: VersionedArgs) -> None:
+    if not args.versions:
+        raise VersionedConfigError(f"model {args.model_id}: versions is empty; list at least one")
+    seen: set[str] = set()
+    for index, spec in enumerate(args.versions):
+        label = dns_label(spec.version)
+        if label in seen:
+            raise VersionedConfigError(
+                f"model {args.model_id}: versions[{index}] {spec.version!r} repeats a version"
+            )
+        seen.add(label)
+        if (spec.pod_template is None) == (spec.service_name is None):
+            raise VersionedConfigError(
+                f"model {args.model_id}: versions[{index}] needs exactly one of pod_template "
+                "and service_name"
+            )
+        if spec.route_weight is not None and not 0 <= spec.route_weight <= 100:
+            raise VersionedConfigError(
+                f"model {args.model_id}: versions[{index}].route_weight is {spec.route_weight}; "
+                "expected 0..100"
+            )
+    weights = [s.route_weight for s in args.versions if s.route_weight is not None]
+    if weights and sum(weights) != 100:
+        raise VersionedConfigError(
+            f"model {args.model_id}: route_weight values sum to {sum(weights)}; they must sum "
+            "to 100 (or leave route_weight unset everywhere)"
+        )
+
+
+class VersionedModel(pulumi.ComponentResource):
+    """Per-version Deployments, Services and routes, and a weighted shared route."""
+
+    endpoints: dict[str, pulumi.Output[dict[str, str]]]
+
+    def __init__(
+        self, name: str, args: VersionedArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        _validate(args)
+        super().__init__("llm-serving:versioned:VersionedModel", name, None, opts)
+        self._name, self._args = name, args
+        self._child = pulumi.ResourceOptions(parent=self)
+        newest = args.versions[-1].version
+        services: dict[str, pulumi.Input[str]] = {}
+        self.endpoints = {}
+        for spec in args.versions:
+            services[spec.version] = self._create_version(spec, spec.version == newest)
+            host = f"{dns_label(spec.version)}.{dns_label(args.model_id)}.{args.domain}"
+            self.endpoints[spec.version] = self._endpoints(services[spec.version], host)
+        weighted = [s for s in args.versions if s.route_weight is not None]
+        if weighted:
+            host = f"{dns_label(args.model_id)}.{args.domain}"
+            self._create_routes(
+                f"{name}-shared", host, [(services[s.version], s.route_weight) for s in weighted]
+            )
+        self.register_outputs(
+            {version_output_name(args.model_id, v): e for v, e in self.endpoints.items()}
+        )
+
+    def _meta(self, version: str, **extra: Any) -> dict[str, Any]:
+        labels = {
+            **self._args.labels,
+            "llm-serving/model-id": self._args.model_id,
+            "llm-serving/model-version": version,
+            "llm-serving/strategy": "versioned",
+        }
+        return {"namespace": self._args.namespace, "labels": labels, **extra}
+
+    def _create_version(self, spec: VersionSpec, newest: bool) -> pulumi.Input[str]:
+        """The version's workload (unless it brings its own Service) and routes; returns the
+        name of the Service its routes point at."""
+        args, prefix = self._args, f"{self._name}-{dns_label(spec.version)}"
+        host = f"{dns_label(spec.version)}.{dns_label(args.model_id)}.{args.domain}"
+        if spec.service_name is not None:
+            self._create_routes(prefix, host, [(spec.service_name, None)], version=spec.version)
+            return spec.service_name
+        template = copy_tree(spec.pod_template)
+        metadata = template.setdefault("metadata", {})
+        selector = self._meta(spec.version)["labels"]
+        metadata["labels"] = {**(metadata.get("labels") or {}), **selector}
+        k8s.apps.v1.Deployment(
+            f"{prefix}-deployment",
+            metadata=self._meta(spec.version),
+            spec={
+                "replicas": spec.replicas,
+                "selector": {"matchLabels": selector},
+                "template": template,
+            },
+            opts=self._child,
+        )
+        annotations = {"llm-serving/newest": "true" if newest else "false"}
+        if spec.created_at is not None:
+            annotations["llm-serving/created-at"] = spec.created_at
+        service = k8s.core.v1.Service(
+            f"{prefix}-service",
+            metadata=self._meta(spec.version, annotations=annotations),
+            spec={
+                "selector": selector,
+                "ports": [
+                    {"name": "grpc", "port": args.grpc_port, "appProtocol": "kubernetes.io/h2c"},
+                    {"name": "http", "port": args.http_port},
+                    {"name": "metrics", "port": args.metrics_port},
+                ],
+            },
+            opts=self._child,
+        )
+        self._create_routes(prefix, host, [(service.metadata.name, None)], version=spec.version)
+        return service.metadata.name
+
+    def _create_routes(
+        self,
+        prefix: str,
+        host: str,
+        backends: list[tuple[pulumi.Input[str], int | None]],
+        version: str = "shared",
+    ) -> None:
+        gateway = self._args.gateway
+        for kind, section, port in (
+            ("GRPCRoute", gateway.grpc_section, self._args.grpc_port),
+            ("HTTPRoute", gateway.http_section, self._args.http_port),
+        ):
+            parent: dict[str, Any] = {"name": gateway.name}
+            if gateway.namespace is not None:
+                parent["namespace"] = gateway.namespace
+            if section is not None:
+                parent["sectionName"] = section
+            refs = []
+            for service_name, weight in backends:
+                ref: dict[str, Any] = {"name": service_name, "port": port}
+                if weight is not None:
+                    ref["weight"] = weight
+                refs.append(ref)
+            k8s.apiextensions.CustomResource(
+                f"{prefix}-{kind.lower()}",
+                api_version=GATEWAY_API,
+                kind=kind,
+                metadata=self._meta(version),
+                spec={
+                    "parentRefs": [parent],
+                    "hostnames": [host],
+                    "rules": [{"backendRefs": refs}],
+                },
+                opts=self._child,
+            )
+
+    def _endpoints(
+        self, service_name: pulumi.Input[str], host: str
+    ) -> pulumi.Output[dict[str, str]]:
+        args = self._args
+        return pulumi.Output.all(service_name, args.namespace).apply(
+            lambda values: {
+                "grpc": f"{host}:443",
+                "openai": f"https://{host}/v1",
+                "metrics": f"http://{values[0]}.{values[1]}.svc:{args.metrics_port}/metrics",
+            }
+        )

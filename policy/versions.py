@@ -1,0 +1,48 @@
+"""Advisory validator: Versioned deployments older than the idle window should be reviewed."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from policy.findings import Props
+
+__all__ = [
+    "CREATED_AT_ANNOTATION",
+    "NEWEST_ANNOTATION",
+    "STRATEGY_LABEL",
+    "check_versioned_age",
+]
+
+STRATEGY_LABEL = "llm-serving/strategy"
+CREATED_AT_ANNOTATION = "llm-serving/created-at"
+NEWEST_ANNOTATION = "llm-serving/newest"
+
+
+def check_versioned_age(
+    resource_type: str, props: Props, *, idle: timedelta, now: datetime
+) -> list[str]:
+    """Flag an older Versioned Service created more than ``idle`` ago."""
+    if resource_type != "kubernetes:core/v1:Service":
+        return []
+    metadata = props.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    annotations = metadata.get("annotations") or {}
+    if labels.get(STRATEGY_LABEL) != "versioned" or annotations.get(NEWEST_ANNOTATION) == "true":
+        return []
+    created = annotations.get(CREATED_AT_ANNOTATION)
+    if not created:
+        return []
+    try:
+        created_at = datetime.fromisoformat(str(created).replace("Z", "+00:00"))
+    except ValueError:
+        return [f"{CREATED_AT_ANNOTATION} {created!r} is not an ISO 8601 timestamp"]
+    if created_at.tzinfo is None:
+        created_at = created_at.replace(tzinfo=UTC)
+    age = now - created_at
+    if age <= idle:
+        return []
+    version = labels.get("llm-serving/model-version", "?")
+    return [
+        f"Versioned deployment {metadata.get('name')} (version {version}) is {age.days} days old, "
+        f"beyond the idle window of {idle}; run `llm-serving versions gc` to retire it if idle"
+    ]

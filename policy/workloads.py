@@ -1,0 +1,198 @@
+"""Validators for Kubernetes workloads: GPU tolerations and startup probes, pinned images, the
+serving image's Triton/vLLM pair, and Red-Black rollout steps."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping
+
+from policy.findings import (
+    GPU_RESOURCE,
+    Props,
+    containers_of,
+    pod_template_of,
+    resource_label,
+)
+
+__all__ = [
+    "ROLLOUT_TYPE",
+    "TRITON_ANNOTATION",
+    "VLLM_ANNOTATION",
+    "check_gpu_pods_tolerate_taint",
+    "check_gpu_startup_probes",
+    "check_images_pinned",
+    "check_red_black_steps",
+    "check_serving_pair_supported",
+]
+
+ROLLOUT_TYPE = "kubernetes:argoproj.io/v1alpha1:Rollout"
+# The serving pod template declares the Triton release and vLLM version its image carries.
+TRITON_ANNOTATION = "llm-serving/triton-release"
+VLLM_ANNOTATION = "llm-serving/vllm-version"
+
+_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+# A release tag starts with a version number: 25.09, v1.2.3, 26.08-vllm-python-py3.
+_TRITON_TAG = re.compile(r":[^/@]*triton(\d{2}\.\d{2})(?![\d.])")
+_RELEASE_TAG = re.compile(r"^v?\d+(\.\d+)*([.-][A-Za-z0-9_.-]+)?$")
+
+
+def _gpu_count(container: Props) -> int:
+    resources = container.get("resources") or {}
+    best = 0
+    for key in ("limits", "requests"):
+        value = (resources.get(key) or {}).get(GPU_RESOURCE)
+        if value is not None:
+            try:
+                best = max(best, int(str(value)))
+            except ValueError:
+                best = max(best, 1)
+    return best
+
+
+def _gpu_containers(template: Props) -> list[Props]:
+    return [c for c in containers_of(template) if _gpu_count(c) > 0]
+
+
+def check_gpu_pods_tolerate_taint(resource_type: str, props: Props) -> list[str]:
+    """Pods requesting ``nvidia.com/gpu`` must tolerate the GPU nodes' NoSchedule taint."""
+    template = pod_template_of(resource_type, props)
+    if template is None or not _gpu_containers(template):
+        return []
+    for toleration in (template.get("spec") or {}).get("tolerations") or []:
+        if toleration.get("key") != GPU_RESOURCE:
+            continue
+        if toleration.get("effect") not in (None, "", "NoSchedule"):
+            continue
+        if toleration.get("operator") == "Exists" or toleration.get("value") is not None:
+            return []
+    return [
+        f"{resource_label(resource_type, props)} requests {GPU_RESOURCE} but does not tolerate "
+        f"the GPU taint; add spec.tolerations: [{{key: {GPU_RESOURCE}, operator: Exists, "
+        "effect: NoSchedule}]"
+    ]
+
+
+def check_gpu_startup_probes(resource_type: str, props: Props) -> list[str]:
+    """Every GPU container needs a startup probe so slow model loads are not killed."""
+    template = pod_template_of(resource_type, props)
+    if template is None:
+        return []
+    spec = template.get("spec") or {}
+    init_names = {c.get("name") for c in spec.get("initContainers") or []}
+    return [
+        f"{resource_label(resource_type, props)}: GPU container {c.get('name')!r} has no "
+        "startupProbe; add one sized for the model's cold start (failureThreshold x periodSeconds)"
+        for c in _gpu_containers(template)
+        if c.get("name") not in init_names and not c.get("startupProbe")
+    ]
+
+
+def image_problem(image: str) -> str | None:
+    """Why an image reference is not pinned, or ``None`` when it is (digest or release tag)."""
+    if _DIGEST.search(image):
+        return None
+    last = image.rsplit("/", 1)[-1]
+    if ":" not in last:
+        return "has no tag (it means latest)"
+    tag = last.rsplit(":", 1)[1]
+    if tag == "latest":
+        return "uses the tag latest"
+    if not _RELEASE_TAG.match(tag):
+        return f"uses tag {tag!r}, which is not a release tag (e.g. 26.08 or v1.2.3)"
+    return None
+
+
+def check_images_pinned(resource_type: str, props: Props) -> list[str]:
+    """Images must be pinned by ``@sha256:`` digest or a release tag, never ``latest``."""
+    template = pod_template_of(resource_type, props)
+    if template is None:
+        return []
+    messages = []
+    for container in containers_of(template):
+        image = container.get("image")
+        if not isinstance(image, str):
+            continue
+        problem = image_problem(image)
+        if problem is not None:
+            messages.append(
+                f"{resource_label(resource_type, props)}: container {container.get('name')!r} "
+                f"image {image!r} {problem}; pin it by @sha256 digest or a release tag"
+            )
+    return messages
+
+
+def check_serving_pair_supported(
+    resource_type: str, props: Props, pairs: Collection[tuple[str, str]]
+) -> list[str]:
+    """A GPU pod's Triton/vLLM pair must be one ``compat.toml`` lists.
+
+    The pair comes from the pod annotations; without them, from a serving image tagged
+    ``...-triton<release>`` (the image is built for the matrix's pair of that release).
+    """
+    template = pod_template_of(resource_type, props)
+    if template is None or not _gpu_containers(template):
+        return []
+    annotations = (template.get("metadata") or {}).get("annotations") or {}
+    triton, vllm = annotations.get(TRITON_ANNOTATION), annotations.get(VLLM_ANNOTATION)
+    label = resource_label(resource_type, props)
+    supported = ", ".join(f"{t}/{v}" for t, v in sorted(pairs)) or "none"
+    if triton and vllm:
+        if (str(triton), str(vllm)) in set(pairs):
+            return []
+        return [
+            f"{label}: Triton {triton} with vLLM {vllm} is not a pair listed in "
+            f"images/compat.toml; supported: {supported}"
+        ]
+    releases = {
+        match.group(1)
+        for container in _gpu_containers(template)
+        if (match := _TRITON_TAG.search(str(container.get("image") or "")))
+    }
+    if not releases:
+        return [
+            f"{label}: cannot tell the serving image's Triton/vLLM pair; add annotations "
+            f"{TRITON_ANNOTATION} and {VLLM_ANNOTATION} (or tag the image ...-triton<release>)"
+        ]
+    listed = {t for t, _ in pairs}
+    return [
+        f"{label}: Triton {release} is not a release listed in images/compat.toml; "
+        f"supported: {supported}"
+        for release in sorted(releases - listed)
+    ]
+
+
+def _step_kind(step: Mapping) -> str:
+    for kind in ("setWeight", "analysis", "pause", "experiment", "setCanaryScale"):
+        if kind in step:
+            return kind
+    return next(iter(step), "empty")
+
+
+def check_red_black_steps(resource_type: str, props: Props) -> list[str]:
+    """A Rollout's canary steps must end at weight 100, each weight followed by an analysis."""
+    if resource_type != ROLLOUT_TYPE:
+        return []
+    label = resource_label(resource_type, props)
+    canary = ((props.get("spec") or {}).get("strategy") or {}).get("canary")
+    if not isinstance(canary, Mapping):
+        return [f"{label}: spec.strategy.canary is missing; Red-Black rollouts use the canary"]
+    steps = [s for s in canary.get("steps") or [] if isinstance(s, Mapping)]
+    weights = [(i, s["setWeight"]) for i, s in enumerate(steps) if "setWeight" in s]
+    if not weights:
+        return [
+            f"{label}: spec.strategy.canary.steps has no setWeight step; end with setWeight 100"
+        ]
+    messages = []
+    if int(weights[-1][1]) != 100:
+        messages.append(
+            f"{label}: the last setWeight is {weights[-1][1]}; Red-Black steps must end at 100"
+        )
+    for n, (index, weight) in enumerate(weights):
+        end = weights[n + 1][0] if n + 1 < len(weights) else len(steps)
+        following = [_step_kind(s) for s in steps[index + 1 : end]]
+        if "analysis" not in following and not canary.get("analysis"):
+            messages.append(
+                f"{label}: steps[{index}] (setWeight {weight}) is not followed by an analysis "
+                "step before the next weight change"
+            )
+    return messages

@@ -1,0 +1,217 @@
+"""The AWS validators on passing and failing resources (pulumi-aws input property shapes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from policy.aws import (
+    check_fsx_encrypted,
+    check_gpu_node_group_tainted,
+    check_imdsv2_required,
+    check_irsa_trust_scoped,
+    check_lustre_not_public,
+    check_s3_access_scoped_to_prefix,
+)
+
+NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}
+
+
+def gpu_node_group(**extra: object) -> dict[str, object]:
+    return {
+        "clusterName": "prod",
+        "amiType": "AL2023_x86_64_NVIDIA",
+        "instanceTypes": ["g6e.12xlarge"],
+        "capacityType": "ON_DEMAND",
+        "taints": [GPU_TAINT],
+        **extra,
+    }
+
+
+def test_tainted_gpu_node_group_passes() -> None:
+    assert check_gpu_node_group_tainted(NODE_GROUP, gpu_node_group()) == []
+
+
+def test_untainted_gpu_node_group_fails() -> None:
+    messages = check_gpu_node_group_tainted(NODE_GROUP, gpu_node_group(taints=[]))
+    assert len(messages) == 1 and "NO_SCHEDULE" in messages[0]
+
+
+def test_gpu_detected_by_instance_type_alone() -> None:
+    props = gpu_node_group(amiType="AL2023_x86_64_STANDARD", instanceTypes=["p5.48xlarge"])
+    props["taints"] = [{**GPU_TAINT, "effect": "PREFER_NO_SCHEDULE"}]
+    assert check_gpu_node_group_tainted(NODE_GROUP, props) != []
+
+
+def test_cpu_node_group_needs_no_taint() -> None:
+    props = {"amiType": "AL2023_x86_64_STANDARD", "instanceTypes": ["m7i.large"]}
+    assert check_gpu_node_group_tainted(NODE_GROUP, props) == []
+
+
+@pytest.mark.parametrize(
+    "rtype", ["aws:ec2/launchTemplate:LaunchTemplate", "aws:ec2/instance:Instance"]
+)
+def test_imdsv2_required(rtype: str) -> None:
+    ok = {"metadataOptions": {"httpTokens": "required", "httpPutResponseHopLimit": 2}}
+    assert check_imdsv2_required(rtype, ok) == []
+    assert (
+        "httpTokens"
+        in check_imdsv2_required(rtype, {"metadataOptions": {"httpTokens": "optional"}})[0]
+    )
+    assert check_imdsv2_required(rtype, {}) != []
+
+
+def test_fsx_encrypted_persistent_passes() -> None:
+    props = {"deploymentType": "PERSISTENT_2", "kmsKeyId": "arn:aws:kms:us-east-1:1:key/abc"}
+    assert check_fsx_encrypted("aws:fsx/lustreFileSystem:LustreFileSystem", props) == []
+
+
+def test_fsx_without_key_or_scratch_fails() -> None:
+    messages = check_fsx_encrypted(
+        "aws:fsx/lustreFileSystem:LustreFileSystem", {"deploymentType": "SCRATCH_2"}
+    )
+    assert len(messages) == 2
+    assert "PERSISTENT_2" in messages[0] and "kmsKeyId" in messages[1]
+
+
+def test_lustre_ports_from_node_security_group_pass() -> None:
+    props = {
+        "ingress": [
+            {"fromPort": 988, "toPort": 988, "protocol": "tcp", "securityGroups": ["sg-1"]},
+            {"fromPort": 443, "toPort": 443, "protocol": "tcp", "cidrBlocks": ["0.0.0.0/0"]},
+        ]
+    }
+    assert check_lustre_not_public("aws:ec2/securityGroup:SecurityGroup", props) == []
+
+
+@pytest.mark.parametrize(
+    ("rtype", "props"),
+    [
+        (
+            "aws:ec2/securityGroup:SecurityGroup",
+            {
+                "ingress": [
+                    {
+                        "fromPort": 1018,
+                        "toPort": 1023,
+                        "protocol": "tcp",
+                        "cidrBlocks": ["0.0.0.0/0"],
+                    }
+                ]
+            },
+        ),
+        (
+            "aws:ec2/securityGroupRule:SecurityGroupRule",
+            {
+                "type": "ingress",
+                "fromPort": 0,
+                "toPort": 0,
+                "protocol": "-1",
+                "ipv6CidrBlocks": ["::/0"],
+            },
+        ),
+        (
+            "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule",
+            {"fromPort": 988, "toPort": 988, "ipProtocol": "tcp", "cidrIpv4": "0.0.0.0/0"},
+        ),
+    ],
+)
+def test_public_lustre_ports_fail(rtype: str, props: dict[str, object]) -> None:
+    messages = check_lustre_not_public(rtype, props)
+    assert len(messages) == 1 and "Lustre" in messages[0]
+
+
+def trust(condition: dict[str, object]) -> str:
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Principal": {"Federated": "arn:aws:iam::1:oidc-provider/oidc.eks/id/X"},
+                    "Action": "sts:AssumeRoleWithWebIdentity",
+                    "Condition": condition,
+                }
+            ],
+        }
+    )
+
+
+def test_irsa_trust_pinned_to_service_account_passes() -> None:
+    props = {
+        "assumeRolePolicy": trust(
+            {
+                "StringEquals": {
+                    "oidc.eks/id/X:sub": "system:serviceaccount:serving:llama",
+                    "oidc.eks/id/X:aud": "sts.amazonaws.com",
+                }
+            }
+        )
+    }
+    assert check_irsa_trust_scoped("aws:iam/role:Role", props) == []
+
+
+@pytest.mark.parametrize(
+    "condition",
+    [
+        {},
+        {"StringLike": {"oidc.eks/id/X:sub": "system:serviceaccount:*"}},
+        {"StringEquals": {"oidc.eks/id/X:sub": "system:serviceaccount:serving:*"}},
+    ],
+)
+def test_irsa_trust_not_pinned_fails(condition: dict[str, object]) -> None:
+    assert check_irsa_trust_scoped("aws:iam/role:Role", {"assumeRolePolicy": trust(condition)})
+
+
+def test_non_irsa_role_and_unknown_policy_are_ignored() -> None:
+    ec2 = json.dumps(
+        {
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Action": "sts:AssumeRole",
+                    "Principal": {"Service": "ec2.amazonaws.com"},
+                }
+            ]
+        }
+    )
+    assert check_irsa_trust_scoped("aws:iam/role:Role", {"assumeRolePolicy": ec2}) == []
+    assert check_irsa_trust_scoped("aws:iam/role:Role", {}) == []
+
+
+def s3_policy(*statements: dict[str, object]) -> dict[str, str]:
+    return {"policy": json.dumps({"Version": "2012-10-17", "Statement": list(statements)})}
+
+
+def test_s3_access_under_model_prefix_passes() -> None:
+    props = s3_policy(
+        {
+            "Effect": "Allow",
+            "Action": ["s3:GetObject"],
+            "Resource": ["arn:aws:s3:::models-use1/models/llama/*"],
+        },
+        {
+            "Effect": "Allow",
+            "Action": ["s3:ListBucket"],
+            "Resource": "arn:aws:s3:::models-use1",
+            "Condition": {"StringLike": {"s3:prefix": ["models/llama/*"]}},
+        },
+        {"Effect": "Allow", "Action": "ecr:GetAuthorizationToken", "Resource": "*"},
+    )
+    assert check_s3_access_scoped_to_prefix("aws:iam/rolePolicy:RolePolicy", props) == []
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        {"Effect": "Allow", "Action": "s3:GetObject", "Resource": "*"},
+        {"Effect": "Allow", "Action": "s3:*", "Resource": "arn:aws:s3:::models-use1/*"},
+        {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": "arn:aws:s3:::models-use1"},
+        {"Effect": "Allow", "Action": "*", "Resource": "arn:aws:s3:::models-*/models/x/*"},
+    ],
+)
+def test_unscoped_s3_access_fails(statement: dict[str, object]) -> None:
+    messages = check_s3_access_scoped_to_prefix("aws:iam/policy:Policy", s3_policy(statement))
+    assert len(messages) == 1 and "prefix" in messages[0]

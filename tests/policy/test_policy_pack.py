@@ -1,0 +1,86 @@
+"""The CrossGuard pack itself, run in its own virtualenv (``.venv-policy``, built by make setup).
+
+pulumi-policy pins protobuf 5 and cannot be imported in the main venv, so this test runs a
+small script there: it builds every policy with a temporary compat matrix and calls each one's
+``validate`` with pulumi-policy's own ``ResourceValidationArgs`` on passing and failing resources.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+from pathlib import Path
+
+from tests.policy.samples import DEPLOYMENT, ROLLOUT, analysis, deployment, rollout, serving_pod
+
+ROOT = Path(__file__).resolve().parents[2]
+POLICY_PYTHON = ROOT / ".venv-policy" / "bin" / "python"
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, sys.argv[1])
+    from pathlib import Path
+    from pulumi_policy import EnforcementLevel, ResourceValidationArgs
+    from policy.pack import PACK_NAME, build_policies
+
+    cases = json.loads(sys.stdin.read())
+    policies = build_policies(Path(sys.argv[2]))
+    out = {"pack": PACK_NAME, "levels": {}, "violations": []}
+    for policy in policies:
+        out["levels"][policy.name] = policy.enforcement_level.value
+    for case in cases:
+        found = []
+        for policy in policies:
+            args = ResourceValidationArgs(
+                case["type"], case["props"], "urn:x", "r", None, None, {"idleWindowHours": 24}
+            )
+            policy.validate(args, lambda message, urn=None, p=policy.name: found.append(p))
+        out["violations"].append(sorted(set(found)))
+    print(json.dumps(out))
+    """
+)
+
+
+def run_pack(cases: list[dict], tmp_path: Path) -> dict:
+    assert POLICY_PYTHON.exists(), "run `make setup` to build .venv-policy for the policy pack"
+    compat = tmp_path / "compat.toml"
+    compat.write_text('[[pair]]\ntriton = "26.08"\nvllm = "0.27.1"\n', encoding="utf-8")
+    done = subprocess.run(
+        [str(POLICY_PYTHON), "-c", SCRIPT, str(ROOT), str(compat)],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return json.loads(done.stdout)
+
+
+def test_pack_reports_each_failing_resource_under_its_policy(tmp_path: Path) -> None:
+    unpinned = serving_pod()
+    unpinned["spec"]["containers"][0]["image"] = "nvcr.io/nvidia/tritonserver:latest"
+    unpinned["metadata"]["annotations"]["llm-serving/vllm-version"] = "0.33.0"
+    cases = [
+        {"type": DEPLOYMENT, "props": deployment()},
+        {"type": DEPLOYMENT, "props": deployment(unpinned)},
+        {"type": ROLLOUT, "props": rollout([{"setWeight": 10}, {"setWeight": 100}, analysis()])},
+        {
+            "type": "aws:ec2/launchTemplate:LaunchTemplate",
+            "props": {"metadataOptions": {"httpTokens": "optional"}},
+        },
+        {"type": "aws:fsx/lustreFileSystem:LustreFileSystem", "props": {}},
+    ]
+    out = run_pack(cases, tmp_path)
+    assert out["pack"] == "llm-serving-platform"
+    assert out["violations"] == [
+        [],
+        ["images-pinned", "serving-pair-in-compat-matrix"],
+        ["red-black-steps-end-at-100-with-analysis"],
+        ["imdsv2-required"],
+        ["fsx-encrypted"],
+    ]
+    assert out["levels"]["versioned-older-than-idle-window"] == "advisory"
+    mandatory = [name for name, level in out["levels"].items() if level == "mandatory"]
+    assert len(mandatory) == 11

@@ -1,0 +1,43 @@
+"""The advisory Versioned-age validator on young, old, newest and unrelated Services."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from policy.versions import check_versioned_age
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+SERVICE = "kubernetes:core/v1:Service"
+
+
+def service(created_at: str, *, newest: str = "false", strategy: str = "versioned") -> dict:
+    return {
+        "metadata": {
+            "name": "llama-v1",
+            "labels": {"llm-serving/strategy": strategy, "llm-serving/model-version": "v1"},
+            "annotations": {
+                "llm-serving/created-at": created_at,
+                "llm-serving/newest": newest,
+            },
+        }
+    }
+
+
+def check(props: dict) -> list[str]:
+    return check_versioned_age(SERVICE, props, idle=timedelta(hours=24), now=NOW)
+
+
+def test_old_versioned_service_is_flagged() -> None:
+    messages = check(service("2026-11-20T00:00:00Z"))
+    assert len(messages) == 1
+    assert "llama-v1" in messages[0] and "versions gc" in messages[0] and "9 days" in messages[0]
+
+
+def test_young_newest_and_red_black_services_are_not_flagged() -> None:
+    assert check(service("2026-11-29T00:00:00Z")) == []
+    assert check(service("2026-11-01T00:00:00Z", newest="true")) == []
+    assert check(service("2026-11-01T00:00:00Z", strategy="red-black")) == []
+
+
+def test_bad_timestamp_is_reported() -> None:
+    assert "ISO 8601" in check(service("yesterday"))[0]

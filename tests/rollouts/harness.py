@@ -1,0 +1,56 @@
+"""Declaring RedBlackRollout under the recording mocks, with realistic arguments."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+
+from components.red_black import GatewayRef, RedBlackArgs, RedBlackRollout
+from tests.rollouts.mocks import RecordingMocks
+from tests.rollouts.samples import pod_template, queries, success_conditions
+
+
+def make_args(**overrides: Any) -> RedBlackArgs:
+    values: dict[str, Any] = {
+        "model_id": "llama",
+        "version": "2026-11-15",
+        "previous_version": "2026-10-01",
+        "pod_template": pod_template(),
+        "namespace": "serving",
+        "gateway": GatewayRef(name="inference", namespace="gateway", grpc_section="grpc"),
+        "queries": queries(),
+        "success_conditions": success_conditions(),
+        "prometheus_address": "http://prometheus.monitoring:9090",
+        "replicas": 4,
+        "hostnames": ("llama.models.example.com",),
+    }
+    values.update(overrides)
+    return RedBlackArgs(**values)
+
+
+def deploy(mocks: RecordingMocks, args: RedBlackArgs) -> list[str]:
+    """Declare the component under the mocks; returns its settled phase once every resource
+    (the Rollout last: it depends on all others) has been registered."""
+    pulumi.runtime.set_mocks(mocks, preview=False)
+    phases: list[str] = []
+
+    @pulumi.runtime.test
+    def declare() -> pulumi.Output:
+        return RedBlackRollout("llama", args).phase.apply(phases.append)
+
+    declare()
+    return phases
+
+
+def run_under_mocks(mocks: RecordingMocks, build: Any) -> list[Any]:
+    """Run ``build()`` (returning an Output) under the mocks; returns the Output's value."""
+    pulumi.runtime.set_mocks(mocks, preview=False)
+    values: list[Any] = []
+
+    @pulumi.runtime.test
+    def declare() -> pulumi.Output:
+        return build().apply(values.append)
+
+    declare()
+    return values

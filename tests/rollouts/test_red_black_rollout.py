@@ -1,0 +1,236 @@
+"""RedBlackRollout under Pulumi's mocks: the Rollout, its routes, services and analysis wiring."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pulumi
+import pytest
+
+from components.red_black import (
+    GATEWAY_PLUGIN,
+    RedBlackConfigError,
+    RedBlackRollout,
+    RolloutAbortedError,
+    check_rollout_status,
+)
+from policy.workloads import (
+    check_gpu_pods_tolerate_taint,
+    check_images_pinned,
+    check_red_black_steps,
+)
+from tests.rollouts.harness import deploy, make_args, run_under_mocks
+from tests.rollouts.mocks import RecordingMocks
+from tests.rollouts.samples import pod_template
+
+ROLLOUT = "kubernetes:argoproj.io/v1alpha1:Rollout"
+
+
+@pytest.fixture
+def mocks() -> RecordingMocks:
+    return RecordingMocks()
+
+
+def rollout_spec(mocks: RecordingMocks) -> dict[str, Any]:
+    return mocks.one(":Rollout").inputs["spec"]
+
+
+def test_declares_rollout_services_routes_and_templates(mocks: RecordingMocks) -> None:
+    assert deploy(mocks, make_args()) == ["Healthy"]
+    kinds = sorted(d.type.rsplit(":", 1)[-1] for d in mocks.declared)
+    assert kinds == [
+        "AnalysisTemplate",
+        "AnalysisTemplate",
+        "GRPCRoute",
+        "HTTPRoute",
+        "RedBlackRollout",
+        "Rollout",
+        "Service",
+        "Service",
+    ]
+    assert all(
+        d.inputs.get("metadata", {}).get("namespace") in (None, "serving") for d in mocks.declared
+    )
+
+
+def test_canary_shifts_weights_with_an_analysis_after_each(mocks: RecordingMocks) -> None:
+    deploy(mocks, make_args(steps=(5, 20, 100)))
+    canary = rollout_spec(mocks)["strategy"]["canary"]
+    assert canary["dynamicStableScale"] is True
+    weights = [s["setWeight"] for s in canary["steps"] if "setWeight" in s]
+    assert weights == [5, 20, 100]
+    kinds = [next(iter(s)) for s in canary["steps"]]
+    assert kinds == ["setWeight", "analysis"] * 3
+    templates = {d.inputs["metadata"]["name"] for d in mocks.of_type(":AnalysisTemplate")}
+    for step in canary["steps"][1::2]:
+        assert {t["templateName"] for t in step["analysis"]["templates"]} == templates
+
+
+def test_rollout_aborts_on_deadline_and_pulumi_waits_for_it(mocks: RecordingMocks) -> None:
+    deploy(mocks, make_args(await_timeout_seconds=5400))
+    declared = mocks.one(":Rollout").inputs
+    assert declared["spec"]["progressDeadlineAbort"] is True
+    annotations = declared["metadata"]["annotations"]
+    assert annotations["pulumi.com/waitFor"] == (
+        "jsonpath={.status[?@ == 'Healthy' || @ == 'Degraded']}"
+    )
+    assert annotations["pulumi.com/timeoutSeconds"] == "5400"
+
+
+def test_plugin_names_the_declared_routes_and_services(mocks: RecordingMocks) -> None:
+    deploy(mocks, make_args())
+    canary = rollout_spec(mocks)["strategy"]["canary"]
+    plugin = canary["trafficRouting"]["plugins"][GATEWAY_PLUGIN]
+    grpc, http = mocks.one(":GRPCRoute"), mocks.one(":HTTPRoute")
+    assert plugin == {
+        "grpcRoute": grpc.inputs["metadata"]["name"],
+        "httpRoute": http.inputs["metadata"]["name"],
+        "namespace": "serving",
+    }
+    services = {d.name: d.inputs["metadata"]["name"] for d in mocks.of_type(":Service")}
+    assert canary["stableService"] == services["llama-stable"]
+    assert canary["canaryService"] == services["llama-canary"]
+    for route, port in ((grpc, 8001), (http, 8080)):
+        rule = route.inputs["spec"]["rules"][0]
+        assert rule["backendRefs"] == [
+            {"name": services["llama-stable"], "port": port, "weight": 100},
+            {"name": services["llama-canary"], "port": port, "weight": 0},
+        ]
+        assert route.inputs["spec"]["hostnames"] == ["llama.models.example.com"]
+    assert grpc.inputs["spec"]["parentRefs"] == [
+        {"name": "inference", "namespace": "gateway", "sectionName": "grpc"}
+    ]
+    assert http.inputs["spec"]["parentRefs"] == [{"name": "inference", "namespace": "gateway"}]
+
+
+def test_services_select_the_rollout_pods(mocks: RecordingMocks) -> None:
+    deploy(mocks, make_args())
+    spec = rollout_spec(mocks)
+    labels = spec["template"]["metadata"]["labels"]
+    # The selector keeps only what no rollout changes: never the version or the colour.
+    assert spec["selector"]["matchLabels"] == {
+        "llm-serving/model-id": "llama",
+        "llm-serving/strategy": "red-black",
+    }
+    assert labels["llm-serving/model-version"] == "2026-11-15"
+    for service in mocks.of_type(":Service"):
+        selector = service.inputs["spec"]["selector"]
+        assert selector == spec["selector"]["matchLabels"]
+        assert {p["port"] for p in service.inputs["spec"]["ports"]} == {8001, 8080, 9400}
+
+
+def test_every_container_reads_its_colour_from_the_pod_hash(mocks: RecordingMocks) -> None:
+    deploy(mocks, make_args())
+    containers = rollout_spec(mocks)["template"]["spec"]["containers"]
+    assert len(containers) == 2
+    for container in containers:
+        colour = [e for e in container["env"] if e["name"] == "LLM_SERVING_COLOUR"]
+        assert colour == [
+            {
+                "name": "LLM_SERVING_COLOUR",
+                "valueFrom": {
+                    "fieldRef": {"fieldPath": "metadata.labels['rollouts-pod-template-hash']"}
+                },
+            }
+        ]
+
+
+def test_analysis_compares_canary_colour_with_stable_colour(mocks: RecordingMocks) -> None:
+    deploy(mocks, make_args())
+    step = rollout_spec(mocks)["strategy"]["canary"]["steps"][1]["analysis"]
+    passed = {a["name"]: a for a in step["args"]}
+    assert passed["canary-colour"]["valueFrom"] == {"podTemplateHashValue": "Latest"}
+    assert passed["stable-colour"]["valueFrom"] == {"podTemplateHashValue": "Stable"}
+    assert passed["canary-version"]["value"] == "2026-11-15"
+    assert passed["stable-version"]["value"] == "2026-10-01"
+    for template in mocks.of_type(":AnalysisTemplate"):
+        declared = {a["name"] for a in template.inputs["spec"]["args"]}
+        assert declared == set(passed)
+        metrics = template.inputs["spec"]["metrics"]
+        assert [m["name"].endswith("-vs-stable") for m in metrics] == [False, True]
+        for metric in metrics:
+            query = metric["provider"]["prometheus"]["query"]
+            assert metric["provider"]["prometheus"]["address"] == (
+                "http://prometheus.monitoring:9090"
+            )
+            assert "{{args.colour}}" not in query and "{{args.model_version}}" not in query
+            assert "{{args.canary-colour}}" in query
+        assert "{{args.stable-colour}}" in metrics[1]["provider"]["prometheus"]["query"]
+        assert "{{args.stable-colour}}" not in metrics[0]["provider"]["prometheus"]["query"]
+
+
+def test_rendered_rollout_passes_the_policy_pack(mocks: RecordingMocks) -> None:
+    deploy(mocks, make_args())
+    props = mocks.one(":Rollout").inputs
+    assert check_red_black_steps(ROLLOUT, props) == []
+    assert check_gpu_pods_tolerate_taint(ROLLOUT, props) == []
+    assert check_images_pinned(ROLLOUT, props) == []
+
+
+def test_degraded_rollout_fails_the_update_with_the_reason() -> None:
+    status = {
+        "phase": "Degraded",
+        "abort": True,
+        "message": 'RolloutAborted: Metric "ttft-p95-vs-stable" assessed Failed',
+    }
+    with pytest.raises(RolloutAbortedError, match="ttft-p95-vs-stable") as raised:
+        deploy(RecordingMocks(rollout_status=status), make_args())
+    assert "llama" in str(raised.value) and "2026-11-15" in str(raised.value)
+
+
+def test_healthy_rollout_reports_its_phase() -> None:
+    assert check_rollout_status("m", "v", {"phase": "Healthy"}) == "Healthy"
+    with pytest.raises(RolloutAbortedError, match="no reason"):
+        check_rollout_status("m", "v", {"phase": "Degraded"})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"steps": (10, 50)}, "must end at 100"),
+        ({"steps": (50, 25, 100)}, "strictly increasing"),
+        ({"queries": {"success_ratio": "up"}}, "ttft_p95"),
+        ({"replicas": 0}, "replicas"),
+    ],
+)
+def test_bad_arguments_name_the_field(overrides: dict[str, Any], field: str) -> None:
+    with pytest.raises(RedBlackConfigError, match=field):
+        RedBlackRollout("bad", make_args(**overrides))
+
+
+def test_endpoints_name_the_public_host_and_the_stable_metrics() -> None:
+    mocks = RecordingMocks()
+    (endpoints,) = run_under_mocks(mocks, lambda: RedBlackRollout("llama", make_args()).endpoints)
+    assert endpoints == {
+        "grpc": "llama.models.example.com:443",
+        "openai": "https://llama.models.example.com/v1",
+        "metrics": "http://llama-stable-x1y2z3.serving.svc:9400/metrics",
+    }
+
+
+def test_core_objects_validate_against_the_kubernetes_schema(mocks: RecordingMocks) -> None:
+    deploy(mocks, make_args())
+    for service in mocks.of_type(":Service"):
+        body = {"apiVersion": "v1", "kind": "Service", **service.inputs}
+        kubernetes_validate.validate(body, "1.33", strict=True)
+    template = rollout_spec(mocks)["template"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", **template["metadata"]}}
+    kubernetes_validate.validate({**pod, "spec": template["spec"]}, "1.33", strict=True)
+
+
+def test_pod_template_outputs_pass_through_unchanged() -> None:
+    """build_pod_template puts Pulumi Outputs in env values (the S3 fallback URI)."""
+    mocks = RecordingMocks()
+
+    def build() -> pulumi.Output:
+        template = pod_template()
+        uri = pulumi.Output.concat("s3://", pulumi.Output.from_input("bucket"), "/models/llama/")
+        template["spec"]["containers"][0]["env"].append(
+            {"name": "LLM_SERVING_PACKAGE_S3_URI", "value": uri}
+        )
+        return RedBlackRollout("llama", make_args(pod_template=template)).phase
+
+    run_under_mocks(mocks, build)
+    env = rollout_spec(mocks)["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "LLM_SERVING_PACKAGE_S3_URI", "value": "s3://bucket/models/llama/"} in env
