@@ -13,7 +13,9 @@ __all__ = ["ProxySettings"]
 class ProxySettings(BaseSettings):
     """Where to listen, where the two sources are, and the labels every series gets."""
 
-    model_config = SettingsConfigDict(env_prefix="METRICS_PROXY_", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="METRICS_PROXY_", frozen=True, populate_by_name=True, protected_namespaces=()
+    )
 
     host: str = Field("0.0.0.0", description="Address to listen on (the pod IP is scraped).")
     port: int = Field(9400, ge=0, le=65535, description="Port of /metrics and /healthz.")
