@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 import uvicorn
 
-from runtime.metrics_proxy.app import create_app
+from runtime.metrics_proxy.app import ProxyConfigError, create_app
 from runtime.metrics_proxy.settings import ProxySettings
 
-__all__ = ["serve"]
+__all__ = ["run_from_env", "serve"]
 
 
 def serve(settings: ProxySettings) -> None:
@@ -27,3 +28,13 @@ def serve(settings: ProxySettings) -> None:
     )
     # uvicorn handles SIGTERM: stops accepting, lets running requests finish, runs shutdown.
     uvicorn.Server(config).run()
+
+
+def run_from_env() -> int:
+    """Serve with settings from the environment; a configuration error prints one line, gives 1."""
+    try:
+        serve(ProxySettings())
+    except ProxyConfigError as exc:
+        print(f"metrics proxy: {exc}", file=sys.stderr)
+        return 1
+    return 0
