@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 
 from runtime.metrics_proxy.exposition import (
+    Encoder,
     Family,
     Sample,
-    encode,
     gzip_body,
     negotiate,
     wants_gzip,
@@ -45,6 +45,7 @@ class _Collected:
     """One merge of the sources, shared by the scrapes that waited for it; encodings cached."""
 
     families: list[Family]
+    encoder: Encoder
     bodies: dict[tuple[bool, bool], bytes] = field(default_factory=dict)
 
     def body(self, openmetrics: bool, gzipped: bool) -> bytes:
@@ -53,7 +54,9 @@ class _Collected:
         if body is None:
             body = self.bodies.get((openmetrics, False))
             if body is None:
-                body = self.bodies[(openmetrics, False)] = encode(self.families, openmetrics)
+                body = self.bodies[(openmetrics, False)] = self.encoder.encode(
+                    self.families, openmetrics
+                )
             if gzipped:
                 body = self.bodies[key] = gzip_body(body)
         return body
@@ -77,7 +80,7 @@ class MetricsProxyApp:
                 "at the directory vLLM writes its multiprocess metrics to"
             )
         self.settings = settings
-        self._constant = settings.constant_labels()
+        self._encoder = Encoder(settings.constant_labels())
         self._reader = MultiprocReader(settings.multiproc_dir, settings.mark_dead_processes)
         self._client: httpx.AsyncClient | None = None
         self._inflight: asyncio.Future[_Collected] | None = None
@@ -203,8 +206,8 @@ class MetricsProxyApp:
         )
         vllm_names = {f.name for f in vllm}
         self._dropped = sum(1 for f in triton if f.name in vllm_names)
-        families, _ = merge_families([self._own_families(), vllm, triton], self._constant)
-        return _Collected(families)
+        families, _ = merge_families([self._own_families(), vllm, triton])
+        return _Collected(families, self._encoder)
 
     async def collect(self) -> _Collected:
         """Merge the sources once for all scrapes that arrive while a merge is running."""

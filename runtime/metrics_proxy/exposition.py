@@ -15,10 +15,10 @@ from prometheus_client.utils import floatToGoString
 __all__ = [
     "CONTENT_TYPE_OPENMETRICS",
     "CONTENT_TYPE_TEXT",
+    "Encoder",
     "Family",
     "LabelSet",
     "Sample",
-    "encode",
     "gzip_body",
     "negotiate",
     "wants_gzip",
@@ -54,58 +54,73 @@ def _escape_label(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def _labels_text(labels: LabelSet) -> str:
-    if not labels:
-        return ""
-    return "{" + ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels) + "}"
-
-
 def _counter_has_total(family: Family) -> bool:
     total = family.name + "_total"
     return all(s.name in (total, family.name + "_created") for s in family.samples)
 
 
-def _encode_text(families: list[Family]) -> bytes:
-    out: list[str] = []
-    for fam in families:
-        name, typ = fam.name, fam.type
-        if typ == "counter" and _counter_has_total(fam):
-            name += "_total"
-        elif typ == "unknown":
-            typ = "untyped"
-        help_text = fam.help.replace("\\", "\\\\").replace("\n", "\\n")
-        out.append(f"# HELP {name} {help_text}\n# TYPE {name} {typ}\n")
-        out.extend(
-            f"{s.name}{_labels_text(s.labels)} {floatToGoString(s.value)}\n"
-            for s in fam.samples
-            if not s.name.endswith("_created")
-        )
-    return "".join(out).encode("utf-8")
+class Encoder:
+    """Writes families with the pod's constant labels, each series at most once.
 
+    The text before each value (name and labels) is cached per series: it is the same on
+    every scrape, and building it is most of the cost of an exposition.
+    """
 
-def _encode_openmetrics(families: list[Family]) -> bytes:
-    out: list[str] = []
-    for fam in families:
-        name, typ = fam.name, fam.type
-        if typ == "untyped":
-            typ = "unknown"
-        if typ == "counter" and not _counter_has_total(fam):
-            # OpenMetrics counters must end in _total; Triton's do not. Declaring them
-            # `unknown` keeps the series names the queries use and the output valid.
-            typ = "unknown"
-            name = fam.samples[0].name if fam.samples else fam.name
-        help_text = fam.help.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-        out.append(f"# HELP {name} {help_text}\n# TYPE {name} {typ}\n")
-        out.extend(
-            f"{s.name}{_labels_text(s.labels)} {floatToGoString(s.value)}\n" for s in fam.samples
-        )
-    out.append("# EOF\n")
-    return "".join(out).encode("utf-8")
+    def __init__(self, constant_labels: LabelSet, cache_limit: int = 100_000) -> None:
+        self._constant = constant_labels
+        self._constant_names = frozenset(k for k, _ in constant_labels)
+        self._limit = cache_limit
+        self._prefixes: dict[tuple[str, LabelSet], str] = {}
 
+    def _prefix(self, sample: Sample) -> str:
+        key = (sample.name, sample.labels)
+        prefix = self._prefixes.get(key)
+        if prefix is None:
+            # The pod's identity wins over a source's label of the same name.
+            labels = [kv for kv in sample.labels if kv[0] not in self._constant_names]
+            labels.extend(self._constant)
+            text = ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels)
+            prefix = f"{sample.name}{{{text}}} " if text else f"{sample.name} "
+            if len(self._prefixes) >= self._limit:
+                self._prefixes.clear()
+            self._prefixes[key] = prefix
+        return prefix
 
-def encode(families: list[Family], openmetrics: bool) -> bytes:
-    """Encode families as OpenMetrics 1.0 or as Prometheus text 0.0.4."""
-    return _encode_openmetrics(families) if openmetrics else _encode_text(families)
+    def encode(self, families: list[Family], openmetrics: bool) -> bytes:
+        """Encode as OpenMetrics 1.0 or Prometheus text 0.0.4; a repeated series is dropped."""
+        out: list[str] = []
+        seen: set[str] = set()
+        for fam in families:
+            name, typ = fam.name, fam.type
+            has_total = typ == "counter" and _counter_has_total(fam)
+            if openmetrics:
+                if typ == "untyped":
+                    typ = "unknown"
+                elif typ == "counter" and not has_total:
+                    # OpenMetrics counters must end in _total; Triton's do not. Declaring them
+                    # `unknown` keeps the series names the queries use and the output valid.
+                    typ = "unknown"
+                    name = fam.samples[0].name if fam.samples else fam.name
+                help_text = fam.help.replace("\\", "\\\\").replace("\n", "\\n")
+                help_text = help_text.replace('"', '\\"')
+            else:
+                if has_total:
+                    name += "_total"
+                elif typ == "unknown":
+                    typ = "untyped"
+                help_text = fam.help.replace("\\", "\\\\").replace("\n", "\\n")
+            out.append(f"# HELP {name} {help_text}\n# TYPE {name} {typ}\n")
+            for s in fam.samples:
+                if not openmetrics and s.name.endswith("_created"):
+                    continue
+                prefix = self._prefix(s)
+                if prefix in seen:
+                    continue
+                seen.add(prefix)
+                out.append(f"{prefix}{floatToGoString(s.value)}\n")
+        if openmetrics:
+            out.append("# EOF\n")
+        return "".join(out).encode("utf-8")
 
 
 def _accept_quality(accept: str) -> tuple[float, float]:

@@ -185,6 +185,9 @@ class TritonMetricsServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body go out in two writes; without this, Nagle's algorithm and
+            # delayed ACKs add 40 ms to every scrape, which Triton's own server does not.
+            disable_nagle_algorithm = True
 
             def do_GET(self) -> None:
                 if self.path != "/metrics":
@@ -231,3 +234,23 @@ class TritonMetricsServer:
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=5)
+
+
+def main() -> None:
+    """Serve until stdin closes: ``python -m tests.support.triton_metrics_server --models a,b``."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--models", default="llama-3-8b", help="comma-separated model names")
+    parser.add_argument("--steps", type=int, default=1, help="rounds of traffic to replay")
+    args = parser.parse_args()
+    with TritonMetricsServer(tuple(args.models.split(","))) as server:
+        for _ in range(args.steps):
+            server.advance()
+        print(server.url, flush=True)
+        sys.stdin.read()
+
+
+if __name__ == "__main__":
+    main()
