@@ -14,6 +14,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from prometheus_client.multiprocess import mark_process_dead
 from prometheus_client.utils import floatToGoString
 
@@ -52,17 +53,24 @@ class MultiprocResult:
 
 @dataclass
 class _Layout:
-    """The key part of one file, which only ever grows: checked in one C call per read.
+    """Where one file's keys and values lie; files only grow, so keys never move.
 
-    ``keys_of`` unpacks every key from a file of the same size; if they equal ``keys``,
-    ``values_of`` unpacks all (value, timestamp) pairs at once.
+    Entries are 8-byte aligned, so the file is read as 64-bit words: ``key_words`` (every
+    word that is not a value or a timestamp) must match exactly for the layout to apply,
+    then ``value_idx`` picks all values in one vectorised step.
     """
 
+    size: int
     keys: tuple[bytes, ...]
     parsed: list[_ParsedKey]
-    keys_of: struct.Struct
-    values_of: struct.Struct
-    plans: dict[str, list[int]] = field(default_factory=dict)
+    key_idx: np.ndarray
+    key_words: np.ndarray
+    value_idx: np.ndarray
+    plans: dict[str, np.ndarray] = field(default_factory=dict)
+    described: set[str] = field(default_factory=set)
+
+    def matches(self, words: np.ndarray) -> bool:
+        return len(words) * 8 == self.size and np.array_equal(words[self.key_idx], self.key_words)
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,8 @@ def _read_file(path: str) -> bytes:
             data += f.read(used - len(data))
     if used < _HEADER or used > len(data):
         raise _CorruptFile(f"header says {used} bytes used, file holds {len(data)}")
+    if used % 8:
+        raise _CorruptFile(f"used size {used} is not a multiple of 8, as every entry is")
     return data[:used]
 
 
@@ -107,9 +117,9 @@ def _parse_key(raw: bytes) -> _ParsedKey:
     return str(metric), str(sample), labels_key, str(help_text)
 
 
-def _build_layout(data: bytes) -> _Layout:
+def _build_layout(data: bytes, words: np.ndarray) -> _Layout:
     keys: list[bytes] = []
-    key_fmt, value_fmt = ["=8x"], ["=8x"]
+    value_words: list[int] = []
     pos, used = _HEADER, len(data)
     while pos < used:
         if pos + 4 > used:
@@ -120,14 +130,21 @@ def _build_layout(data: bytes) -> _Layout:
         if length <= 0 or end > used:
             raise _CorruptFile(f"entry at byte {pos} runs past the used size {used}")
         keys.append(data[pos + 4 : pos + 4 + length])
-        key_fmt.append(f"4x{length}s{padded - length + 16}x")
-        value_fmt.append(f"{4 + padded}xdd")
+        value_words.append((pos + 4 + padded) // 8)
         pos = end
+    value_idx = np.array(value_words, dtype=np.intp)
+    is_key = np.ones(len(words), dtype=bool)
+    is_key[0] = False  # the used-size header changes as the file grows
+    is_key[value_idx] = False
+    is_key[value_idx + 1] = False
+    key_idx = np.flatnonzero(is_key)
     return _Layout(
+        size=used,
         keys=tuple(keys),
         parsed=[_parse_key(k) for k in keys],
-        keys_of=struct.Struct("".join(key_fmt)),
-        values_of=struct.Struct("".join(value_fmt)),
+        key_idx=key_idx,
+        key_words=words[key_idx].copy(),
+        value_idx=value_idx,
     )
 
 
@@ -136,22 +153,28 @@ class _Merge:
 
     def __init__(self, slots: list[_Slot]) -> None:
         self.slots = slots
-        self.totals: list[float] = []
+        self.totals = np.zeros(len(slots))
         self.touched: set[int] = set()
         self.gauges: dict[str, dict[tuple[str, LabelSet], tuple[float, float]]] = {}
 
-    def add_sums(self, plan: list[int], values: tuple[float, ...]) -> None:
-        totals = self.totals
-        if len(totals) < len(self.slots):
-            totals.extend([0.0] * (len(self.slots) - len(totals)))
-        for slot, value in zip(plan, values[0::2], strict=True):
-            totals[slot] += value
+    def add_sums(self, plan: np.ndarray, values: np.ndarray) -> None:
+        if len(self.totals) < len(self.slots):
+            self.totals = np.concatenate(
+                [self.totals, np.zeros(len(self.slots) - len(self.totals))]
+            )
+        # A key appears once per file, so the plan's slots are distinct: no np.add.at needed.
+        self.totals[plan] += values
 
     def add_gauges(
-        self, parsed: list[_ParsedKey], values: tuple[float, ...], mode: str, pid: str
+        self,
+        parsed: list[_ParsedKey],
+        values: list[float],
+        stamps: list[float],
+        mode: str,
+        pid: str,
     ) -> None:
         for (metric, sample, labels, _), value, timestamp in zip(
-            parsed, values[0::2], values[1::2], strict=True
+            parsed, values, stamps, strict=True
         ):
             series = self.gauges.setdefault(metric, {})
             if mode in _RECENT_MODES:
@@ -172,46 +195,68 @@ class _Merge:
             else:  # all / liveall: one series per process, told apart by a pid label
                 series[(sample, (*labels, ("pid", pid)))] = (value, timestamp)
 
-    def families(self, meta: dict[str, tuple[str, str]]) -> list[Family]:
+    def families(self, plan: _RenderPlan, meta: dict[str, tuple[str, str]]) -> list[Family]:
+        totals = self.totals.tolist()
         out: dict[str, Family] = {}
-
-        def family(metric: str) -> Family:
+        for metric, typ, help_text, ops in plan:
+            samples = []
+            acc = 0.0
+            for name, labels, op, slot in ops:
+                if op == _PLAIN:
+                    value = totals[slot]
+                elif op == _BUCKET_FIRST:
+                    value = acc = totals[slot]
+                elif op == _BUCKET:
+                    acc += totals[slot]
+                    value = acc
+                else:  # _COUNT
+                    value = acc
+                samples.append(Sample(name, labels, value))
+            out[metric] = Family(metric, typ, help_text, samples)
+        for metric, series in self.gauges.items():
             fam = out.get(metric)
             if fam is None:
                 typ, help_text = meta[metric]
                 fam = out[metric] = Family(metric, typ, help_text)
-            return fam
-
-        buckets: dict[tuple[str, LabelSet], list[tuple[float, float]]] = {}
-        sums: dict[tuple[str, LabelSet], float] = {}
-        for index in sorted(self.touched):
-            slot, total = self.slots[index], self.totals[index]
-            if slot.le is not None:
-                buckets.setdefault((slot.metric, slot.labels), []).append((slot.le, total))
-            elif meta[slot.metric][0] == "histogram":
-                # Only _sum is kept: _count is the bucket total, as prometheus_client makes it.
-                if slot.sample == f"{slot.metric}_sum":
-                    sums[(slot.metric, slot.labels)] = total
-                family(slot.metric)
-            else:
-                family(slot.metric).samples.append(Sample(slot.sample, slot.labels, total))
-        for (metric, labels), per_le in buckets.items():
-            samples = family(metric).samples
-            acc = 0.0
-            for le, value in sorted(per_le):
-                acc += value
-                samples.append(
-                    Sample(f"{metric}_bucket", (*labels, ("le", floatToGoString(le))), acc)
-                )
-            samples.append(Sample(f"{metric}_count", labels, acc))
-            total = sums.get((metric, labels))
-            if total is not None:
-                samples.append(Sample(f"{metric}_sum", labels, total))
-        for metric, series in self.gauges.items():
-            family(metric).samples.extend(
+            fam.samples.extend(
                 Sample(name, labels, value) for (name, labels), (value, _) in series.items()
             )
         return list(out.values())
+
+
+_PLAIN, _BUCKET_FIRST, _BUCKET, _COUNT = range(4)
+_RenderPlan = list[tuple[str, str, str, list[tuple[str, LabelSet, int, int]]]]
+"""Per family (name, type, help, ops); each op makes one sample from the summed slots."""
+
+
+def _render_plan(
+    touched: frozenset[int], slots: list[_Slot], meta: dict[str, tuple[str, str]]
+) -> _RenderPlan:
+    """How to turn summed slots into samples, as ``_accumulate_metrics`` orders them."""
+    plain: dict[str, list[tuple[str, LabelSet, int, int]]] = {}
+    buckets: dict[tuple[str, LabelSet], list[tuple[float, int]]] = {}
+    sums: dict[tuple[str, LabelSet], int] = {}
+    for index in sorted(touched):
+        slot = slots[index]
+        ops = plain.setdefault(slot.metric, [])
+        if slot.le is not None:
+            buckets.setdefault((slot.metric, slot.labels), []).append((slot.le, index))
+        elif meta[slot.metric][0] == "histogram":
+            # Only _sum is kept: _count is the bucket total, as prometheus_client makes it.
+            if slot.sample == f"{slot.metric}_sum":
+                sums[(slot.metric, slot.labels)] = index
+        else:
+            ops.append((slot.sample, slot.labels, _PLAIN, index))
+    for (metric, labels), per_le in buckets.items():
+        ops = plain[metric]
+        for position, (le, index) in enumerate(sorted(per_le)):
+            le_labels = (*labels, ("le", floatToGoString(le)))
+            op = _BUCKET_FIRST if position == 0 else _BUCKET
+            ops.append((f"{metric}_bucket", le_labels, op, index))
+        ops.append((f"{metric}_count", labels, _COUNT, -1))
+        if (metric, labels) in sums:
+            ops.append((f"{metric}_sum", labels, _PLAIN, sums[(metric, labels)]))
+    return [(metric, *meta[metric], ops) for metric, ops in plain.items()]
 
 
 class MultiprocReader:
@@ -230,16 +275,13 @@ class MultiprocReader:
         self._slots: list[_Slot] = []
         self._slot_index: dict[_Slot, int] = {}
         self._meta: dict[str, tuple[str, str]] = {}
+        self._plan_for: tuple[frozenset[int], _RenderPlan] = (frozenset(), [])
 
-    def _layout(self, name: str, data: bytes) -> _Layout:
+    def _layout(self, name: str, data: bytes, words: np.ndarray) -> _Layout:
         layout = self._file_layouts.get(name)
-        if (
-            layout is not None
-            and layout.keys_of.size == len(data)
-            and layout.keys_of.unpack_from(data) == layout.keys
-        ):
+        if layout is not None and layout.matches(words):
             return layout
-        built = _build_layout(data)
+        built = _build_layout(data, words)
         if len(self._layouts) >= _LAYOUT_LIMIT:
             self._layouts.clear()
         layout = self._layouts.setdefault(built.keys, built)
@@ -253,7 +295,7 @@ class MultiprocReader:
             self._slots.append(slot)
         return index
 
-    def _plan(self, layout: _Layout, typ: str) -> list[int]:
+    def _plan(self, layout: _Layout, typ: str) -> np.ndarray:
         plan = layout.plans.get(typ)
         if plan is None:
             plan = []
@@ -265,8 +307,8 @@ class MultiprocReader:
                 else:
                     slot = _Slot(metric, sample, labels, None)
                 plan.append(self._slot(slot))
-            layout.plans[typ] = plan
-        return plan
+            layout.plans[typ] = np.array(plan, dtype=np.intp)
+        return layout.plans[typ]
 
     def _mark_dead_processes(self, names: list[str]) -> None:
         pids = {
@@ -282,6 +324,7 @@ class MultiprocReader:
         if len(self._slots) > _SLOT_LIMIT:
             self._slots, self._slot_index = [], {}
             self._layouts, self._file_layouts = {}, {}
+            self._plan_for = (frozenset(), [])
 
     def read(self) -> MultiprocResult:
         """Merge every ``*.db`` file; raises ``OSError`` only if the directory is unreadable."""
@@ -300,22 +343,29 @@ class MultiprocReader:
             typ, pid = parts[0], parts[-1]
             try:
                 data = _read_file(os.path.join(self._directory, name))
-                layout = self._layout(name, data)
+                words = np.frombuffer(data, dtype=np.float64)
+                layout = self._layout(name, data, words.view(np.uint64))
             except FileNotFoundError:
                 continue  # removed between listing and reading: mark_process_dead or a wipe
             except (_CorruptFile, OSError) as exc:
                 corrupt.append(f"{name}: {exc}")
                 continue
             read += 1
-            values = layout.values_of.unpack_from(data)
-            for metric, _, _, help_text in layout.parsed:
-                if metric not in self._meta:
-                    self._meta[metric] = (typ, help_text)
+            values = words[layout.value_idx]
+            if typ not in layout.described:
+                layout.described.add(typ)
+                for metric, _, _, help_text in layout.parsed:
+                    self._meta.setdefault(metric, (typ, help_text))
             if typ == "gauge":
                 mode = parts[1] if len(parts) == 3 else "all"
-                merge.add_gauges(layout.parsed, values, mode, pid)
+                stamps = words[layout.value_idx + 1].tolist()
+                merge.add_gauges(layout.parsed, values.tolist(), stamps, mode, pid)
             else:
                 plan = self._plan(layout, typ)
                 merge.add_sums(plan, values)
-                merge.touched.update(plan)
-        return MultiprocResult(merge.families(self._meta), read, tuple(corrupt))
+                merge.touched.update(plan.tolist())
+        touched = frozenset(merge.touched)
+        if touched != self._plan_for[0]:
+            self._plan_for = (touched, _render_plan(touched, self._slots, self._meta))
+        families = merge.families(self._plan_for[1], self._meta)
+        return MultiprocResult(families, read, tuple(corrupt))
