@@ -22,7 +22,7 @@ from runtime.metrics_proxy.exposition import (
 from runtime.metrics_proxy.merge import merge_families
 from runtime.metrics_proxy.multiproc import MultiprocReader, MultiprocResult
 from runtime.metrics_proxy.settings import ProxySettings
-from runtime.metrics_proxy.triton import TritonScrapeError, fetch_triton
+from runtime.metrics_proxy.triton import SeriesCache, TritonScrapeError, fetch_triton
 
 __all__ = ["ERROR_REASONS", "MetricsProxyApp", "ProxyConfigError", "create_app"]
 
@@ -81,6 +81,7 @@ class MetricsProxyApp:
             )
         self.settings = settings
         self._encoder = Encoder(settings.constant_labels())
+        self._triton_series: SeriesCache = {}
         self._reader = MultiprocReader(settings.multiproc_dir, settings.mark_dead_processes)
         self._client: httpx.AsyncClient | None = None
         self._inflight: asyncio.Future[_Collected] | None = None
@@ -122,6 +123,7 @@ class MetricsProxyApp:
                 self.settings.triton_url,
                 self.settings.triton_timeout_s,
                 self.settings.triton_max_bytes,
+                self._triton_series,
             )
         except TritonScrapeError as exc:
             self._fail(TRITON, exc.reason, str(exc))

@@ -7,9 +7,9 @@ import re
 
 import httpx
 
-from runtime.metrics_proxy.exposition import Family, Sample
+from runtime.metrics_proxy.exposition import Family, LabelSet, Sample
 
-__all__ = ["TritonScrapeError", "fetch_triton", "parse_text_exposition"]
+__all__ = ["SeriesCache", "TritonScrapeError", "fetch_triton", "parse_text_exposition"]
 
 _SUFFIXES = ("_total", "_bucket", "_sum", "_count", "_created")
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|\})')
@@ -31,35 +31,55 @@ def _unescape(value: str) -> str:
     return _UNESCAPE.sub(lambda m: _UNESCAPED.get(m.group(1), "\\" + m.group(1)), value)
 
 
-def _parse_sample(line: str, lineno: int) -> Sample:
+SeriesCache = dict[str, tuple[str, LabelSet]]
+"""Parsed ``name{labels}`` text by its raw form: the same on every scrape of one Triton."""
+_SERIES_CACHE_LIMIT = 50_000
+
+
+def _parse_series(line: str, lineno: int) -> tuple[str, LabelSet, int]:
+    brace = line.find("{")
+    name = line[:brace]
+    labels: list[tuple[str, str]] = []
+    pos = brace + 1
+    if line[pos : pos + 1] == "}":
+        return name, (), pos + 1
+    while True:
+        match = _LABEL.match(line, pos)
+        if match is None:
+            raise TritonScrapeError("parse", f"line {lineno}: bad labels in {line!r}")
+        labels.append((match.group(1), _unescape(match.group(2))))
+        pos = match.end()
+        if match.group(3) == "}":
+            return name, tuple(labels), pos
+
+
+def _parse_sample(line: str, lineno: int, cache: SeriesCache) -> Sample:
     brace = line.find("{")
     space = line.find(" ")
     if brace != -1 and (space == -1 or brace < space):
-        name = line[:brace]
-        labels: list[tuple[str, str]] = []
-        pos = brace + 1
-        if line[pos : pos + 1] == "}":
-            pos += 1
-        else:
-            while True:
-                match = _LABEL.match(line, pos)
-                if match is None:
-                    raise TritonScrapeError("parse", f"line {lineno}: bad labels in {line!r}")
-                labels.append((match.group(1), _unescape(match.group(2))))
-                pos = match.end()
-                if match.group(3) == "}":
-                    break
-        rest = line[pos:].split()
+        # The value and timestamp never hold a brace, so the last one closes the labels.
+        end = line.rfind("}") + 1
+        series = line[:end]
+        parsed = cache.get(series)
+        if parsed is None:
+            name, labels, stop = _parse_series(line, lineno)
+            if stop != end:
+                raise TritonScrapeError("parse", f"line {lineno}: bad labels in {line!r}")
+            if len(cache) >= _SERIES_CACHE_LIMIT:
+                cache.clear()
+            parsed = cache[series] = (name, labels)
+        name, labels = parsed
+        rest = line[end:].split()
     else:
         name, *rest = line.split()
-        labels = []
+        labels = ()
     if not name or not rest:
         raise TritonScrapeError("parse", f"line {lineno}: no value in {line!r}")
     try:
         value = float(rest[0])
     except ValueError as exc:
         raise TritonScrapeError("parse", f"line {lineno}: bad value in {line!r}") from exc
-    return Sample(name, tuple(labels), value)
+    return Sample(name, labels, value)
 
 
 def _base_name(declared: str, typ: str) -> str:
@@ -68,8 +88,12 @@ def _base_name(declared: str, typ: str) -> str:
     return declared
 
 
-def parse_text_exposition(text: str) -> list[Family]:
-    """Parse Prometheus text format 0.0.4; raises ``TritonScrapeError`` on a malformed line."""
+def parse_text_exposition(text: str, cache: SeriesCache | None = None) -> list[Family]:
+    """Parse Prometheus text format 0.0.4; raises ``TritonScrapeError`` on a malformed line.
+
+    Pass the same ``cache`` on every scrape of one endpoint to skip re-parsing its labels.
+    """
+    cache = {} if cache is None else cache
     families: dict[str, Family] = {}
     declared: dict[str, tuple[str, str]] = {}  # declared name -> (type, help)
     current: Family | None = None
@@ -88,7 +112,7 @@ def parse_text_exposition(text: str) -> list[Family]:
                     typ = rest.strip() or "untyped"
                 declared[parts[2]] = (typ, help_text)
             continue
-        sample = _parse_sample(line, lineno)
+        sample = _parse_sample(line, lineno, cache)
         if current is None or not (
             sample.name == current.name
             or (
@@ -121,7 +145,11 @@ def _family_for(
 
 
 async def fetch_triton(
-    client: httpx.AsyncClient, url: str, timeout_s: float, max_bytes: int
+    client: httpx.AsyncClient,
+    url: str,
+    timeout_s: float,
+    max_bytes: int,
+    cache: SeriesCache | None = None,
 ) -> list[Family]:
     """GET Triton's metrics within ``timeout_s`` overall; raises ``TritonScrapeError``."""
     try:
@@ -144,4 +172,4 @@ async def fetch_triton(
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise TritonScrapeError("parse", f"{url} sent invalid UTF-8") from exc
-    return parse_text_exposition(text)
+    return parse_text_exposition(text, cache)
