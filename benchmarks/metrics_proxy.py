@@ -33,9 +33,14 @@ WRITERS = 8
 
 
 def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = int(fields[11]) + int(fields[12])  # utime + stime
-    return ticks / 100.0
+    """CPU time of all the process's threads, in ns resolution (``stat`` counts 10 ms ticks)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended meanwhile
+    return total / 1e9
 
 
 def _peak_rss_mb(pid: int) -> float:
@@ -45,7 +50,9 @@ def _peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def _scraper(url: str, count: int, out: list[float], sizes: list[int]) -> None:
+def _scraper(
+    url: str, count: int, out: list[float], sizes: list[int], conns: list | None = None
+) -> None:
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
     for _ in range(count):
@@ -57,22 +64,30 @@ def _scraper(url: str, count: int, out: list[float], sizes: list[int]) -> None:
         if response.status != 200:
             raise RuntimeError(f"{url} answered {response.status}")
         sizes.append(len(body))
-    conn.close()
+    if conns is None:
+        conn.close()
+    else:
+        conns.append(conn)  # closed after the CPU reading: a server thread per connection
 
 
 def _measure(impl: str, url: str, pid: int, concurrency: int, per_scraper: int) -> dict:
     _scraper(url, 3, [], [])  # warm up connection pools and caches
+    time.sleep(0.2)  # let the server end the warm-up connection's thread before counting
     latencies: list[float] = []
     sizes: list[int] = []
+    conns: list[http.client.HTTPConnection] = []
     cpu_before = _cpu_s(pid)
     threads = [
-        threading.Thread(target=_scraper, args=(url, per_scraper, latencies, sizes))
+        threading.Thread(target=_scraper, args=(url, per_scraper, latencies, sizes, conns))
         for _ in range(concurrency)
     ]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    cpu_ms = (_cpu_s(pid) - cpu_before) * 1000
+    for conn in conns:
+        conn.close()
     scrapes = len(latencies)
     latencies.sort()
     return {
@@ -81,7 +96,7 @@ def _measure(impl: str, url: str, pid: int, concurrency: int, per_scraper: int) 
         "scrapes": scrapes,
         "p50_ms": round(statistics.median(latencies), 3),
         "p99_ms": round(latencies[min(scrapes - 1, int(scrapes * 0.99))], 3),
-        "cpu_ms_per_scrape": round((_cpu_s(pid) - cpu_before) * 1000 / scrapes, 3),
+        "cpu_ms_per_scrape": round(cpu_ms / scrapes, 3),
         "peak_rss_mb": round(_peak_rss_mb(pid), 1),
         "body_kb": round(statistics.median(sizes) / 1024, 1),
     }
@@ -106,22 +121,27 @@ def run(quick: bool) -> list[dict]:
         try:
             assert triton.stdout is not None
             triton_url = triton.stdout.readline().strip()
-            with ProxyProcess(multiproc, triton_url, LLM_SERVING_MODEL_ID="llama-3-8b") as proxy:
-                assert proxy.process is not None
+            pod = {"LLM_SERVING_MODEL_ID": "llama-3-8b", "LLM_SERVING_COLOUR": "blue"}
+            # reuse 0: every scrape merges (the worst case); 100 ms: the default, where
+            # scrapes arriving together share one merge.
+            with (
+                ProxyProcess(multiproc, triton_url, METRICS_PROXY_REUSE_S="0", **pod) as merge,
+                ProxyProcess(multiproc, triton_url, METRICS_PROXY_REUSE_S="0.1", **pod) as reuse,
+            ):
                 for concurrency, per_scraper in plan:
-                    # Alternate the two so machine noise hits both alike.
-                    rows.append(
-                        _measure("triton_alone", triton_url, triton.pid, concurrency, per_scraper)
-                    )
-                    rows.append(
-                        _measure(
+                    # Interleave the three so machine noise hits them alike.
+                    row = _measure("triton_alone", triton_url, triton.pid, concurrency, per_scraper)
+                    rows.append({**row, "reuse_ms": 0})
+                    for proxy, reuse_ms in ((merge, 0), (reuse, 100)):
+                        assert proxy.process is not None
+                        row = _measure(
                             "proxy",
                             f"{proxy.url}/metrics",
                             proxy.process.pid,
                             concurrency,
                             per_scraper,
                         )
-                    )
+                        rows.append({**row, "reuse_ms": reuse_ms})
         finally:
             if triton.stdin is not None:
                 triton.stdin.close()
@@ -134,12 +154,15 @@ def _print(rows: list[dict]) -> None:
     print("  ".join(f"{c:>17}" for c in columns))
     for row in rows:
         print("  ".join(f"{row[c]!s:>17}" for c in columns))
-    by = {(r["impl"], r["concurrency"]): r for r in rows}
+    by = {(r["impl"], r["concurrency"], r["reuse_ms"]): r for r in rows}
     for concurrency in sorted({r["concurrency"] for r in rows}):
-        proxy, alone = by[("proxy", concurrency)], by[("triton_alone", concurrency)]
+        proxy, alone = by[("proxy", concurrency, 0)], by[("triton_alone", concurrency, 0)]
         p50 = proxy["p50_ms"] / alone["p50_ms"]
         p99 = proxy["p99_ms"] / alone["p99_ms"]
-        print(f"concurrency {concurrency}: proxy/triton_alone p50 {p50:.2f}x, p99 {p99:.2f}x")
+        print(
+            f"concurrency {concurrency}, every scrape merging: proxy/triton_alone "
+            f"p50 {p50:.2f}x, p99 {p99:.2f}x"
+        )
 
 
 def main() -> None:

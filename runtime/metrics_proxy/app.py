@@ -92,6 +92,7 @@ class MetricsProxyApp:
             source: _SourceState(errors=dict.fromkeys(reasons, 0.0))
             for source, reasons in ERROR_REASONS.items()
         }
+        self._finished_at = 0.0
         self._files = 0
         self._corrupt = 0
         self._dropped = 0
@@ -218,11 +219,18 @@ class MetricsProxyApp:
         vllm_names = {f.name for f in vllm}
         self._dropped = sum(1 for f in triton if f.name in vllm_names)
         families, _ = merge_families([self._own_families(), vllm, triton])
+        self._finished_at = time.monotonic()
         return _Collected(families, self._encoder)
 
     async def collect(self) -> _Collected:
-        """Merge the sources once for all scrapes that arrive while a merge is running."""
-        if self._inflight is None or self._inflight.done():
+        """Merge the sources once for all scrapes that arrive while a merge is running.
+
+        A merge finished less than ``reuse_s`` ago is served again, so scrapers that come
+        together (Prometheus replicas) cost one merge.
+        """
+        inflight = self._inflight
+        stale = time.monotonic() - self._finished_at >= self.settings.reuse_s
+        if inflight is None or (inflight.done() and stale):
             self._inflight = asyncio.ensure_future(self._collect())
         # Shielded: a scraper that disconnects must not cancel the merge others wait for.
         return await asyncio.shield(self._inflight)

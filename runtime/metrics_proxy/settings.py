@@ -43,6 +43,11 @@ class ProxySettings(BaseSettings):
     model_id: str = Field("", validation_alias="LLM_SERVING_MODEL_ID")
     model_version: str = Field("", validation_alias="LLM_SERVING_MODEL_VERSION")
     colour: str = Field("", validation_alias="LLM_SERVING_COLOUR")
+    reuse_s: float = Field(
+        0.1,
+        ge=0,
+        description="A merge this recent is served again to the next scrapes (0: never).",
+    )
     graceful_shutdown_s: float = Field(5.0, ge=0, description="Wait for in-flight scrapes.")
 
     def constant_labels(self) -> tuple[tuple[str, str], ...]:

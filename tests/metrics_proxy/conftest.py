@@ -42,6 +42,7 @@ def make_settings(multiproc_dir: Path, triton_url: str, **overrides: object) -> 
         "model_version": POD_LABELS["model_version"],
         "colour": POD_LABELS["colour"],
         "triton_timeout_s": 0.5,
+        "reuse_s": 0.0,
         **overrides,
     }
     return ProxySettings(**values)  # type: ignore[arg-type]

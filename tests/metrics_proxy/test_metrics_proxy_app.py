@@ -186,6 +186,21 @@ async def test_concurrent_scrapes_share_one_collection(vllm_dir: Path, proxy_fac
     assert len({r.text for r in responses}) == 1
 
 
+async def test_a_recent_merge_is_served_again_within_reuse_s(
+    vllm_dir: Path, triton, proxy_factory
+) -> None:
+    fresh = await proxy_factory(make_settings(vllm_dir, triton.url, reuse_s=0.0))
+    reusing = await proxy_factory(make_settings(vllm_dir, triton.url, reuse_s=60.0))
+    before = triton.requests
+    await fresh.metrics()
+    await fresh.metrics()
+    assert triton.requests == before + 2
+    first = (await reusing.metrics()).text
+    triton.advance()
+    assert (await reusing.metrics()).text == first
+    assert triton.requests == before + 3
+
+
 async def test_routes(vllm_dir: Path, triton, proxy_factory) -> None:
     proxy = await proxy_factory(make_settings(vllm_dir, triton.url))
     assert (await proxy.client.get("/nope")).status_code == 404

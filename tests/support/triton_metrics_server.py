@@ -207,8 +207,11 @@ class TritonMetricsServer:
             def log_message(self, format: str, *args: object) -> None:
                 pass
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 128  # 20 concurrent scrapers must not overflow the backlog
+            daemon_threads = True
+
+        self._httpd = Server(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 
     @property
