@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from prometheus_client.utils import floatToGoString
 
@@ -31,10 +32,11 @@ LabelSet = tuple[tuple[str, str], ...]
 """Label pairs in the order they are written."""
 
 
-@dataclass(frozen=True, slots=True)
-class Sample:
+class Sample(NamedTuple):
     """One series value; ``name`` is the full sample name (``x_bucket``, ``x_total``, ...)."""
 
+    # A NamedTuple, not a frozen dataclass: a scrape builds about a thousand of these, and
+    # a frozen dataclass's __init__ costs several times more.
     name: str
     labels: LabelSet
     value: float
@@ -48,6 +50,12 @@ class Family:
     type: str
     help: str
     samples: list[Sample] = field(default_factory=list)
+
+
+def _format_value(value: float) -> str:
+    """``repr`` for ordinary floats (both formats parse it); Go's spelling of inf and NaN."""
+    text = repr(value)
+    return text if text[-1].isdigit() else floatToGoString(value)
 
 
 def _escape_label(value: str) -> str:
@@ -117,7 +125,7 @@ class Encoder:
                 if prefix in seen:
                     continue
                 seen.add(prefix)
-                out.append(f"{prefix}{floatToGoString(s.value)}\n")
+                out.append(f"{prefix}{_format_value(s.value)}\n")
         if openmetrics:
             out.append("# EOF\n")
         return "".join(out).encode("utf-8")
