@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 
 TRITON, VLLM = "triton", "vllm"
 ERROR_REASONS = {
-    TRITON: ("connect", "timeout", "http_status", "too_large", "parse"),
-    VLLM: ("read_dir", "corrupt_file"),
+    TRITON: ("connect", "timeout", "http_status", "too_large", "parse", "internal"),
+    VLLM: ("read_dir", "corrupt_file", "internal"),
 }
 """Error counter label values per source, exposed at 0 from the start so rate() works."""
 
@@ -93,6 +93,7 @@ class MetricsProxyApp:
             for source, reasons in ERROR_REASONS.items()
         }
         self._finished_at = 0.0
+        self._corrupt_seen: tuple[str, ...] = ()
         self._files = 0
         self._corrupt = 0
         self._dropped = 0
@@ -132,6 +133,10 @@ class MetricsProxyApp:
         except TritonScrapeError as exc:
             self._fail(TRITON, exc.reason, str(exc))
             families = []
+        except Exception as exc:  # a bug must cost the source, never the whole scrape
+            log.exception("reading Triton's metrics failed unexpectedly")
+            self._fail(TRITON, "internal", repr(exc))
+            families = []
         else:
             state.up, state.last_error = True, ""
         state.duration_s = time.perf_counter() - start
@@ -146,13 +151,20 @@ class MetricsProxyApp:
             self._fail(VLLM, "read_dir", f"{self.settings.multiproc_dir}: {exc}")
             families: list[Family] = []
             self._files = self._corrupt = 0
+        except Exception as exc:  # a bug must cost the source, never the whole scrape
+            log.exception("reading the multiprocess files failed unexpectedly")
+            self._fail(VLLM, "internal", repr(exc))
+            families = []
+            self._files = self._corrupt = 0
         else:
             families = result.families
             self._files, self._corrupt = result.files, len(result.corrupt_files)
             state.up, state.last_error = True, ""
-            if result.corrupt_files:
-                state.errors["corrupt_file"] += len(result.corrupt_files)
-                log.warning("skipped corrupt metrics files: %s", "; ".join(result.corrupt_files))
+            state.errors["corrupt_file"] += len(result.corrupt_files)
+            if result.corrupt_files != self._corrupt_seen:  # log changes, not every scrape
+                self._corrupt_seen = result.corrupt_files
+                if result.corrupt_files:
+                    log.warning("skipping corrupt files: %s", "; ".join(result.corrupt_files))
         state.duration_s = time.perf_counter() - start
         return families
 

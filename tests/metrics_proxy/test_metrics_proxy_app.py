@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -199,6 +200,30 @@ async def test_a_recent_merge_is_served_again_within_reuse_s(
     triton.advance()
     assert (await reusing.metrics()).text == first
     assert triton.requests == before + 3
+
+
+async def test_missing_or_corrupt_vllm_files_never_fail_the_scrape(
+    vllm_dir: Path, triton, proxy_factory, tmp_path: Path
+) -> None:
+    pod = ",".join(f'{k}="{v}"' for k, v in POD_LABELS.items())
+    gone = await proxy_factory(make_settings(tmp_path / "missing", triton.url))
+    series = _series((await gone.metrics()).text)
+    assert series[f'metrics_proxy_source_up{{source="vllm",{pod}}}'] == 0.0
+    assert series[f'metrics_proxy_source_errors_total{{source="vllm",reason="read_dir",{pod}}}']
+    assert series[f'metrics_proxy_source_up{{source="triton",{pod}}}'] == 1.0
+
+    mixed = tmp_path / "mixed"
+    shutil.copytree(vllm_dir, mixed)
+    (mixed / "histogram_4242.db").write_bytes(b"\x10\x00")
+    proxy = await proxy_factory(make_settings(mixed, triton.url))
+    for scrape in (1, 2):
+        text = (await proxy.metrics()).text
+        series = _series(text)
+        errors = f'metrics_proxy_source_errors_total{{source="vllm",reason="corrupt_file",{pod}}}'
+        assert series[errors] == scrape
+        assert series[f"metrics_proxy_multiproc_corrupt_files{{{pod}}}"] == 1.0
+        assert series[f'metrics_proxy_source_up{{source="vllm",{pod}}}'] == 1.0
+        assert _sums(text, "vllm:") == pytest.approx(expected_sums(2, 2))
 
 
 async def test_routes(vllm_dir: Path, triton, proxy_factory) -> None:
