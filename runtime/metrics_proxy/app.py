@@ -103,6 +103,8 @@ class MetricsProxyApp:
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(self.settings.triton_timeout_s),
             limits=httpx.Limits(max_connections=4, max_keepalive_connections=2),
+            # Triton is on loopback: a pod-wide HTTP(S)_PROXY must never route it elsewhere.
+            trust_env=False,
         )
 
     async def shutdown(self) -> None:
