@@ -4,7 +4,10 @@ Realistic volume: Triton's families for 2 models (served by the test replay of T
 exposition, ``tests/support/triton_metrics_server.py``), vLLM's 46 families written by 8
 processes with vLLM's buckets. Both servers run as separate processes and are scraped over
 loopback HTTP with Prometheus's request headers (OpenMetrics preferred, gzip) by 1 and 20
-concurrent scrapers. Run: ``python -m benchmarks.metrics_proxy [--quick] [--json PATH]``.
+concurrent scrapers, each scraping back to back. ``reuse_ms`` 0 rows merge on every scrape;
+100 ms rows (the default) share a merge among scrapes that come together, which back-to-back
+scrapers always do, so those rows show the cost of serving a cached merge.
+Run: ``python -m benchmarks.metrics_proxy [--quick] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from runtime.metrics_proxy.multiproc import MultiprocReader
 from tests.support.metrics_harness import ProxyProcess, WriterProcesses
 
 PROMETHEUS_HEADERS = {
@@ -102,15 +109,35 @@ def _measure(impl: str, url: str, pid: int, concurrency: int, per_scraper: int) 
     }
 
 
+def _merge_alone(multiproc: Path, repeats: int) -> tuple[float, float]:
+    """Milliseconds to merge the .db files: the proxy's reader and prometheus_client's."""
+    reader = MultiprocReader(multiproc)
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(multiproc))
+    timings = []
+    for merge in (reader.read, lambda: list(registry.collect())):
+        merge()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            merge()
+        timings.append((time.perf_counter() - start) * 1000 / repeats)
+    return timings[0], timings[1]
+
+
 def run(quick: bool) -> list[dict]:
     """Start the writers, Triton's replay and the proxy; scrape both endpoints side by side."""
-    plan = [(1, 60 if quick else 400), (20, 8 if quick else 40)]
+    plan = [(1, 60 if quick else 1000), (20, 8 if quick else 100)]
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-metrics-") as tmp:
         multiproc = Path(tmp)
         with WriterProcesses(multiproc, WRITERS) as writers:
             for _ in range(3):
                 writers.tick()
+        ours, upstream = _merge_alone(multiproc, 20 if quick else 100)
+        print(
+            f"merging {WRITERS} processes' files alone: proxy reader {ours:.2f} ms, "
+            f"prometheus_client MultiProcessCollector {upstream:.2f} ms"
+        )
         triton = subprocess.Popen(
             [sys.executable, "-m", "tests.support.triton_metrics_server", "--models", MODELS],
             stdin=subprocess.PIPE,
