@@ -97,12 +97,14 @@ def parse_text_exposition(text: str, cache: SeriesCache | None = None) -> list[F
     families: dict[str, Family] = {}
     declared: dict[str, tuple[str, str]] = {}  # declared name -> (type, help)
     current: Family | None = None
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line:
+    # Only "\n" ends a line: label values and help may hold "\r" or U+2028 raw, which
+    # str.splitlines() would split on.
+    for lineno, raw in enumerate(text.split("\n"), 1):
+        line = raw.lstrip(" \t")
+        if not line.strip(" \t\r"):
             continue
         if line.startswith("#"):
-            parts = line.split(None, 3)
+            parts = line.split(" ", 3)
             if len(parts) >= 3 and parts[1] in ("HELP", "TYPE"):
                 typ, help_text = declared.get(parts[2], ("untyped", ""))
                 rest = parts[3] if len(parts) > 3 else ""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as parse_openmetrics,
 )
@@ -136,3 +138,25 @@ def test_negotiation(accept: str | None, openmetrics: bool) -> None:
 )
 def test_gzip_acceptance(header: str | None, expected: bool) -> None:
     assert wants_gzip(header) is expected
+
+
+_label_values = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12
+)
+_values = st.floats(allow_nan=False) | st.sampled_from([float("inf"), float("-inf")])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    series=st.dictionaries(
+        st.tuples(_label_values, _label_values), _values, min_size=1, max_size=6
+    ),
+    help_text=st.text(max_size=20),
+)
+def test_text_encoding_round_trips_through_the_triton_parser(series, help_text) -> None:
+    samples = [Sample("nv_x", (("a", a), ("b", b)), v) for (a, b), v in series.items()]
+    family = Family("nv_x", "gauge", help_text, samples)
+    body = Encoder(()).encode([family], False).decode()
+    (parsed,) = parse_text_exposition(body)
+    assert parsed.samples == samples
+    assert parsed.help == help_text
