@@ -160,3 +160,21 @@ def test_text_encoding_round_trips_through_the_triton_parser(series, help_text) 
     (parsed,) = parse_text_exposition(body)
     assert parsed.samples == samples
     assert parsed.help == help_text
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    series=st.dictionaries(
+        _label_values, st.floats(min_value=0) | st.just(float("inf")), min_size=1, max_size=6
+    ),
+    help_text=st.text(max_size=20),
+)
+def test_openmetrics_encoding_parses_back_with_prometheus_client(series, help_text) -> None:
+    samples = [Sample("vllm:x_total", (("a", a),), v) for a, v in series.items()]
+    body = Encoder((("colour", "blue"),)).encode(
+        [Family("vllm:x", "counter", help_text, samples)], True
+    )
+    (parsed,) = parse_openmetrics(body.decode())
+    assert parsed.documentation == help_text
+    got = {s.labels["a"]: s.value for s in parsed.samples}
+    assert got == series
