@@ -90,6 +90,10 @@ def _g(name: str, mode: str = "mostrecent", **extra: tuple[str, ...]) -> FamilyS
     return FamilySpec(name, "gauge", extra, mode=mode)
 
 
+# Families vLLM 0.27.1 (installed here) lacks, present in the 0.33.0 list: admission_rejections,
+# watermark_requests, prompt_tokens_cached_by_source, num_requests_kv_fetch_by_stage and
+# request_num_preemptions. Their extra labels and buckets here are assumptions, not read
+# from vLLM's source; every other family mirrors vllm/v1/metrics/loggers.py of 0.27.1.
 FAMILIES: tuple[FamilySpec, ...] = (
     _c("vllm:admission_rejections"),
     _c("vllm:corrupted_requests"),
