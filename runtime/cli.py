@@ -86,6 +86,14 @@ def plan(
         raise typer.Exit(1) from exc
 
 
+@app.command("metrics-proxy")
+def metrics_proxy() -> None:
+    """Serve Triton's and vLLM's metrics as one /metrics (env: METRICS_PROXY_*, LLM_SERVING_*)."""
+    from runtime.metrics_proxy.server import run_from_env
+
+    raise typer.Exit(run_from_env())
+
+
 def main() -> None:
     """Run the CLI (``python -m runtime.cli``)."""
     app()

@@ -79,3 +79,20 @@ def test_promtool_accepts_alert_rule_file(tmp_path) -> None:
     path.write_text(yaml.safe_dump({"groups": load_alert_groups()}))
     out = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_dashboard_layout_is_consistent() -> None:
+    panels = load_dashboard()["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    cells = set()
+    for panel in panels:
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        assert len({t["refId"] for t in panel["targets"]}) == len(panel["targets"])
+        grid = panel["gridPos"]
+        cell = {
+            (x, y)
+            for x in range(grid["x"], grid["x"] + grid["w"])
+            for y in range(grid["y"], grid["y"] + grid["h"])
+        }
+        assert not cells & cell, f"{panel['title']} overlaps another panel"
+        cells |= cell

@@ -1,0 +1,208 @@
+"""Scrape latency, CPU and memory of the metrics proxy beside Triton's endpoint alone.
+
+Realistic volume: Triton's families for 2 models (served by the test replay of Triton's
+exposition, ``tests/support/triton_metrics_server.py``), vLLM's 46 families written by 8
+processes with vLLM's buckets. Both servers run as separate processes and are scraped over
+loopback HTTP with Prometheus's request headers (OpenMetrics preferred, gzip) by 1 and 20
+concurrent scrapers, each scraping back to back. ``reuse_ms`` 0 rows merge on every scrape;
+100 ms rows (the default) share a merge among scrapes that come together, which back-to-back
+scrapers always do, so those rows show the cost of serving a cached merge.
+Run: ``python -m benchmarks.metrics_proxy [--quick] [--json PATH]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from runtime.metrics_proxy.multiproc import MultiprocReader
+from tests.support.metrics_harness import ProxyProcess, WriterProcesses
+
+PROMETHEUS_HEADERS = {
+    "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
+    "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    "Accept-Encoding": "gzip",
+}
+MODELS = "llama-3-8b,mistral-7b"
+WRITERS = 8
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU time of all the process's threads, in ns resolution (``stat`` counts 10 ms ticks)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended meanwhile
+    return total / 1e9
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _scraper(
+    url: str, count: int, out: list[float], sizes: list[int], conns: list | None = None
+) -> None:
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    for _ in range(count):
+        start = time.perf_counter()
+        conn.request("GET", parts.path, headers=PROMETHEUS_HEADERS)
+        response = conn.getresponse()
+        body = response.read()
+        out.append((time.perf_counter() - start) * 1000)
+        if response.status != 200:
+            raise RuntimeError(f"{url} answered {response.status}")
+        sizes.append(len(body))
+    if conns is None:
+        conn.close()
+    else:
+        conns.append(conn)  # closed after the CPU reading: a server thread per connection
+
+
+def _measure(impl: str, url: str, pid: int, concurrency: int, per_scraper: int) -> dict:
+    _scraper(url, 3, [], [])  # warm up connection pools and caches
+    time.sleep(0.2)  # let the server end the warm-up connection's thread before counting
+    latencies: list[float] = []
+    sizes: list[int] = []
+    conns: list[http.client.HTTPConnection] = []
+    cpu_before = _cpu_s(pid)
+    threads = [
+        threading.Thread(target=_scraper, args=(url, per_scraper, latencies, sizes, conns))
+        for _ in range(concurrency)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    cpu_ms = (_cpu_s(pid) - cpu_before) * 1000
+    for conn in conns:
+        conn.close()
+    scrapes = len(latencies)
+    latencies.sort()
+    return {
+        "impl": impl,
+        "concurrency": concurrency,
+        "scrapes": scrapes,
+        "p50_ms": round(statistics.median(latencies), 3),
+        "p99_ms": round(latencies[min(scrapes - 1, int(scrapes * 0.99))], 3),
+        "cpu_ms_per_scrape": round(cpu_ms / scrapes, 3),
+        "peak_rss_mb": round(_peak_rss_mb(pid), 1),
+        "body_kb": round(statistics.median(sizes) / 1024, 1),
+    }
+
+
+def _merge_alone(multiproc: Path, repeats: int) -> tuple[float, float]:
+    """Milliseconds to merge the .db files: the proxy's reader and prometheus_client's."""
+    reader = MultiprocReader(multiproc)
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(multiproc))
+    timings = []
+    for merge in (reader.read, lambda: list(registry.collect())):
+        merge()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            merge()
+        timings.append((time.perf_counter() - start) * 1000 / repeats)
+    return timings[0], timings[1]
+
+
+def run(quick: bool) -> list[dict]:
+    """Start the writers, Triton's replay and the proxy; scrape both endpoints side by side."""
+    plan = [(1, 60 if quick else 1000), (20, 8 if quick else 100)]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-metrics-") as tmp:
+        multiproc = Path(tmp)
+        with WriterProcesses(multiproc, WRITERS) as writers:
+            for _ in range(3):
+                writers.tick()
+        ours, upstream = _merge_alone(multiproc, 20 if quick else 100)
+        print(
+            f"merging {WRITERS} processes' files alone: proxy reader {ours:.2f} ms, "
+            f"prometheus_client MultiProcessCollector {upstream:.2f} ms"
+        )
+        triton = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.triton_metrics_server", "--models", MODELS],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+        try:
+            assert triton.stdout is not None
+            triton_url = triton.stdout.readline().strip()
+            pod = {"LLM_SERVING_MODEL_ID": "llama-3-8b", "LLM_SERVING_COLOUR": "blue"}
+            # reuse 0: every scrape merges (the worst case); 100 ms: the default, where
+            # scrapes arriving together share one merge.
+            with (
+                ProxyProcess(multiproc, triton_url, METRICS_PROXY_REUSE_S="0", **pod) as merge,
+                ProxyProcess(multiproc, triton_url, METRICS_PROXY_REUSE_S="0.1", **pod) as reuse,
+            ):
+                for concurrency, per_scraper in plan:
+                    # Interleave the three so machine noise hits them alike.
+                    row = _measure("triton_alone", triton_url, triton.pid, concurrency, per_scraper)
+                    rows.append({**row, "reuse_ms": 0})
+                    for proxy, reuse_ms in ((merge, 0), (reuse, 100)):
+                        assert proxy.process is not None
+                        row = _measure(
+                            "proxy",
+                            f"{proxy.url}/metrics",
+                            proxy.process.pid,
+                            concurrency,
+                            per_scraper,
+                        )
+                        rows.append({**row, "reuse_ms": reuse_ms})
+        finally:
+            if triton.stdin is not None:
+                triton.stdin.close()
+            triton.wait(timeout=10)
+    return rows
+
+
+def _print(rows: list[dict]) -> None:
+    columns = list(rows[0])
+    print("  ".join(f"{c:>17}" for c in columns))
+    for row in rows:
+        print("  ".join(f"{row[c]!s:>17}" for c in columns))
+    by = {(r["impl"], r["concurrency"], r["reuse_ms"]): r for r in rows}
+    for concurrency in sorted({r["concurrency"] for r in rows}):
+        proxy, alone = by[("proxy", concurrency, 0)], by[("triton_alone", concurrency, 0)]
+        p50 = proxy["p50_ms"] / alone["p50_ms"]
+        p99 = proxy["p99_ms"] / alone["p99_ms"]
+        print(
+            f"concurrency {concurrency}, every scrape merging: proxy/triton_alone "
+            f"p50 {p50:.2f}x, p99 {p99:.2f}x"
+        )
+
+
+def main() -> None:
+    """Parse options, run, print the table, write JSON rows if asked."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer scrapes (under a minute)")
+    parser.add_argument("--json", type=Path, help="write the rows as a JSON list here")
+    args = parser.parse_args()
+    rows = run(args.quick)
+    _print(rows)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

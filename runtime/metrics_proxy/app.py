@@ -1,0 +1,314 @@
+"""The proxy's ASGI application: ``GET /metrics`` merges the sources, ``GET /healthz`` answers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from runtime.metrics_proxy.exposition import (
+    Encoder,
+    Family,
+    Sample,
+    gzip_body,
+    negotiate,
+    wants_gzip,
+)
+from runtime.metrics_proxy.merge import merge_families
+from runtime.metrics_proxy.multiproc import MultiprocReader, MultiprocResult
+from runtime.metrics_proxy.settings import ProxySettings
+from runtime.metrics_proxy.triton import SeriesCache, TritonScrapeError, fetch_triton
+
+__all__ = ["ERROR_REASONS", "MetricsProxyApp", "ProxyConfigError", "create_app"]
+
+log = logging.getLogger(__name__)
+
+TRITON, VLLM = "triton", "vllm"
+ERROR_REASONS = {
+    TRITON: ("connect", "timeout", "http_status", "too_large", "parse", "internal"),
+    VLLM: ("read_dir", "corrupt_file", "internal"),
+}
+"""Error counter label values per source, exposed at 0 from the start so rate() works."""
+
+
+_LOOP_TURNS_TO_SEND = 4
+
+
+class ProxyConfigError(ValueError):
+    """The proxy's environment is unusable; the message names the variable to set."""
+
+
+@dataclass
+class _Collected:
+    """One merge of the sources, shared by the scrapes that waited for it; encodings cached."""
+
+    families: list[Family]
+    encoder: Encoder
+    bodies: dict[tuple[bool, bool], bytes] = field(default_factory=dict)
+
+    def body(self, openmetrics: bool, gzipped: bool) -> bytes:
+        key = (openmetrics, gzipped)
+        body = self.bodies.get(key)
+        if body is None:
+            body = self.bodies.get((openmetrics, False))
+            if body is None:
+                body = self.bodies[(openmetrics, False)] = self.encoder.encode(
+                    self.families, openmetrics
+                )
+            if gzipped:
+                body = self.bodies[key] = gzip_body(body)
+        return body
+
+
+@dataclass
+class _SourceState:
+    up: bool = False
+    duration_s: float = 0.0
+    errors: dict[str, float] = field(default_factory=dict)
+    last_error: str = ""
+
+
+class MetricsProxyApp:
+    """ASGI app holding the HTTP client, the multiprocess reader and per-source health."""
+
+    def __init__(self, settings: ProxySettings) -> None:
+        if settings.multiproc_dir is None:
+            raise ProxyConfigError(
+                "PROMETHEUS_MULTIPROC_DIR is not set: point it (or METRICS_PROXY_MULTIPROC_DIR) "
+                "at the directory vLLM writes its multiprocess metrics to"
+            )
+        self.settings = settings
+        self._encoder = Encoder(settings.constant_labels())
+        self._triton_series: SeriesCache = {}
+        self._reader = MultiprocReader(settings.multiproc_dir, settings.mark_dead_processes)
+        self._client: httpx.AsyncClient | None = None
+        self._inflight: asyncio.Future[_Collected] | None = None
+        self._state = {
+            source: _SourceState(errors=dict.fromkeys(reasons, 0.0))
+            for source, reasons in ERROR_REASONS.items()
+        }
+        self._finished_at = 0.0
+        self._corrupt_seen: tuple[str, ...] = ()
+        self._files = 0
+        self._corrupt = 0
+        self._dropped = 0
+
+    async def startup(self) -> None:
+        """Open the pooled HTTP client used for every Triton fetch."""
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(self.settings.triton_timeout_s),
+            limits=httpx.Limits(max_connections=4, max_keepalive_connections=2),
+            # Triton is on loopback: a pod-wide HTTP(S)_PROXY must never route it elsewhere.
+            trust_env=False,
+        )
+
+    async def shutdown(self) -> None:
+        """Close the HTTP client."""
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def _fail(self, source: str, reason: str, message: str) -> None:
+        state = self._state[source]
+        state.errors[reason] = state.errors.get(reason, 0.0) + 1
+        if state.up or message != state.last_error:
+            log.warning("metrics source %s failed (%s): %s", source, reason, message)
+        state.up, state.last_error = False, message
+
+    async def _scrape_triton(self) -> list[Family]:
+        assert self._client is not None, "startup() not run"
+        start = time.perf_counter()
+        state = self._state[TRITON]
+        try:
+            families = await fetch_triton(
+                self._client,
+                self.settings.triton_url,
+                self.settings.triton_timeout_s,
+                self.settings.triton_max_bytes,
+                self._triton_series,
+            )
+        except TritonScrapeError as exc:
+            self._fail(TRITON, exc.reason, str(exc))
+            families = []
+        except Exception as exc:  # a bug must cost the source, never the whole scrape
+            log.exception("reading Triton's metrics failed unexpectedly")
+            self._fail(TRITON, "internal", repr(exc))
+            families = []
+        else:
+            state.up, state.last_error = True, ""
+        state.duration_s = time.perf_counter() - start
+        return families
+
+    def _read_vllm(self) -> list[Family]:
+        start = time.perf_counter()
+        state = self._state[VLLM]
+        try:
+            result: MultiprocResult = self._reader.read()
+        except OSError as exc:
+            self._fail(VLLM, "read_dir", f"{self.settings.multiproc_dir}: {exc}")
+            families: list[Family] = []
+            self._files = self._corrupt = 0
+        except Exception as exc:  # a bug must cost the source, never the whole scrape
+            log.exception("reading the multiprocess files failed unexpectedly")
+            self._fail(VLLM, "internal", repr(exc))
+            families = []
+            self._files = self._corrupt = 0
+        else:
+            families = result.families
+            self._files, self._corrupt = result.files, len(result.corrupt_files)
+            state.up, state.last_error = True, ""
+            state.errors["corrupt_file"] += len(result.corrupt_files)
+            if result.corrupt_files != self._corrupt_seen:  # log changes, not every scrape
+                self._corrupt_seen = result.corrupt_files
+                if result.corrupt_files:
+                    log.warning("skipping corrupt files: %s", "; ".join(result.corrupt_files))
+        state.duration_s = time.perf_counter() - start
+        return families
+
+    def _own_families(self) -> list[Family]:
+        def gauge(name: str, help_text: str, samples: list[Sample]) -> Family:
+            return Family(name, "gauge", help_text, samples)
+
+        st = self._state
+        return [
+            gauge(
+                "metrics_proxy_source_up",
+                "1 if the source was read in the last scrape, 0 if not.",
+                [Sample("metrics_proxy_source_up", (("source", s),), float(st[s].up)) for s in st],
+            ),
+            gauge(
+                "metrics_proxy_source_scrape_duration_seconds",
+                "Time the last scrape spent reading the source.",
+                [
+                    Sample(
+                        "metrics_proxy_source_scrape_duration_seconds",
+                        (("source", s),),
+                        st[s].duration_s,
+                    )
+                    for s in st
+                ],
+            ),
+            Family(
+                "metrics_proxy_source_errors",
+                "counter",
+                "Failed reads of a source (corrupt_file: per skipped file), by reason.",
+                [
+                    Sample("metrics_proxy_source_errors_total", (("source", s), ("reason", r)), v)
+                    for s in st
+                    for r, v in st[s].errors.items()
+                ],
+            ),
+            gauge(
+                "metrics_proxy_multiproc_files",
+                "Multiprocess .db files merged in the last scrape.",
+                [Sample("metrics_proxy_multiproc_files", (), float(self._files))],
+            ),
+            gauge(
+                "metrics_proxy_multiproc_corrupt_files",
+                "Multiprocess .db files skipped as truncated or corrupt in the last scrape.",
+                [Sample("metrics_proxy_multiproc_corrupt_files", (), float(self._corrupt))],
+            ),
+            gauge(
+                "metrics_proxy_duplicate_families",
+                "Triton families hidden because vLLM's multiprocess files carry them complete.",
+                [Sample("metrics_proxy_duplicate_families", (), float(self._dropped))],
+            ),
+        ]
+
+    async def _collect(self) -> _Collected:
+        fetch = asyncio.ensure_future(self._scrape_triton())
+        # Give the fetch the few loop turns httpx needs to write its request, then read the
+        # files on this thread while Triton answers. (A worker thread would contend for the
+        # GIL and wait out its 5 ms switch interval; if the request is not out yet, the two
+        # merely run one after the other.)
+        for _ in range(_LOOP_TURNS_TO_SEND):
+            await asyncio.sleep(0)
+        vllm = self._read_vllm()
+        triton = await fetch
+        vllm_names = {f.name for f in vllm}
+        self._dropped = sum(1 for f in triton if f.name in vllm_names)
+        families, _ = merge_families([self._own_families(), vllm, triton])
+        self._finished_at = time.monotonic()
+        return _Collected(families, self._encoder)
+
+    async def collect(self) -> _Collected:
+        """Merge the sources once for all scrapes that arrive while a merge is running.
+
+        A merge finished less than ``reuse_s`` ago is served again, so scrapers that come
+        together (Prometheus replicas) cost one merge.
+        """
+        inflight = self._inflight
+        stale = time.monotonic() - self._finished_at >= self.settings.reuse_s
+        if inflight is None or (inflight.done() and stale):
+            self._inflight = asyncio.ensure_future(self._collect())
+        # Shielded: a scraper that disconnects must not cancel the merge others wait for.
+        return await asyncio.shield(self._inflight)
+
+    def health(self) -> dict[str, Any]:
+        """The proxy is healthy while it serves; source health is reported, not required."""
+        return {"status": "ok", "sources": {s: st.up for s, st in self._state.items()}}
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        path, method = scope["path"], scope["method"]
+        if path not in ("/metrics", "/healthz"):
+            await _respond(send, 404, b"not found: use /metrics or /healthz\n", "text/plain")
+            return
+        if method not in ("GET", "HEAD"):
+            await _respond(send, 405, b"method not allowed: use GET\n", "text/plain")
+            return
+        if path == "/healthz":
+            body = json.dumps(self.health()).encode()
+            await _respond(send, 200, body, "application/json", head=method == "HEAD")
+            return
+        openmetrics, content_type = negotiate(headers.get("accept"))
+        gzipped = wants_gzip(headers.get("accept-encoding"))
+        collected = await self.collect()
+        extra = [(b"vary", b"Accept, Accept-Encoding")]
+        if gzipped:
+            extra.append((b"content-encoding", b"gzip"))
+        body = collected.body(openmetrics, gzipped)
+        await _respond(send, 200, body, content_type, extra, head=method == "HEAD")
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.startup()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+async def _respond(
+    send: Any,
+    status: int,
+    body: bytes,
+    content_type: str,
+    extra: list[tuple[bytes, bytes]] | None = None,
+    head: bool = False,
+) -> None:
+    headers = [
+        (b"content-type", content_type.encode()),
+        (b"content-length", str(len(body)).encode()),
+        *(extra or []),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": b"" if head else body})
+
+
+def create_app(settings: ProxySettings) -> MetricsProxyApp:
+    """Build the proxy for ``settings``; raises ``ProxyConfigError`` naming a missing variable."""
+    return MetricsProxyApp(settings)

@@ -1,0 +1,177 @@
+"""Fetches Triton's ``/metrics`` over HTTP with a bounded time and size, and parses it."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import httpx
+
+from runtime.metrics_proxy.exposition import Family, LabelSet, Sample
+
+__all__ = ["SeriesCache", "TritonScrapeError", "fetch_triton", "parse_text_exposition"]
+
+_SUFFIXES = ("_total", "_bucket", "_sum", "_count", "_created")
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|\})')
+_UNESCAPE = re.compile(r"\\(.)")
+_UNESCAPED = {"n": "\n", "\\": "\\", '"': '"'}
+
+
+class TritonScrapeError(Exception):
+    """Triton's metrics could not be read; ``reason`` is the error counter's label value."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _unescape(value: str) -> str:
+    if "\\" not in value:
+        return value
+    return _UNESCAPE.sub(lambda m: _UNESCAPED.get(m.group(1), "\\" + m.group(1)), value)
+
+
+SeriesCache = dict[str, tuple[str, LabelSet]]
+"""Parsed ``name{labels}`` text by its raw form: the same on every scrape of one Triton."""
+_SERIES_CACHE_LIMIT = 50_000
+
+
+def _parse_series(line: str, lineno: int) -> tuple[str, LabelSet, int]:
+    brace = line.find("{")
+    name = line[:brace]
+    labels: list[tuple[str, str]] = []
+    pos = brace + 1
+    if line[pos : pos + 1] == "}":
+        return name, (), pos + 1
+    while True:
+        match = _LABEL.match(line, pos)
+        if match is None:
+            raise TritonScrapeError("parse", f"line {lineno}: bad labels in {line!r}")
+        labels.append((match.group(1), _unescape(match.group(2))))
+        pos = match.end()
+        if match.group(3) == "}":
+            return name, tuple(labels), pos
+
+
+def _parse_sample(line: str, lineno: int, cache: SeriesCache) -> Sample:
+    brace = line.find("{")
+    space = line.find(" ")
+    if brace != -1 and (space == -1 or brace < space):
+        # The value and timestamp never hold a brace, so the last one closes the labels.
+        end = line.rfind("}") + 1
+        series = line[:end]
+        parsed = cache.get(series)
+        if parsed is None:
+            name, labels, stop = _parse_series(line, lineno)
+            if stop != end:
+                raise TritonScrapeError("parse", f"line {lineno}: bad labels in {line!r}")
+            if len(cache) >= _SERIES_CACHE_LIMIT:
+                cache.clear()
+            parsed = cache[series] = (name, labels)
+        name, labels = parsed
+        rest = line[end:].split()
+    else:
+        name, *rest = line.split()
+        labels = ()
+    if not name or not rest:
+        raise TritonScrapeError("parse", f"line {lineno}: no value in {line!r}")
+    try:
+        value = float(rest[0])
+    except ValueError as exc:
+        raise TritonScrapeError("parse", f"line {lineno}: bad value in {line!r}") from exc
+    return Sample(name, labels, value)
+
+
+def _base_name(declared: str, typ: str) -> str:
+    if typ == "counter" and declared.endswith("_total"):
+        return declared[: -len("_total")]
+    return declared
+
+
+def parse_text_exposition(text: str, cache: SeriesCache | None = None) -> list[Family]:
+    """Parse Prometheus text format 0.0.4; raises ``TritonScrapeError`` on a malformed line.
+
+    Pass the same ``cache`` on every scrape of one endpoint to skip re-parsing its labels.
+    """
+    cache = {} if cache is None else cache
+    families: dict[str, Family] = {}
+    declared: dict[str, tuple[str, str]] = {}  # declared name -> (type, help)
+    current: Family | None = None
+    # Only "\n" ends a line: label values and help may hold "\r" or U+2028 raw, which
+    # str.splitlines() would split on.
+    for lineno, raw in enumerate(text.split("\n"), 1):
+        line = raw.lstrip(" \t")
+        if not line.strip(" \t\r"):
+            continue
+        if line.startswith("#"):
+            parts = line.split(" ", 3)
+            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE"):
+                typ, help_text = declared.get(parts[2], ("untyped", ""))
+                rest = parts[3] if len(parts) > 3 else ""
+                if parts[1] == "HELP":
+                    help_text = _unescape(rest)
+                else:
+                    typ = rest.strip() or "untyped"
+                declared[parts[2]] = (typ, help_text)
+            continue
+        sample = _parse_sample(line, lineno, cache)
+        if current is None or not (
+            sample.name == current.name
+            or (
+                sample.name.startswith(current.name)
+                and sample.name[len(current.name) :] in _SUFFIXES
+            )
+        ):
+            current = _family_for(sample.name, declared, families)
+        current.samples.append(sample)
+    return list(families.values())
+
+
+def _family_for(
+    sample_name: str, declared: dict[str, tuple[str, str]], families: dict[str, Family]
+) -> Family:
+    candidates = [sample_name] + [
+        sample_name[: -len(s)] for s in _SUFFIXES if sample_name.endswith(s)
+    ]
+    for name in candidates:
+        if name in declared:
+            typ, help_text = declared[name]
+            base = _base_name(name, typ)
+            break
+    else:
+        typ, help_text, base = "untyped", "", sample_name
+    family = families.get(base)
+    if family is None:
+        family = families[base] = Family(base, typ, help_text)
+    return family
+
+
+async def fetch_triton(
+    client: httpx.AsyncClient,
+    url: str,
+    timeout_s: float,
+    max_bytes: int,
+    cache: SeriesCache | None = None,
+) -> list[Family]:
+    """GET Triton's metrics within ``timeout_s`` overall; raises ``TritonScrapeError``."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with client.stream("GET", url) as response:
+                if response.status_code != 200:
+                    raise TritonScrapeError("http_status", f"{url} answered {response.status_code}")
+                body = bytearray()
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > max_bytes:
+                        raise TritonScrapeError("too_large", f"{url} sent over {max_bytes} bytes")
+    except TimeoutError as exc:
+        raise TritonScrapeError("timeout", f"{url} did not answer within {timeout_s} s") from exc
+    except httpx.TimeoutException as exc:
+        raise TritonScrapeError("timeout", f"{url} did not answer within {timeout_s} s") from exc
+    except httpx.HTTPError as exc:
+        raise TritonScrapeError("connect", f"{url}: {exc!r}") from exc
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TritonScrapeError("parse", f"{url} sent invalid UTF-8") from exc
+    return parse_text_exposition(text, cache)

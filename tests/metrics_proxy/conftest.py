@@ -1,0 +1,80 @@
+"""Fixtures for the metrics-proxy tests: real writer processes and an in-process proxy."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from runtime.metrics_proxy.app import MetricsProxyApp, create_app
+from runtime.metrics_proxy.settings import ProxySettings
+from tests.support.metrics_harness import WriterProcesses
+from tests.support.triton_metrics_server import TritonMetricsServer
+
+POD_LABELS = {"model_id": "llama-3-8b", "model_version": "v7", "colour": "green"}
+
+
+@pytest.fixture(scope="module")
+def vllm_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A multiprocess directory that two real writer processes filled (2 rounds), then left."""
+    directory = tmp_path_factory.mktemp("vllm-multiproc")
+    with WriterProcesses(directory, 2) as writers:
+        writers.tick()
+        writers.tick()
+    yield directory
+
+
+@pytest.fixture
+def triton() -> Iterator[TritonMetricsServer]:
+    with TritonMetricsServer(("llama-3-8b", "mistral-7b")) as server:
+        server.advance()
+        yield server
+
+
+def make_settings(multiproc_dir: Path, triton_url: str, **overrides: object) -> ProxySettings:
+    """Settings as the pod's env would give them, without reading this process's env."""
+    values: dict[str, object] = {
+        "multiproc_dir": multiproc_dir,
+        "triton_url": triton_url,
+        "model_id": POD_LABELS["model_id"],
+        "model_version": POD_LABELS["model_version"],
+        "colour": POD_LABELS["colour"],
+        "triton_timeout_s": 0.5,
+        "reuse_s": 0.0,
+        **overrides,
+    }
+    return ProxySettings(**values)  # type: ignore[arg-type]
+
+
+class InProcessProxy:
+    """The ASGI app started by hand and an httpx client speaking to it."""
+
+    def __init__(self, app: MetricsProxyApp) -> None:
+        self.app = app
+        self.client = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://proxy"
+        )
+
+    async def metrics(self, **headers: str) -> httpx.Response:
+        response = await self.client.get("/metrics", headers=headers)
+        assert response.status_code == 200, response.text
+        return response
+
+
+@pytest.fixture
+async def proxy_factory() -> AsyncIterator:
+    started: list[InProcessProxy] = []
+
+    async def factory(settings: ProxySettings) -> InProcessProxy:
+        app = create_app(settings)
+        await app.startup()
+        proxy = InProcessProxy(app)
+        started.append(proxy)
+        return proxy
+
+    yield factory
+    for proxy in started:
+        await proxy.client.aclose()
+        await proxy.app.shutdown()

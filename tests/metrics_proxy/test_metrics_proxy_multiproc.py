@@ -1,0 +1,207 @@
+"""The multiprocess reader against prometheus_client's own collector, and its file faults."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import tracemalloc
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+from runtime.metrics_proxy.multiproc import MultiprocReader
+
+GAUGE_MODES = (
+    "all",
+    "liveall",
+    "min",
+    "livemin",
+    "max",
+    "livemax",
+    "sum",
+    "livesum",
+    "mostrecent",
+    "livemostrecent",
+)
+# A process writing every metric type and every gauge mode, then waiting to be told to exit.
+WRITER = textwrap.dedent(
+    """
+    import sys, time
+    from prometheus_client import Counter, Gauge, Histogram, Summary
+    index = int(sys.argv[1])
+    Counter("c", "c", ["k"]).labels("a").inc(index + 1)
+    h = Histogram("h", "h", ["k"], buckets=(0.1, 1, 10))
+    h.labels("a").observe(0.5 * (index + 1))
+    Summary("s", "s").observe(index + 2)
+    for mode in {modes!r}:
+        Gauge("g_" + mode, mode, ["k"], multiprocess_mode=mode).labels("a").set(10 * index + 1)
+        time.sleep(0.002)  # distinct timestamps for the mostrecent modes
+    print("ready", flush=True)
+    sys.stdin.readline()
+    """
+).format(modes=GAUGE_MODES)
+
+
+def _spawn(directory: Path, index: int) -> subprocess.Popen[str]:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(index)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def _collector_view(directory: Path) -> dict[tuple[str, tuple], float]:
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(directory))
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for metric in registry.collect()
+        for s in metric.samples
+    }
+
+
+def _reader_view(directory: Path, **kwargs: bool) -> dict[tuple[str, tuple], float]:
+    result = MultiprocReader(directory, **kwargs).read()
+    view = {}
+    for family in result.families:
+        for s in family.samples:
+            key = (s.name, tuple(sorted(s.labels)))
+            assert key not in view, f"duplicate {key}"
+            view[key] = s.value
+    return view
+
+
+@pytest.fixture(scope="module")
+def mode_dir(tmp_path_factory: pytest.TempPathFactory):
+    """Three exited processes' files plus one still running, every gauge mode."""
+    directory = tmp_path_factory.mktemp("modes")
+    procs = [_spawn(directory, i) for i in range(4)]
+    for proc in procs[:3]:
+        proc.communicate("exit\n", timeout=10)
+    yield directory, procs[3]
+    procs[3].communicate("exit\n", timeout=10)
+
+
+def test_merge_equals_prometheus_client(mode_dir) -> None:
+    directory, _ = mode_dir
+    expected = _collector_view(directory)
+    assert ("g_all", (("k", "a"), ("pid", str(os.getpid())))) not in expected
+    assert len(expected) > 20
+    assert _reader_view(directory) == expected
+
+
+def test_dead_processes_per_gauge_mode(mode_dir, tmp_path: Path) -> None:
+    directory, alive = mode_dir
+    copy = tmp_path / "copy"
+    shutil.copytree(directory, copy)
+    # Without mark_process_dead, a dead process still counts in every mode, as upstream.
+    assert _reader_view(copy) == _collector_view(copy)
+    # With it (opt-in: the pod shares its process namespace), live* gauges drop dead pids,
+    # exactly as prometheus_client's mark_process_dead does; other modes keep them.
+    reference = tmp_path / "reference"
+    shutil.copytree(directory, reference)
+    pids = {p.name.rsplit("_", 1)[1][:-3] for p in reference.glob("gauge_live*.db")}
+    for pid in pids - {str(alive.pid)}:
+        mark_process_dead(int(pid), str(reference))
+    view = _reader_view(copy, mark_dead_processes=True)
+    assert view == _collector_view(reference)
+    assert view[("g_livesum", (("k", "a"),))] == 31.0  # only the live process (index 3)
+    assert view[("g_sum", (("k", "a"),))] == 1 + 11 + 21 + 31.0
+    assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in reference.iterdir())
+
+
+def _valid_file(directory: Path) -> Path:
+    return next(directory.glob("counter_*.db"))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["empty", "short_header", "used_past_end", "truncated_mid_entry", "bad_key", "bad_length"],
+)
+def test_corrupt_file_is_skipped_and_named(mode_dir, tmp_path: Path, damage: str) -> None:
+    directory, _ = mode_dir
+    good = tmp_path / "good"
+    shutil.copytree(directory, good)
+    expected = _reader_view(good)
+    data = _valid_file(good).read_bytes()
+    used = int.from_bytes(data[:4], "little")
+    bad = {
+        "empty": b"",
+        "short_header": data[:5],
+        "used_past_end": data[:used][: used - 8],
+        "truncated_mid_entry": (used - 4).to_bytes(4, "little") + data[4 : used - 4],
+        "bad_key": data[:12] + b"\xff\xfe{not json" + data[23:],
+        "bad_length": data[:8] + (1 << 30).to_bytes(4, "little") + data[12:],
+    }[damage]
+    (good / "counter_999999.db").write_bytes(bad)
+    result = MultiprocReader(good).read()
+    assert [c.split(":")[0] for c in result.corrupt_files] == ["counter_999999.db"]
+    assert _reader_view(good) == expected
+
+
+def test_process_killed_while_writing(tmp_path: Path) -> None:
+    """A writer SIGKILLed mid-loop leaves a readable file; its counts stay, as upstream."""
+    script = textwrap.dedent(
+        """
+        from prometheus_client import Counter
+        c = Counter("spin", "spin", ["k"])
+        i = 0
+        while True:
+            c.labels(str(i % 500)).inc()
+            i += 1
+            if i == 2000:
+                print("going", flush=True)
+        """
+    )
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == b"going"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    result = MultiprocReader(tmp_path).read()
+    assert result.corrupt_files == ()
+    assert _reader_view(tmp_path) == _collector_view(tmp_path)
+    total = sum(s.value for f in result.families for s in f.samples)
+    assert total >= 2000
+
+
+def _stale_files(directory: Path, source: Path, count: int) -> None:
+    data = source.read_bytes()
+    for pid in range(100_000, 100_000 + count):
+        (directory / f"counter_{pid}.db").write_bytes(data)
+
+
+def test_thousands_of_stale_files_keep_memory_flat(mode_dir, tmp_path: Path) -> None:
+    directory, _ = mode_dir
+    source = _valid_file(directory)
+    few, many = tmp_path / "few", tmp_path / "many"
+    few.mkdir()
+    many.mkdir()
+    _stale_files(few, source, 200)
+    _stale_files(many, source, 3000)
+
+    def peak(path: Path) -> tuple[int, float]:
+        reader = MultiprocReader(path)
+        tracemalloc.start()
+        result = reader.read()
+        _, peak_bytes = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        value = next(s.value for f in result.families if f.name == "c" for s in f.samples)
+        return peak_bytes, value
+
+    few_peak, few_value = peak(few)
+    many_peak, many_value = peak(many)
+    assert many_value == pytest.approx(few_value * 3000 / 200)
+    # 15x the files: the peak grows by the file-name list only, not by samples per file.
+    assert many_peak < few_peak + 3000 * 400, (few_peak, many_peak)
