@@ -442,7 +442,7 @@ class KServeStandIn:
                 if stream:
                     done = all(c.finish_reason is not None for c in choices)
                     yield self._generate_response(
-                        model, request, choices, params, flags, sent, sent_steps, "", done
+                        model, request, choices, params, flags, sent, sent_steps, "", done, prompt
                     )
             if not stream:
                 yield self._generate_response(
@@ -461,7 +461,7 @@ class KServeStandIn:
             raise BackendError(f"Error generating stream: {exc}") from exc
 
     def _generate_response(
-        self, model, request, choices, params, flags, sent, sent_steps, prefix, final, prompt=None
+        self, model, request, choices, params, flags, sent, sent_steps, prefix, final, prompt
     ):
         outputs: dict[str, list[Any]] = {
             "text_output": [
@@ -492,13 +492,13 @@ class KServeStandIn:
                 for i, c in enumerate(choices)
             ]
         if flags.get("return_num_input_tokens"):
-            outputs["num_input_tokens"] = [len(model.toy.tokenize(prompt or ""))]
+            outputs["num_input_tokens"] = [len(model.toy.tokenize(prompt))]
         if flags.get("return_num_output_tokens"):
             outputs["num_output_tokens"] = [
                 len(c.steps) - sent_steps[i] for i, c in enumerate(choices)
             ]
         requested = {o.name for o in request.outputs}
-        if PROMPT_LOGPROBS_OUTPUT in requested and prompt is not None:
+        if PROMPT_LOGPROBS_OUTPUT in requested:
             if params.get("prompt_logprobs") is None:
                 raise BackendError("Error generating stream: prompt_logprobs was not requested")
             outputs[PROMPT_LOGPROBS_OUTPUT] = [

@@ -168,11 +168,15 @@ class ToyModel:
                     continue
                 piece = VOCAB[tok] if not choice.text else " " + VOCAB[tok]
                 choice.steps.append(ToyStep(tok, piece, lp[tok], {i: lp[i] for i in ranked}))
+                before = len(choice.text)
                 choice.text += piece
                 for s in stops:
-                    if s and s in choice.text:
-                        choice.text = choice.text[: choice.text.index(s)]
+                    # Like vLLM, only text that the new token completed is searched.
+                    at = choice.text.find(s, max(0, before - len(s) + 1)) if s else -1
+                    if at >= 0:
+                        choice.text = choice.text[:at]
                         choice.finish_reason = "stop"
+                        break
                 if choice.finish_reason is None and step == limit - 1:
                     choice.finish_reason = "length"
             yield choices
@@ -222,6 +226,9 @@ def _instance(schema: dict[str, Any]) -> Any:
         return schema["const"]
     if "enum" in schema:
         return schema["enum"][0]
+    for key in ("anyOf", "oneOf"):
+        if key in schema:
+            return _instance(schema[key][0])
     kind = schema.get("type", "object")
     if isinstance(kind, list):
         kind = kind[0]

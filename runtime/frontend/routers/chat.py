@@ -116,7 +116,7 @@ async def create_chat_completion(
         body.max_completion_tokens or body.max_tokens,
         state.prompt_tokens(prompt),
         state.settings.max_model_len,
-        "max_completion_tokens",
+        "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens",
     )
     spec = requirement.spec() if requirement else None
     if plan.forced is not None:
