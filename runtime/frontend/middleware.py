@@ -18,7 +18,7 @@ ACCESS_LOGGER = "runtime.frontend.access"
 
 
 class BodyLimitMiddleware:
-    """Refuse bodies over ``limit`` bytes: by Content-Length up front, else while reading."""
+    """Refuse bodies over ``limit`` bytes: by Content-Length, or by reading a chunked body."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -33,18 +33,28 @@ class BodyLimitMiddleware:
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             await self._refuse(send)
             return
+        if declared is not None:
+            await self.app(scope, receive, send)
+            return
+        # Chunked body: read it (up to the limit) before the app sees any of it.
+        buffered: list[Message] = []
         seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise self._error()
-            return message
+            buffered.append(message)
+            if message["type"] != "http.request":
+                break
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                await self._refuse(send)
+                return
+            if not message.get("more_body", False):
+                break
 
-        await self.app(scope, limited, send)
+        async def replay() -> Message:
+            return buffered.pop(0) if buffered else await receive()
+
+        await self.app(scope, replay, send)
 
     def _error(self) -> RequestTooLargeError:
         return RequestTooLargeError(
