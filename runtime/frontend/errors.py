@@ -20,6 +20,7 @@ __all__ = [
     "NotSupportedError",
     "RateLimitError",
     "RequestTooLargeError",
+    "TruncatedOutputError",
     "error_body",
     "install_error_handlers",
 ]
@@ -103,6 +104,10 @@ class InvalidOutputError(FrontendError):
 
     status_code = 502
     error_type = "server_error"
+
+
+class TruncatedOutputError(InvalidRequestError):
+    """Output cut by the client's max_tokens broke the requested format (counted too)."""
 
 
 def error_body(exc: FrontendError) -> dict:

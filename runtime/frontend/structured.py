@@ -8,7 +8,7 @@ from typing import Any
 
 import jsonschema
 
-from runtime.frontend.errors import InvalidOutputError, InvalidRequestError
+from runtime.frontend.errors import InvalidOutputError, InvalidRequestError, TruncatedOutputError
 from runtime.frontend.schemas import ResponseFormat
 
 __all__ = ["JsonRequirement", "requirement_for", "structured_outputs_value"]
@@ -25,14 +25,24 @@ class JsonRequirement:
         return {"json": self.schema} if self.schema is not None else {"json_object": True}
 
     def validate(self, text: str, *, index: int, finish_reason: str | None = None) -> None:
-        """Raise :class:`InvalidOutputError` unless ``text`` is JSON satisfying the requirement."""
+        """Raise :class:`InvalidOutputError` unless ``text`` is JSON satisfying the requirement.
+
+        Output that stopped at ``max_tokens`` raises :class:`TruncatedOutputError` (a 400: the
+        budget was the client's) instead.
+        """
         try:
             value = json.loads(text)
         except json.JSONDecodeError as exc:
-            hint = " (generation stopped at max_tokens)" if finish_reason == "length" else ""
+            if finish_reason == "length":
+                raise TruncatedOutputError(
+                    f"choice {index} reached max_tokens before its JSON was complete; the "
+                    "response was withheld: raise max_tokens",
+                    param="max_tokens",
+                    code="output_truncated",
+                ) from None
             raise InvalidOutputError(
                 f"the engine returned invalid JSON for choice {index} ({exc.msg} at "
-                f"position {exc.pos}){hint}; the response was withheld",
+                f"position {exc.pos}); the response was withheld",
                 param="response_format",
                 code="invalid_json_output",
             ) from None

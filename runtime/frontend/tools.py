@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.frontend.errors import InvalidOutputError, InvalidRequestError
+from runtime.frontend.errors import InvalidOutputError, InvalidRequestError, TruncatedOutputError
 from runtime.frontend.schemas import FunctionTool
 
 __all__ = ["ToolCall", "ToolPlan", "forced_calls", "parse_hermes", "plan_tools"]
@@ -100,11 +100,17 @@ def _call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def forced_calls(plan: ToolPlan, text: str) -> list[ToolCall]:
+def forced_calls(plan: ToolPlan, text: str, finish_reason: str | None) -> list[ToolCall]:
     """Tool calls from a forced (structured) output."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
+        if finish_reason == "length":
+            raise TruncatedOutputError(
+                "max_tokens ended the forced tool call before its JSON was complete",
+                param="max_tokens",
+                code="output_truncated",
+            ) from None
         raise InvalidOutputError(
             f"the engine returned invalid JSON for a forced tool call: {exc.msg}",
             param="tool_choice",

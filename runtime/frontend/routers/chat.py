@@ -168,7 +168,7 @@ def _message(
 ) -> tuple[dict[str, Any], str | None]:
     if plan.forced is not None:
         try:
-            calls = forced_calls(plan, text)
+            calls = forced_calls(plan, text, finish)
         except InvalidOutputError:
             state.metrics.invalid_output.labels(state.settings.model_id, ROUTE).inc()
             raise
