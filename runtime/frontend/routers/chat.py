@@ -10,7 +10,12 @@ from fastapi import APIRouter, Request
 from runtime.frontend.chat_template import ChatTemplateError
 from runtime.frontend.dependencies import AuthDep, StateDep, check_model
 from runtime.frontend.engine import GenerateParams, TokenLogprob
-from runtime.frontend.errors import FieldRefusedError, InvalidOutputError, InvalidRequestError
+from runtime.frontend.errors import (
+    FieldRefusedError,
+    InvalidOutputError,
+    InvalidRequestError,
+    TruncatedOutputError,
+)
 from runtime.frontend.fields import check_fields
 from runtime.frontend.generation import collect, new_id, now
 from runtime.frontend.sampling import build_sampling, resolve_max_tokens
@@ -87,7 +92,7 @@ def _validated(
 ) -> None:
     try:
         requirement.validate(text, index=index, finish_reason=reason)
-    except InvalidOutputError:
+    except (InvalidOutputError, TruncatedOutputError):
         state.metrics.invalid_output.labels(state.settings.model_id, ROUTE).inc()
         raise
 
@@ -169,7 +174,7 @@ def _message(
     if plan.forced is not None:
         try:
             calls = forced_calls(plan, text, finish)
-        except InvalidOutputError:
+        except (InvalidOutputError, TruncatedOutputError):
             state.metrics.invalid_output.labels(state.settings.model_id, ROUTE).inc()
             raise
         message = {"role": "assistant", "content": None}
