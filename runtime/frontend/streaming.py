@@ -34,8 +34,9 @@ async def run_until_disconnect(request: Request, work: Awaitable[T], timeout_s: 
     task = asyncio.ensure_future(work)
 
     async def watch() -> None:
-        while not await request.is_disconnected():
-            await asyncio.sleep(0.05)
+        # The body has been read, so the next ASGI message is the disconnect (no polling).
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
         task.cancel()
 
     watcher = asyncio.ensure_future(watch())
