@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -13,7 +14,15 @@ from runtime.frontend.engine import Engine
 from runtime.frontend.errors import install_error_handlers
 from runtime.frontend.kserve_engine import KServeEngine
 from runtime.frontend.middleware import AccessLogMiddleware, BodyLimitMiddleware
-from runtime.frontend.routers import chat, completions, embeddings, health, models, score
+from runtime.frontend.routers import (
+    chat,
+    completions,
+    embeddings,
+    health,
+    metrics,
+    models,
+    score,
+)
 from runtime.frontend.settings import FrontendSettings
 from runtime.frontend.state import FrontendState, load_key_hashes
 
@@ -44,6 +53,13 @@ def _build_state(settings: FrontendSettings, engine: Engine) -> FrontendState:
     tokenizer_file = settings.tokenizer_dir / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise ValueError(f"LLM_SERVING_FRONTEND_TOKENIZER_DIR: {tokenizer_file} does not exist")
+    embedding_size = settings.embedding_size
+    model_config = settings.tokenizer_dir / "config.json"
+    if embedding_size is None and model_config.is_file():
+        try:
+            embedding_size = json.loads(model_config.read_text()).get("hidden_size")
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"LLM_SERVING_FRONTEND_TOKENIZER_DIR: {model_config}: {exc}") from None
     return FrontendState(
         settings=settings,
         engine=engine,
@@ -51,6 +67,7 @@ def _build_state(settings: FrontendSettings, engine: Engine) -> FrontendState:
         tokenizer=Tokenizer.from_file(str(tokenizer_file)),
         structured_key=structured_outputs_key(settings),
         key_hashes=load_key_hashes(settings.api_keys_file) if settings.api_keys_file else None,
+        embedding_size=embedding_size,
     )
 
 
@@ -76,7 +93,7 @@ def create_app(settings: FrontendSettings, engine: Engine | None = None) -> Fast
         lifespan=lifespan,
     )
     install_error_handlers(app)
-    for router in (health, models, chat, completions, embeddings, score):
+    for router in (health, models, chat, completions, embeddings, score, metrics):
         app.include_router(router.router)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_bytes)
     app.add_middleware(AccessLogMiddleware)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +62,15 @@ class ChatTemplate:
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
     ) -> str:
         """The prompt text for ``messages``, ending with the assistant's generation prompt."""
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        # The environment transformers' apply_chat_template gives templates.
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         env.globals["raise_exception"] = _raise
-        env.filters["tojson"] = lambda v, indent=None: json.dumps(v, indent=indent)
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        env.filters["tojson"] = lambda v, indent=None, **_: json.dumps(
+            v, indent=indent, ensure_ascii=False
+        )
         try:
             return env.from_string(self.source).render(
                 messages=messages,

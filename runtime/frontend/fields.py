@@ -192,7 +192,11 @@ COMPLETION_FIELDS: tuple[FieldRule, ...] = (
 EMBEDDING_FIELDS: tuple[FieldRule, ...] = (
     FieldRule("model", Policy.HONOURED, "must name the served model; otherwise 404"),
     FieldRule("input", Policy.HONOURED, "embedding_request.input, one per string", _prompt),
-    FieldRule("dimensions", Policy.HONOURED, "embedding_request.pooling_params.dimensions"),
+    FieldRule(
+        "dimensions",
+        Policy.HONOURED,
+        "embedding_request.pooling_params.dimensions; refused above the model's hidden_size",
+    ),
     FieldRule("encoding_format", Policy.HONOURED, "float list or base64 of little-endian float32"),
     FieldRule("user", Policy.INERT, "no effect on output; never logged"),
 )

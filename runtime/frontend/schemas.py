@@ -7,7 +7,7 @@ parser, decides and says why; every declared field has exactly one row in
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -147,7 +147,7 @@ class EmbeddingRequest(_Strict):
     """``POST /v1/embeddings``."""
 
     model: str
-    input: str | list[str] | list[int] | list[list[int]]
+    input: str | Annotated[list[str], Field(max_length=2048)] | list[int] | list[list[int]]
     dimensions: int | None = Field(default=None, ge=1)
     encoding_format: Literal["float", "base64"] | None = None
     user: str | None = None

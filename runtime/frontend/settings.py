@@ -48,6 +48,14 @@ class FrontendSettings(BaseSettings):
         default=256, ge=1, description="Open streams beyond this are answered 429."
     )
     max_model_len: int = Field(default=8192, ge=1, description="Context length of the model.")
+    embedding_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="Embedding width; default hidden_size from config.json in tokenizer_dir.",
+    )
+    max_choices: int = Field(
+        default=256, ge=1, description="Most choices (prompts x n) one completion request may ask."
+    )
     host: str = Field(default="0.0.0.0", description="Address uvicorn binds.")
     port: int = Field(default=8080, ge=0, le=65535, description="Port uvicorn binds.")
 

@@ -65,8 +65,10 @@ class FrontendState:
     tokenizer: Tokenizer
     structured_key: str
     key_hashes: tuple[str, ...] | None
+    embedding_size: int | None
     metrics: FrontendMetrics = field(default_factory=FrontendMetrics)
     open_streams: int = 0
 
     def prompt_tokens(self, text: str) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        """Tokens the backend will count: it tokenizes text_input with special tokens added."""
+        return len(self.tokenizer.encode(text, add_special_tokens=True).ids)

@@ -40,6 +40,8 @@ def write_tokenizer(directory: Path, template: str = CHAT_TEMPLATE) -> Path:
     tokenizer.save(str(directory / "tokenizer.json"))
     config = {"chat_template": template, "bos_token": "", "eos_token": "<|im_end|>"}
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    # The toy model's embedding width (tests.support.toy_model.ToyModel.embedding_dim).
+    (directory / "config.json").write_text(json.dumps({"hidden_size": 8}))
     return directory
 
 

@@ -359,6 +359,7 @@ def _(p: Probe) -> None:
     assert [c["index"] for c in reply["choices"]] == [0, 1, 2, 3]
     assert [r.text_input for r in p.served.standin.requests[-2:]] == ["the cat", "a dog"]
     p.refused("prompt", prompt=[1, 2, 3])
+    p.refused("prompt", prompt=["a", "b", "c"], n=128)  # 384 choices > max_choices (256)
 
 
 @case(COMPLETIONS, "best_of")
@@ -401,6 +402,7 @@ def _(p: Probe) -> None:
     reply = p.ok(dimensions=3)
     assert len(reply["data"][0]["embedding"]) == 3
     assert p.last().embedding_request["pooling_params"] == {"dimensions": [3]}
+    p.refused("dimensions", dimensions=9)
 
 
 @case(EMBEDDINGS, "encoding_format")

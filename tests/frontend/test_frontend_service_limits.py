@@ -52,6 +52,8 @@ def test_invalid_engine_json_is_an_explicit_error_and_counted(broken: Served) ->
     assert info.value.body["code"] == "invalid_json_output"
     assert "invalid JSON" in info.value.body["message"]
     assert _invalid_count(broken) == before + 1
+    exposition = httpx.get(broken.url + "/metrics").text
+    assert f'llm_serving_frontend_invalid_output_total{{model="{MODEL}"' in exposition
     # Plain text from the same engine is returned as it is: only the JSON contract failed.
     plain = client.chat.completions.create(**CHAT, max_tokens=3)
     assert plain.choices[0].message.content
@@ -137,6 +139,19 @@ def test_deadline_is_504(slow: KServeStandIn, tokenizer_dir: Path) -> None:
         assert response.json()["error"]["code"] == "deadline_exceeded"
         _wait_for(lambda: slow.in_flight == 0)
         assert slow.cancelled >= 1
+    finally:
+        served.stop()
+
+
+def test_stream_deadline_ends_with_an_error_event(slow: KServeStandIn, tokenizer_dir: Path):
+    served = serve(make_settings(slow, tokenizer_dir, request_timeout_s=0.4), slow)
+    try:
+        body = {**CHAT, "max_tokens": 100, "stream": True}
+        response = httpx.post(served.url + "/v1/chat/completions", json=body)
+        events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+        assert response.status_code == 200 and len(events) >= 2
+        assert json.loads(events[-1])["error"]["code"] == "deadline_exceeded"
+        _wait_for(lambda: slow.in_flight == 0)
     finally:
         served.stop()
 

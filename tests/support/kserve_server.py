@@ -394,6 +394,11 @@ class KServeStandIn:
         text = embedding_request["input"]
         text = text if isinstance(text, str) else " ".join(map(str, text))
         dims = embedding_request.get("pooling_params", {}).get("dimensions")
+        if dims and not 1 <= dims[0] <= model.toy.embedding_dim:
+            raise BackendError(
+                f"Error generating stream: dimensions {dims[0]} is out of range [1, "
+                f"{model.toy.embedding_dim}]"
+            )
         vector = model.toy.embed(text, dims[0] if dims else None)
         outputs = {"text_output": [json.dumps(vector).encode()]}
         if flags.get("return_num_input_tokens"):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,11 @@ VOCAB: tuple[str, ...] = (
     "down",
 )
 EOS_ID = 0
+# Unicode White_Space, what tokenizers' WhitespaceSplit splits on (str.split also splits on
+# \x1c-\x1f, which would make test tokenizers count differently from the toy model).
+_WHITESPACE = re.compile(
+    "[\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+"
+)
 
 
 def token_id(word: str) -> int:
@@ -108,7 +114,7 @@ class ToyModel:
 
     @staticmethod
     def tokenize(text: str) -> list[int]:
-        return [token_id(w) for w in text.split()]
+        return [token_id(w) for w in _WHITESPACE.split(text) if w]
 
     def prompt_logprobs(self, prompt: str) -> list[dict[int, float] | None]:
         """Per prompt token, the log-probability of that token given the ones before it."""

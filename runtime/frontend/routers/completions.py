@@ -55,6 +55,12 @@ def _prepare(state: FrontendState, body: CompletionRequest) -> tuple[list[str], 
     if body.stream_options is not None and not body.stream:
         raise InvalidRequestError("stream_options requires stream=true", param="stream_options")
     prompts = [body.prompt] if isinstance(body.prompt, str) else list(body.prompt)
+    if len(prompts) * n > state.settings.max_choices:
+        raise InvalidRequestError(
+            f"{len(prompts)} prompts x n={n} is more than {state.settings.max_choices} choices "
+            "(LLM_SERVING_FRONTEND_MAX_CHOICES); split the request",
+            param="prompt",
+        )
     samplings = []
     for prompt in prompts:
         max_tokens = resolve_max_tokens(

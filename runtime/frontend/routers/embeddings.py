@@ -10,6 +10,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 
 from runtime.frontend.dependencies import AuthDep, StateDep, check_model
+from runtime.frontend.errors import FieldRefusedError
 from runtime.frontend.fields import check_fields
 from runtime.frontend.schemas import EmbeddingRequest
 from runtime.frontend.streaming import run_until_disconnect
@@ -28,6 +29,18 @@ async def create_embeddings(
     check_fields(ROUTE, body)
     check_model(state, body.model)
     texts = [body.input] if isinstance(body.input, str) else list(body.input)
+    if body.dimensions is not None:
+        size = state.embedding_size
+        if size is None:
+            raise FieldRefusedError(
+                "dimensions",
+                "the model's embedding size is unknown (no hidden_size in config.json, "
+                "LLM_SERVING_FRONTEND_EMBEDDING_SIZE unset)",
+            )
+        if body.dimensions > size:
+            raise FieldRefusedError(
+                "dimensions", f"the model's embeddings have {size} dimensions; send at most that"
+            )
 
     async def run_all():
         return await asyncio.gather(*(state.engine.embed(t, body.dimensions) for t in texts))
