@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -29,13 +29,33 @@ def _token_text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def _compile(source: str) -> jinja2.Template:
+    # The environment transformers' apply_chat_template gives templates.
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.filters["tojson"] = lambda v, indent=None, **_: json.dumps(
+        v, indent=indent, ensure_ascii=False
+    )
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateError as exc:
+        raise ChatTemplateError(f"chat template does not compile: {exc}") from None
+
+
 @dataclass(frozen=True)
 class ChatTemplate:
-    """A compiled chat template plus the special tokens it refers to."""
+    """A chat template, compiled once, plus the special tokens it refers to."""
 
     source: str
     bos_token: str
     eos_token: str
+    compiled: jinja2.Template = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "compiled", _compile(self.source))
 
     @classmethod
     def from_tokenizer_dir(cls, directory: Path) -> ChatTemplate:
@@ -62,17 +82,8 @@ class ChatTemplate:
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
     ) -> str:
         """The prompt text for ``messages``, ending with the assistant's generation prompt."""
-        # The environment transformers' apply_chat_template gives templates.
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
-        env.globals["raise_exception"] = _raise
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        env.filters["tojson"] = lambda v, indent=None, **_: json.dumps(
-            v, indent=indent, ensure_ascii=False
-        )
         try:
-            return env.from_string(self.source).render(
+            return self.compiled.render(
                 messages=messages,
                 tools=tools,
                 add_generation_prompt=True,

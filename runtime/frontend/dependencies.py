@@ -18,18 +18,19 @@ __all__ = ["AuthDep", "EngineDep", "SettingsDep", "StateDep", "check_model"]
 _bearer = HTTPBearer(auto_error=False, description="An API key issued for this deployment.")
 
 
-def _state(request: Request) -> FrontendState:
+# Dependencies are async so FastAPI runs them inline, not in its thread pool (profiled cost).
+async def _state(request: Request) -> FrontendState:
     return request.app.state.frontend
 
 
 StateDep = Annotated[FrontendState, Depends(_state)]
 
 
-def _settings(state: StateDep) -> FrontendSettings:
+async def _settings(state: StateDep) -> FrontendSettings:
     return state.settings
 
 
-def _engine(state: StateDep) -> Engine:
+async def _engine(state: StateDep) -> Engine:
     return state.engine
 
 
@@ -37,7 +38,7 @@ SettingsDep = Annotated[FrontendSettings, Depends(_settings)]
 EngineDep = Annotated[Engine, Depends(_engine)]
 
 
-def _authenticate(
+async def _authenticate(
     state: StateDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import struct
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -40,11 +41,41 @@ def _tensor(name: str, value: Any) -> grpcclient.InferInput:
     return tensor
 
 
-def _strings(result: Any, name: str) -> list[str] | None:
-    array = result.as_numpy(name)
-    if array is None:
-        return None
-    return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
+def _outputs(result: Any) -> dict[str, list[Any]]:
+    """Decode every output of a response straight from its raw contents (one pass, no numpy).
+
+    Triton sends outputs as ``raw_output_contents``: BYTES elements are a 4-byte little-endian
+    length then the bytes; numbers are little-endian arrays.
+    """
+    response = result.get_response()
+    if len(response.raw_output_contents) != len(response.outputs):
+        return {
+            o.name: [
+                v.decode() if isinstance(v, bytes) else v
+                for v in result.as_numpy(o.name).reshape(-1).tolist()
+            ]
+            for o in response.outputs
+        }
+    out: dict[str, list[Any]] = {}
+    for tensor, raw in zip(response.outputs, response.raw_output_contents, strict=True):
+        if tensor.datatype == "BYTES":
+            values, offset = [], 0
+            while offset < len(raw):
+                (size,) = _LENGTH.unpack_from(raw, offset)
+                offset += 4
+                values.append(raw[offset : offset + size].decode("utf-8"))
+                offset += size
+        else:
+            code = _NUMBER_CODES.get(tensor.datatype)
+            if code is None:
+                continue
+            values = list(struct.unpack(f"<{len(raw) // 4}{code}", raw))
+        out[tensor.name] = values
+    return out
+
+
+_LENGTH = struct.Struct("<I")
+_NUMBER_CODES = {"UINT32": "I", "INT32": "i", "FP32": "f"}
 
 
 def _logprobs(raw: str | None) -> tuple[TokenLogprob, ...]:
@@ -154,17 +185,18 @@ class KServeEngine(Engine):
             _tensor("return_logprobs", params.logprobs),
         ]
         async for result in self._stream(inputs, params.request_id):
-            texts = _strings(result, "text_output") or []
-            reasons = _strings(result, "finish_reason") or [_NOT_FINISHED] * len(texts)
-            counts = result.as_numpy("num_output_tokens")
-            logprobs = _strings(result, "logprobs") if params.logprobs else None
-            prompt_tokens = result.as_numpy("num_input_tokens")
+            outputs = _outputs(result)
+            texts = outputs.get("text_output", [])
+            reasons = outputs.get("finish_reason") or [_NOT_FINISHED] * len(texts)
+            counts = outputs.get("num_output_tokens")
+            logprobs = outputs.get("logprobs") if params.logprobs else None
+            prompt_tokens = outputs.get("num_input_tokens")
             choices = tuple(
                 ChoiceOutput(
                     index=i,
                     text=text,
                     finish_reason=None if reasons[i] == _NOT_FINISHED else reasons[i],
-                    num_tokens=int(counts.reshape(-1)[i]) if counts is not None else 0,
+                    num_tokens=counts[i] if counts else 0,
                     logprobs=_logprobs(logprobs[i]) if logprobs else (),
                 )
                 for i, text in enumerate(texts)
@@ -172,9 +204,7 @@ class KServeEngine(Engine):
             finished = all(c.finish_reason is not None for c in choices)
             yield EngineOutput(
                 choices=choices,
-                prompt_tokens=int(prompt_tokens.reshape(-1)[0])
-                if prompt_tokens is not None
-                else None,
+                prompt_tokens=prompt_tokens[0] if prompt_tokens else None,
                 finished=finished,
             )
             if finished:
@@ -190,11 +220,9 @@ class KServeEngine(Engine):
             _tensor("return_num_input_tokens", True),
         ]
         async for result in self._stream(inputs, ""):
-            vector = json.loads((_strings(result, "text_output") or ["[]"])[0])
-            tokens = result.as_numpy("num_input_tokens")
-            return [float(v) for v in vector], int(
-                tokens.reshape(-1)[0]
-            ) if tokens is not None else 0
+            outputs = _outputs(result)
+            vector = json.loads(outputs.get("text_output", ["[]"])[0])
+            return [float(v) for v in vector], outputs.get("num_input_tokens", [0])[0]
         raise BackendError("Triton returned no embedding")
 
     async def score(self, prompt: str, candidates: list[str]) -> list[ScoredCandidate]:
@@ -215,7 +243,7 @@ class KServeEngine(Engine):
                 _tensor("return_num_input_tokens", True),
             ]
             async for result in self._stream(inputs, "", ["text_output", "num_input_tokens"]):
-                return int(result.as_numpy("num_input_tokens").reshape(-1)[0])
+                return _outputs(result)["num_input_tokens"][0]
             raise BackendError("Triton returned no token count")
 
         async def one(candidate: str) -> list[float]:
@@ -225,7 +253,7 @@ class KServeEngine(Engine):
                 _tensor("exclude_input_in_output", True),
             ]
             async for result in self._stream(inputs, "", ["text_output", PROMPT_LOGPROBS_OUTPUT]):
-                rows = json.loads((_strings(result, PROMPT_LOGPROBS_OUTPUT) or ["[]"])[0])
+                rows = json.loads(_outputs(result).get(PROMPT_LOGPROBS_OUTPUT, ["[]"])[0])
                 # With prompt_logprobs=0 each position holds just the prompt token's entry.
                 return [float(next(iter(r.values()))["logprob"]) if r else 0.0 for r in rows]
             raise BackendError("Triton returned no prompt log-probabilities")

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 
 from runtime.frontend.chat_template import ChatTemplateError
 from runtime.frontend.dependencies import AuthDep, StateDep, check_model
@@ -153,19 +154,22 @@ async def create_chat_completion(
             }
         )
     completion_tokens = sum(c.tokens for c in choices)
-    return {
-        "id": params.request_id,
-        "object": "chat.completion",
-        "created": now(),
-        "model": body.model,
-        "system_fingerprint": None,
-        "choices": out,
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
-    }
+    # A Response skips FastAPI's jsonable_encoder pass over the dict (per-request cost).
+    return JSONResponse(
+        {
+            "id": params.request_id,
+            "object": "chat.completion",
+            "created": now(),
+            "model": body.model,
+            "system_fingerprint": None,
+            "choices": out,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+    )
 
 
 def _message(
