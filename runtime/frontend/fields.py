@@ -77,7 +77,8 @@ _SAMPLING = (
     FieldRule(
         "logit_bias",
         Policy.HONOURED,
-        "sampling_parameters.logit_bias (token ids as integers, bias clamped by the schema)",
+        "sampling_parameters.logit_bias; keys must be token ids of the model's vocabulary and "
+        "values lie in [-100, 100], anything else is a 400",
     ),
     FieldRule("max_tokens", Policy.HONOURED, "sampling_parameters.max_tokens"),
     FieldRule("n", Policy.HONOURED, "sampling_parameters.n; one choice per output"),
@@ -102,7 +103,12 @@ _SAMPLING = (
 )
 
 CHAT_FIELDS: tuple[FieldRule, ...] = (
-    FieldRule("messages", Policy.HONOURED, "rendered with the model's own chat template"),
+    FieldRule(
+        "messages",
+        Policy.HONOURED,
+        "rendered with the model's own chat template (developer becomes system; text parts "
+        "only; a non-null refusal is refused)",
+    ),
     *_SAMPLING,
     FieldRule("audio", Policy.REFUSED, "", _always("audio output is not supported")),
     FieldRule(

@@ -34,12 +34,13 @@ def resolve_max_tokens(
     return requested
 
 
-def _logit_bias(bias: dict[str, float]) -> dict[int, float]:
+def _logit_bias(bias: dict[str, float], vocab_size: int) -> dict[int, float]:
     out = {}
     for key, value in bias.items():
-        if not key.lstrip("-").isdigit() or int(key) < 0:
+        if not key.isdigit() or int(key) >= vocab_size:
             raise InvalidRequestError(
-                f"logit_bias keys are token ids; {key!r} is not", param="logit_bias"
+                f"logit_bias keys are token ids below {vocab_size}; {key!r} is not",
+                param="logit_bias",
             )
         if not -100 <= value <= 100:
             raise InvalidRequestError(
@@ -56,6 +57,7 @@ def build_sampling(
     max_tokens: int,
     logprobs: int | None,
     structured: tuple[str, str] | None,
+    vocab_size: int,
 ) -> dict[str, Any]:
     """Map every honoured sampling field; keys the client did not send are left to vLLM."""
     params: dict[str, Any] = {"max_tokens": max_tokens}
@@ -66,7 +68,7 @@ def build_sampling(
     if request.stop is not None:
         params["stop"] = [request.stop] if isinstance(request.stop, str) else request.stop
     if request.logit_bias:
-        params["logit_bias"] = _logit_bias(request.logit_bias)
+        params["logit_bias"] = _logit_bias(request.logit_bias, vocab_size)
     if logprobs is not None:
         params["logprobs"] = logprobs
     if structured is not None:

@@ -93,7 +93,7 @@ class _Sampling(_Strict):
     logit_bias: dict[str, float] | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     n: int | None = Field(default=None, ge=1, le=128)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
     stop: str | list[str] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None

@@ -123,6 +123,8 @@ def _(p: Probe) -> None:
     assert p.last().sampling_parameters["logit_bias"] == {"3": 100.0}
     assert set(_text(p, reply).split()) == {"cat"}  # token 3 of the toy vocabulary
     p.refused("logit_bias", logit_bias={"cat": 1})
+    p.refused("logit_bias", logit_bias={"33": 1})  # the test vocabulary has 33 tokens
+    p.refused("logit_bias", logit_bias={"3": 101})
 
 
 @case(GEN, "max_tokens")

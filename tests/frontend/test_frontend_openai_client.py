@@ -128,6 +128,22 @@ def test_embeddings_float_and_base64(client: openai.OpenAI, frontend: Served) ->
     )
 
 
+def test_constraints_through_extra_body(client: openai.OpenAI, frontend: Served) -> None:
+    spec = {"version": 1, "banned_tokens": [3, 4]}
+    client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "x"}],
+        max_tokens=2,
+        extra_body={"constraints": spec},
+    )
+    assert frontend.standin.requests[-1].sampling_parameters["extra_args"] == {"constraints": spec}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(
+            model=MODEL, prompt="x", extra_body={"constraints": {"version": 2}}
+        )
+    assert info.value.body["param"] == "constraints.version"
+
+
 def test_unknown_model_is_404(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as info:
         client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])

@@ -130,7 +130,13 @@ async def create_chat_completion(
     structured = (state.structured_key, structured_outputs_value(spec)) if spec else None
     top = body.top_logprobs or 0
     logprobs = top if body.logprobs else None
-    sampling = build_sampling(body, max_tokens=max_tokens, logprobs=logprobs, structured=structured)
+    sampling = build_sampling(
+        body,
+        max_tokens=max_tokens,
+        logprobs=logprobs,
+        structured=structured,
+        vocab_size=state.tokenizer.get_vocab_size(),
+    )
     params = GenerateParams(prompt, sampling, stream, logprobs is not None, new_id("chatcmpl"))
     n = body.n or 1
     if stream:

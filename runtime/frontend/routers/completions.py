@@ -68,7 +68,13 @@ def _prepare(state: FrontendState, body: CompletionRequest) -> tuple[list[str], 
             body.max_tokens, state.prompt_tokens(prompt), state.settings.max_model_len, "max_tokens"
         )
         samplings.append(
-            build_sampling(body, max_tokens=max_tokens, logprobs=body.logprobs, structured=None)
+            build_sampling(
+                body,
+                max_tokens=max_tokens,
+                logprobs=body.logprobs,
+                structured=None,
+                vocab_size=state.tokenizer.get_vocab_size(),
+            )
         )
     return prompts, samplings
 
