@@ -8,6 +8,7 @@ import struct
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
@@ -164,11 +165,9 @@ class KServeEngine(Engine):
                 yield result
         except InferenceServerException as exc:
             raise BackendUnavailableError(f"Triton: {exc.message()}") from None
-        except Exception as exc:
-            # grpc.aio raises its own AioRpcError for transport failures.
-            if exc.__class__.__name__ == "AioRpcError":
-                raise BackendUnavailableError(f"Triton unreachable: {exc}") from None
-            raise
+        except grpc.RpcError as exc:
+            # The stream iterator surfaces transport failures as grpc.aio.AioRpcError.
+            raise BackendUnavailableError(f"Triton unreachable: {exc}") from None
         finally:
             # Closing the stream (client gone, deadline, error) cancels the Triton request.
             call.cancel()

@@ -238,6 +238,19 @@ def test_readiness_follows_triton(tokenizer_dir: Path) -> None:
         loading.stop()
 
 
+def test_unreachable_triton_is_503_and_not_ready(tokenizer_dir: Path) -> None:
+    gone = KServeStandIn([StandInModel("llm")]).start()
+    gone.stop()  # its port is now closed
+    served = serve(make_settings(gone, tokenizer_dir), gone)
+    try:
+        response = httpx.post(served.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 2})
+        assert response.status_code == 503
+        assert "Triton" in response.json()["error"]["message"]
+        assert httpx.get(served.url + "/health/ready").status_code == 503
+    finally:
+        served.stop()
+
+
 def test_scoring_is_refused_against_a_backend_without_prompt_logprobs(
     standin: KServeStandIn, tokenizer_dir: Path
 ) -> None:
