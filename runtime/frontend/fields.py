@@ -213,7 +213,8 @@ SCORE_FIELDS: tuple[FieldRule, ...] = (
     FieldRule(
         "candidates",
         Policy.HONOURED,
-        "one prefill per candidate (max_tokens=1, prompt_logprobs=0), summed over its tokens",
+        "one prefill per candidate (max_tokens=1, prompt_logprobs=0), summed over its tokens; "
+        "a candidate must start at a token boundary and add a token",
     ),
     FieldRule("user", Policy.INERT, "no effect on output; never logged"),
 )

@@ -440,6 +440,8 @@ def _(p: Probe) -> None:
     assert scores[" ran far"]["num_tokens"] == 2
     assert scores[" ran far"]["logprob"] == pytest.approx(sum(scores[" ran far"]["token_logprobs"]))
     assert all(d["logprob"] < 0 for d in reply["data"])
+    response = p.post(candidates=[" sat", "s"])  # "cats" would re-tokenize the prompt
+    assert response.status_code == 400 and response.json()["error"]["param"] == "candidates[1]"
 
 
 ROWS = [(route, rule.field, rule.policy) for route, rules in TABLES.items() for rule in rules]

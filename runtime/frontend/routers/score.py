@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from runtime.frontend.dependencies import AuthDep, StateDep, check_model
+from runtime.frontend.errors import InvalidRequestError
 from runtime.frontend.fields import check_fields
 from runtime.frontend.sampling import resolve_max_tokens
 from runtime.frontend.schemas import ScoreRequest
@@ -24,7 +25,17 @@ async def score(body: ScoreRequest, request: Request, _: AuthDep, state: StateDe
     """Rank candidates by log p(candidate | prompt); no token is decoded for the result."""
     check_fields(ROUTE, body)
     check_model(state, body.model)
-    for candidate in body.candidates:
+    prompt_ids = state.tokenizer.encode(body.prompt, add_special_tokens=True).ids
+    for i, candidate in enumerate(body.candidates):
+        ids = state.tokenizer.encode(body.prompt + candidate, add_special_tokens=True).ids
+        # The score sums the candidate's own tokens, so the prompt must tokenize the same
+        # with and without it, and the candidate must add at least one token.
+        if len(ids) <= len(prompt_ids) or ids[: len(prompt_ids)] != prompt_ids:
+            raise InvalidRequestError(
+                f"candidates[{i}] does not start at a token boundary of the prompt or adds no "
+                "token; start it with the separator (e.g. a space)",
+                param=f"candidates[{i}]",
+            )
         # Each prefill also samples one token (vLLM's minimum), which needs room in the context.
         resolve_max_tokens(
             1,
