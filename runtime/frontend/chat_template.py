@@ -1,0 +1,94 @@
+"""Chat templates read from the model's own ``tokenizer_config.json``, rendered with jinja2."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+__all__ = ["ChatTemplate", "ChatTemplateError"]
+
+
+class ChatTemplateError(ValueError):
+    """The tokenizer files have no usable chat template, or rendering failed."""
+
+
+def _raise(message: str) -> None:
+    raise ChatTemplateError(message)
+
+
+def _token_text(value: Any) -> str:
+    # tokenizer_config.json stores special tokens as strings or as AddedToken dicts.
+    if isinstance(value, dict):
+        return str(value.get("content", ""))
+    return "" if value is None else str(value)
+
+
+def _compile(source: str) -> jinja2.Template:
+    # The environment transformers' apply_chat_template gives templates.
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.filters["tojson"] = lambda v, indent=None, **_: json.dumps(
+        v, indent=indent, ensure_ascii=False
+    )
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateError as exc:
+        raise ChatTemplateError(f"chat template does not compile: {exc}") from None
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """A chat template, compiled once, plus the special tokens it refers to."""
+
+    source: str
+    bos_token: str
+    eos_token: str
+    compiled: jinja2.Template = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "compiled", _compile(self.source))
+
+    @classmethod
+    def from_tokenizer_dir(cls, directory: Path) -> ChatTemplate:
+        """Load ``chat_template`` (the default one when it is a named list) from ``directory``."""
+        path = directory / "tokenizer_config.json"
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ChatTemplateError(f"cannot read {path}: {exc}") from None
+        template = config.get("chat_template")
+        standalone = directory / "chat_template.jinja"
+        if template is None and standalone.is_file():
+            template = standalone.read_text(encoding="utf-8")
+        if isinstance(template, list):
+            named = {t.get("name"): t.get("template") for t in template}
+            template = named.get("default")
+        if not isinstance(template, str) or not template:
+            raise ChatTemplateError(f"{path} has no chat_template (string or named 'default')")
+        return cls(
+            template, _token_text(config.get("bos_token")), _token_text(config.get("eos_token"))
+        )
+
+    def render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        """The prompt text for ``messages``, ending with the assistant's generation prompt."""
+        try:
+            return self.compiled.render(
+                messages=messages,
+                tools=tools,
+                add_generation_prompt=True,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        except jinja2.TemplateError as exc:
+            raise ChatTemplateError(f"chat template failed: {exc}") from None

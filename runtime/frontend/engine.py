@@ -1,0 +1,89 @@
+"""The engine interface the routes use, and the value types that cross it."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "ChoiceOutput",
+    "Engine",
+    "EngineOutput",
+    "GenerateParams",
+    "ScoredCandidate",
+    "TokenLogprob",
+]
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token, its log-probability and the most likely alternatives (best first)."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerateParams:
+    """One generation: the prompt text, the backend's ``sampling_parameters`` and flags."""
+
+    prompt: str
+    sampling: dict[str, Any]
+    stream: bool
+    logprobs: bool
+    request_id: str
+
+
+@dataclass(frozen=True)
+class ChoiceOutput:
+    """New text of one choice since the previous output; ``finish_reason`` once it ends."""
+
+    index: int
+    text: str
+    finish_reason: str | None
+    num_tokens: int
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class EngineOutput:
+    choices: tuple[ChoiceOutput, ...]
+    prompt_tokens: int | None = None
+    finished: bool = False
+
+
+@dataclass(frozen=True)
+class ScoredCandidate:
+    logprob: float
+    num_tokens: int
+    token_logprobs: tuple[float, ...] = field(default=())
+
+
+class Engine(abc.ABC):
+    """What the routes need from an inference backend (Triton over gRPC, or in-process)."""
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Connect and read the model's capabilities."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    @abc.abstractmethod
+    async def ready(self) -> bool:
+        """True once the server and the model are ready for requests."""
+
+    @abc.abstractmethod
+    def generate(self, params: GenerateParams) -> AsyncIterator[EngineOutput]:
+        """Outputs until every choice has finished; closing the iterator cancels the request."""
+
+    @abc.abstractmethod
+    async def embed(self, text: str, dimensions: int | None) -> tuple[list[float], int]:
+        """The embedding of one input and its token count."""
+
+    @abc.abstractmethod
+    async def score(self, prompt: str, candidates: list[str]) -> list[ScoredCandidate]:
+        """Log-probability of each candidate continuing ``prompt``, from prefill only."""

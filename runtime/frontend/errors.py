@@ -1,0 +1,155 @@
+"""Typed frontend errors and the one handler that turns them into OpenAI error bodies."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+__all__ = [
+    "AuthenticationError",
+    "BackendError",
+    "BackendUnavailableError",
+    "DeadlineExceededError",
+    "FieldRefusedError",
+    "FrontendError",
+    "InvalidOutputError",
+    "InvalidRequestError",
+    "ModelNotFoundError",
+    "NotSupportedError",
+    "RateLimitError",
+    "RequestTooLargeError",
+    "TruncatedOutputError",
+    "error_body",
+    "install_error_handlers",
+]
+
+
+class FrontendError(Exception):
+    """Base of every error the frontend returns; subclasses fix the status and the type."""
+
+    status_code = 500
+    error_type = "server_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+class InvalidRequestError(FrontendError):
+    """A request field has a value the frontend cannot accept."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class FieldRefusedError(InvalidRequestError):
+    """A field is refused by the field table (or is not in it)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(
+            f"field '{field}' is refused: {reason}", param=field, code="unsupported_field"
+        )
+
+
+class NotSupportedError(FrontendError):
+    """The deployed backend cannot perform the requested operation at all."""
+
+    status_code = 501
+    error_type = "invalid_request_error"
+
+
+class ModelNotFoundError(FrontendError):
+    status_code = 404
+    error_type = "invalid_request_error"
+
+
+class AuthenticationError(FrontendError):
+    status_code = 401
+    error_type = "authentication_error"
+
+
+class RateLimitError(FrontendError):
+    status_code = 429
+    error_type = "rate_limit_error"
+
+
+class RequestTooLargeError(FrontendError):
+    status_code = 413
+    error_type = "invalid_request_error"
+
+
+class DeadlineExceededError(FrontendError):
+    status_code = 504
+    error_type = "timeout_error"
+
+
+class BackendError(FrontendError):
+    """Triton answered with an error for this request."""
+
+    status_code = 502
+    error_type = "server_error"
+
+
+class BackendUnavailableError(FrontendError):
+    status_code = 503
+    error_type = "server_error"
+
+
+class InvalidOutputError(FrontendError):
+    """The engine produced output that violates the requested format (e.g. invalid JSON)."""
+
+    status_code = 502
+    error_type = "server_error"
+
+
+class TruncatedOutputError(InvalidRequestError):
+    """Output cut by the client's max_tokens broke the requested format (counted too)."""
+
+
+def error_body(exc: FrontendError) -> dict:
+    """The OpenAI error body ``{"error": {"message", "type", "param", "code"}}``."""
+    return {
+        "error": {
+            "message": exc.message,
+            "type": exc.error_type,
+            "param": exc.param,
+            "code": exc.code,
+        }
+    }
+
+
+def _validation_error(exc: RequestValidationError) -> FrontendError:
+    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid body", "type": ""}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    field = ".".join(loc) or "body"
+    if first.get("type") == "extra_forbidden":
+        return FieldRefusedError(field, "not in this route's field table (unknown field)")
+    return InvalidRequestError(f"field '{field}': {first.get('msg')}", param=field)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Map typed errors, validation errors and HTTP errors to the OpenAI error body."""
+
+    async def on_frontend(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, FrontendError)
+        return JSONResponse(error_body(exc), status_code=exc.status_code)
+
+    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        err = _validation_error(exc)
+        return JSONResponse(error_body(err), status_code=err.status_code)
+
+    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        err = FrontendError(str(exc.detail))
+        err.status_code = exc.status_code
+        err.error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return JSONResponse(error_body(err), status_code=exc.status_code, headers=exc.headers)
+
+    app.add_exception_handler(FrontendError, on_frontend)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)

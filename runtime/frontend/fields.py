@@ -1,0 +1,268 @@
+"""The field table: every request field of every route is honoured, inert or refused.
+
+Each row says what the frontend does with the field; ``refuse`` returns the reason a given value
+cannot be honoured (``None`` when it can). :func:`check_fields` runs the table over a parsed
+request; ``FIELDS.md`` is generated from these rows (:func:`render_markdown`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel
+
+from runtime.frontend.errors import FieldRefusedError
+
+__all__ = [
+    "TABLES",
+    "FieldRule",
+    "Policy",
+    "check_fields",
+    "render_markdown",
+]
+
+
+class Policy(StrEnum):
+    HONOURED = "honoured"
+    INERT = "inert"
+    REFUSED = "refused"
+
+
+Refuse = Callable[[Any], str | None]
+
+
+@dataclass(frozen=True)
+class FieldRule:
+    """One row: the field, its policy, what happens to it, and which values are refused."""
+
+    field: str
+    policy: Policy
+    effect: str
+    refuse: Refuse | None = None
+
+
+def _always(reason: str) -> Refuse:
+    return lambda value: reason
+
+
+def _unless(allowed: tuple[Any, ...], reason: str) -> Refuse:
+    return lambda value: None if value in allowed else reason
+
+
+def _modalities(value: list[str]) -> str | None:
+    return None if value == ["text"] else 'only text output is produced; send ["text"]'
+
+
+def _stream_options(value: Any) -> str | None:
+    if value.include_obfuscation:
+        return "stream_options.include_obfuscation is not implemented; send false"
+    return None
+
+
+def _prompt(value: Any) -> str | None:
+    if isinstance(value, list) and value and not isinstance(value[0], str):
+        return "token-id prompts are not supported: the backend takes text_input only"
+    if isinstance(value, list) and not value:
+        return "prompt must not be empty"
+    return None
+
+
+_SAMPLING = (
+    FieldRule("model", Policy.HONOURED, "must name the served model; otherwise 404"),
+    FieldRule("frequency_penalty", Policy.HONOURED, "sampling_parameters.frequency_penalty"),
+    FieldRule("presence_penalty", Policy.HONOURED, "sampling_parameters.presence_penalty"),
+    FieldRule(
+        "logit_bias",
+        Policy.HONOURED,
+        "sampling_parameters.logit_bias; keys must be token ids of the model's vocabulary and "
+        "values lie in [-100, 100], anything else is a 400",
+    ),
+    FieldRule("max_tokens", Policy.HONOURED, "sampling_parameters.max_tokens"),
+    FieldRule("n", Policy.HONOURED, "sampling_parameters.n; one choice per output"),
+    FieldRule("seed", Policy.HONOURED, "sampling_parameters.seed"),
+    FieldRule("stop", Policy.HONOURED, "sampling_parameters.stop"),
+    FieldRule("stream", Policy.HONOURED, "server-sent events; backend tensor stream=true"),
+    FieldRule(
+        "stream_options",
+        Policy.HONOURED,
+        "include_usage adds the usage chunk; include_obfuscation=true is refused",
+        _stream_options,
+    ),
+    FieldRule("temperature", Policy.HONOURED, "sampling_parameters.temperature"),
+    FieldRule("top_p", Policy.HONOURED, "sampling_parameters.top_p"),
+    FieldRule("user", Policy.INERT, "no effect on output; never logged"),
+    FieldRule(
+        "constraints",
+        Policy.HONOURED,
+        "extension: validated by runtime.constraints.schema, sent as "
+        "sampling_parameters.extra_args.constraints",
+    ),
+)
+
+CHAT_FIELDS: tuple[FieldRule, ...] = (
+    FieldRule(
+        "messages",
+        Policy.HONOURED,
+        "rendered with the model's own chat template (developer becomes system; text parts "
+        "only; a non-null refusal is refused)",
+    ),
+    *_SAMPLING,
+    FieldRule("audio", Policy.REFUSED, "", _always("audio output is not supported")),
+    FieldRule(
+        "function_call", Policy.REFUSED, "", _always("deprecated; use tools and tool_choice")
+    ),
+    FieldRule("functions", Policy.REFUSED, "", _always("deprecated; use tools and tool_choice")),
+    FieldRule("logprobs", Policy.HONOURED, "sampling_parameters.logprobs; return_logprobs"),
+    FieldRule("top_logprobs", Policy.HONOURED, "sampling_parameters.logprobs = top_logprobs"),
+    FieldRule("max_completion_tokens", Policy.HONOURED, "sampling_parameters.max_tokens"),
+    FieldRule("metadata", Policy.INERT, "no effect on output (nothing is stored)"),
+    FieldRule(
+        "modalities", Policy.HONOURED, '["text"] only; anything else is refused', _modalities
+    ),
+    FieldRule(
+        "parallel_tool_calls",
+        Policy.HONOURED,
+        "true (the default) only: the parser returns every call the model wrote",
+        _unless((True,), "the model cannot be limited to one tool call; send true or omit it"),
+    ),
+    FieldRule("prediction", Policy.REFUSED, "", _always("predicted outputs are not supported")),
+    FieldRule("prompt_cache_key", Policy.INERT, "no effect on output; prefix caching is automatic"),
+    FieldRule(
+        "prompt_cache_retention",
+        Policy.INERT,
+        '"in_memory" only (what the engine does); other values are refused',
+        _unless(("in_memory",), "only in_memory prefix caching exists"),
+    ),
+    FieldRule(
+        "reasoning_effort",
+        Policy.REFUSED,
+        "",
+        _always("the model has no reasoning-effort control"),
+    ),
+    FieldRule(
+        "response_format",
+        Policy.HONOURED,
+        "json_schema/json_object become structured outputs under the pinned key; the JSON is "
+        "validated before it is returned; text is plain",
+    ),
+    FieldRule("safety_identifier", Policy.INERT, "no effect on output; never logged"),
+    FieldRule(
+        "service_tier",
+        Policy.INERT,
+        '"auto" and "default" ask for nothing; other tiers are refused',
+        _unless(("auto", "default"), "there is one service tier; send auto or default"),
+    ),
+    FieldRule(
+        "store",
+        Policy.INERT,
+        "false only: completions are never stored",
+        _unless((False,), "completions are never stored; send false or omit it"),
+    ),
+    FieldRule(
+        "tool_choice",
+        Policy.HONOURED,
+        "none: no tools; auto: parsed by the model's tool-call parser; required/named: "
+        "structured outputs forcing a call",
+    ),
+    FieldRule(
+        "tools",
+        Policy.HONOURED,
+        "passed to the chat template; refused when no tool-call parser is configured",
+    ),
+    FieldRule(
+        "verbosity",
+        Policy.INERT,
+        '"medium" (the default) only; other values are refused',
+        _unless(("medium",), "the model has no verbosity control; send medium or omit it"),
+    ),
+    FieldRule("web_search_options", Policy.REFUSED, "", _always("web search is not available")),
+)
+
+COMPLETION_FIELDS: tuple[FieldRule, ...] = (
+    FieldRule("prompt", Policy.HONOURED, "text_input; a list is one request per prompt", _prompt),
+    *_SAMPLING,
+    FieldRule(
+        "best_of",
+        Policy.HONOURED,
+        "equal to n only (vLLM V1 has no best_of)",
+        None,
+    ),
+    FieldRule("echo", Policy.HONOURED, "the prompt is prepended to each choice's text"),
+    FieldRule("logprobs", Policy.HONOURED, "sampling_parameters.logprobs; return_logprobs"),
+    FieldRule("suffix", Policy.REFUSED, "", _always("fill-in-the-middle is not supported")),
+)
+
+EMBEDDING_FIELDS: tuple[FieldRule, ...] = (
+    FieldRule("model", Policy.HONOURED, "must name the served model; otherwise 404"),
+    FieldRule("input", Policy.HONOURED, "embedding_request.input, one per string", _prompt),
+    FieldRule(
+        "dimensions",
+        Policy.HONOURED,
+        "embedding_request.pooling_params.dimensions; refused above the model's hidden_size",
+    ),
+    FieldRule("encoding_format", Policy.HONOURED, "float list or base64 of little-endian float32"),
+    FieldRule("user", Policy.INERT, "no effect on output; never logged"),
+)
+
+SCORE_FIELDS: tuple[FieldRule, ...] = (
+    FieldRule("model", Policy.HONOURED, "must name the served model; otherwise 404"),
+    FieldRule("prompt", Policy.HONOURED, "text_input prefix shared by every candidate"),
+    FieldRule(
+        "candidates",
+        Policy.HONOURED,
+        "one prefill per candidate (max_tokens=1, prompt_logprobs=0), summed over its tokens; "
+        "a candidate must start at a token boundary and add a token",
+    ),
+    FieldRule("user", Policy.INERT, "no effect on output; never logged"),
+)
+
+TABLES: Mapping[str, tuple[FieldRule, ...]] = {
+    "/v1/chat/completions": CHAT_FIELDS,
+    "/v1/completions": COMPLETION_FIELDS,
+    "/v1/embeddings": EMBEDDING_FIELDS,
+    "/v1/score": SCORE_FIELDS,
+}
+
+
+def check_fields(route: str, request: BaseModel) -> None:
+    """Refuse the first field whose row (or absence of a row) says it cannot be honoured."""
+    rules = {rule.field: rule for rule in TABLES[route]}
+    for name in request.model_fields_set:
+        value = getattr(request, name)
+        rule = rules.get(name)
+        if rule is None:
+            raise FieldRefusedError(name, "not in this route's field table")
+        if value is None or rule.refuse is None:
+            continue
+        reason = rule.refuse(value)
+        if reason is not None:
+            raise FieldRefusedError(name, reason)
+
+
+def render_markdown() -> str:
+    """The field table as Markdown (``runtime/frontend/FIELDS.md`` is this text)."""
+    lines = [
+        "# OpenAI frontend: field table",
+        "",
+        "Generated from `runtime/frontend/fields.py` (`python -m runtime.frontend.fields`); a",
+        "test keeps the two identical. Every request field is **honoured** (mapped to the",
+        "engine), **inert** (no effect on output) or **refused** (HTTP 400 naming the field).",
+        "A field not listed is refused the same way.",
+        "",
+    ]
+    for route, rules in TABLES.items():
+        lines += [f"## `POST {route}`", "", "| field | policy | effect |", "| --- | --- | --- |"]
+        for rule in rules:
+            effect = rule.effect
+            if rule.policy is Policy.REFUSED and rule.refuse is not None:
+                effect = rule.refuse(object()) or ""
+            lines.append(f"| `{rule.field}` | {rule.policy} | {effect} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(render_markdown(), end="")

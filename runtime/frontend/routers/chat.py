@@ -1,0 +1,263 @@
+"""``POST /v1/chat/completions``: chat template, sampling, structured outputs, tool calls."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from runtime.frontend.chat_template import ChatTemplateError
+from runtime.frontend.dependencies import AuthDep, StateDep, check_model
+from runtime.frontend.engine import GenerateParams, TokenLogprob
+from runtime.frontend.errors import (
+    FieldRefusedError,
+    InvalidOutputError,
+    InvalidRequestError,
+    TruncatedOutputError,
+)
+from runtime.frontend.fields import check_fields
+from runtime.frontend.generation import collect, new_id, now
+from runtime.frontend.sampling import build_sampling, resolve_max_tokens
+from runtime.frontend.schemas import ChatCompletionRequest, ChatMessage
+from runtime.frontend.state import FrontendState
+from runtime.frontend.streaming import run_until_disconnect, sse_response
+from runtime.frontend.structured import JsonRequirement, requirement_for, structured_outputs_value
+from runtime.frontend.tools import ToolPlan, forced_calls, parse_hermes, plan_tools
+
+__all__ = ["ROUTE", "router"]
+
+ROUTE = "/v1/chat/completions"
+router = APIRouter(tags=["chat"])
+
+
+def _template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    out = []
+    for i, m in enumerate(messages):
+        if m.refusal is not None:
+            raise FieldRefusedError(
+                f"messages[{i}].refusal", "a refusal cannot be replayed to the model; send null"
+            )
+        # Templates know system, user, assistant and tool; developer is the newer system.
+        item: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role}
+        item["content"] = m.text()
+        if m.name is not None:
+            item["name"] = m.name
+        if m.tool_calls is not None:
+            item["tool_calls"] = m.tool_calls
+        if m.tool_call_id is not None:
+            item["tool_call_id"] = m.tool_call_id
+        out.append(item)
+    return out
+
+
+def _logprobs(items: list[TokenLogprob] | tuple[TokenLogprob, ...], top: int) -> dict[str, Any]:
+    return {
+        "content": [
+            {
+                "token": t.token,
+                "logprob": t.logprob,
+                "bytes": list(t.token.encode()),
+                "top_logprobs": [
+                    {"token": tok, "logprob": lp, "bytes": list(tok.encode())}
+                    for tok, lp in t.top[:top]
+                ],
+            }
+            for t in items
+        ],
+        "refusal": None,
+    }
+
+
+def _check(state: FrontendState, body: ChatCompletionRequest) -> None:
+    check_fields(ROUTE, body)
+    check_model(state, body.model)
+    if (
+        body.max_tokens is not None
+        and body.max_completion_tokens is not None
+        and body.max_tokens != body.max_completion_tokens
+    ):
+        raise InvalidRequestError(
+            "max_tokens and max_completion_tokens differ; send one of them",
+            param="max_completion_tokens",
+        )
+    if body.top_logprobs is not None and not body.logprobs:
+        raise InvalidRequestError("top_logprobs requires logprobs=true", param="top_logprobs")
+    if body.stream_options is not None and not body.stream:
+        raise InvalidRequestError("stream_options requires stream=true", param="stream_options")
+
+
+def _validated(
+    state: FrontendState, requirement: JsonRequirement, text: str, index: int, reason: str | None
+) -> None:
+    try:
+        requirement.validate(text, index=index, finish_reason=reason)
+    except (InvalidOutputError, TruncatedOutputError):
+        state.metrics.invalid_output.labels(state.settings.model_id, ROUTE).inc()
+        raise
+
+
+@router.post(ROUTE)
+async def create_chat_completion(
+    body: ChatCompletionRequest, request: Request, _: AuthDep, state: StateDep
+) -> Any:
+    """Create a chat completion; every field follows the field table (FIELDS.md)."""
+    _check(state, body)
+    stream = bool(body.stream)
+    plan = plan_tools(body.tools, body.tool_choice, state.settings.tool_call_parser)
+    requirement = requirement_for(body.response_format)
+    if plan.forced is not None and requirement is not None:
+        raise InvalidRequestError(
+            "response_format and a required tool_choice both constrain the output; send one",
+            param="response_format",
+        )
+    if stream and (plan.parse or plan.forced is not None):
+        raise FieldRefusedError("stream", "tool calls are not streamed; send stream=false")
+    try:
+        prompt = state.template.render(_template_messages(body.messages), plan.template_tools)
+    except ChatTemplateError as exc:
+        raise InvalidRequestError(str(exc), param="messages") from None
+    max_tokens = resolve_max_tokens(
+        body.max_completion_tokens or body.max_tokens,
+        state.prompt_tokens(prompt),
+        state.settings.max_model_len,
+        "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens",
+    )
+    spec = requirement.spec() if requirement else None
+    if plan.forced is not None:
+        spec = {"json": plan.forced}
+    structured = (state.structured_key, structured_outputs_value(spec)) if spec else None
+    top = body.top_logprobs or 0
+    logprobs = top if body.logprobs else None
+    sampling = build_sampling(
+        body,
+        max_tokens=max_tokens,
+        logprobs=logprobs,
+        structured=structured,
+        vocab_size=state.tokenizer.get_vocab_size(),
+    )
+    params = GenerateParams(prompt, sampling, stream, logprobs is not None, new_id("chatcmpl"))
+    n = body.n or 1
+    if stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        events = _events(state, body, params, n, requirement, include_usage, top)
+        return await sse_response(state, events)
+    choices, prompt_tokens = await run_until_disconnect(
+        request, collect(state.engine, params, n), state.settings.request_timeout_s
+    )
+    out = []
+    for i, c in enumerate(choices):
+        if requirement is not None:
+            _validated(state, requirement, c.text, i, c.finish_reason)
+        message, finish = _message(state, plan, c.text, c.finish_reason)
+        out.append(
+            {
+                "index": i,
+                "message": message,
+                "logprobs": _logprobs(c.logprobs, top) if logprobs is not None else None,
+                "finish_reason": finish,
+            }
+        )
+    completion_tokens = sum(c.tokens for c in choices)
+    # A Response skips FastAPI's jsonable_encoder pass over the dict (per-request cost).
+    return JSONResponse(
+        {
+            "id": params.request_id,
+            "object": "chat.completion",
+            "created": now(),
+            "model": body.model,
+            "system_fingerprint": None,
+            "choices": out,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+    )
+
+
+def _message(
+    state: FrontendState, plan: ToolPlan, text: str, finish: str | None
+) -> tuple[dict[str, Any], str | None]:
+    if plan.forced is not None:
+        try:
+            calls = forced_calls(plan, text, finish)
+        except (InvalidOutputError, TruncatedOutputError):
+            state.metrics.invalid_output.labels(state.settings.model_id, ROUTE).inc()
+            raise
+        message = {"role": "assistant", "content": None}
+        message["tool_calls"] = [c.as_openai() for c in calls]
+        return message, "tool_calls"
+    if plan.parse:
+        content, calls = parse_hermes(text)
+        if calls:
+            message = {"role": "assistant", "content": content}
+            message["tool_calls"] = [c.as_openai() for c in calls]
+            return message, "tool_calls"
+    return {"role": "assistant", "content": text}, finish
+
+
+async def _events(
+    state: FrontendState,
+    body: ChatCompletionRequest,
+    params: GenerateParams,
+    n: int,
+    requirement: JsonRequirement | None,
+    include_usage: bool,
+    top: int,
+) -> AsyncIterator[dict[str, Any]]:
+    created = now()
+    texts = [""] * n
+    started = [False] * n
+    done = [False] * n
+    prompt_tokens = completion_tokens = 0
+
+    def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": params.request_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": body.model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
+        if include_usage:
+            out["usage"] = None
+        return out
+
+    async for output in state.engine.generate(params):
+        prompt_tokens = output.prompt_tokens or prompt_tokens
+        deltas = []
+        for c in output.choices:
+            if done[c.index]:
+                continue
+            completion_tokens += c.num_tokens
+            texts[c.index] += c.text
+            delta: dict[str, Any] = {"content": c.text}
+            if not started[c.index]:
+                started[c.index] = True
+                delta["role"] = "assistant"
+            if c.finish_reason is not None:
+                done[c.index] = True
+                if requirement is not None:
+                    _validated(state, requirement, texts[c.index], c.index, c.finish_reason)
+            deltas.append(
+                {
+                    "index": c.index,
+                    "delta": delta,
+                    "logprobs": _logprobs(c.logprobs, top) if params.logprobs else None,
+                    "finish_reason": c.finish_reason,
+                }
+            )
+        if deltas:
+            yield chunk(deltas)
+    if include_usage:
+        final = chunk([])
+        final["usage"] = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        yield final

@@ -1,0 +1,18 @@
+"""``GET /metrics``: the frontend's own counters (in the pod the metrics proxy also merges them)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from runtime.frontend.dependencies import AuthDep, StateDep
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["metrics"])
+
+
+@router.get("/metrics", response_class=Response)
+async def metrics(_: AuthDep, state: StateDep) -> Response:
+    """Prometheus text exposition of the frontend's registry."""
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

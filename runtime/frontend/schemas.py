@@ -1,0 +1,164 @@
+"""Request shapes of the OpenAI routes this frontend serves (pydantic, unknown fields forbidden).
+
+Fields the frontend refuses are still declared (typed loosely) so that the field table, not the
+parser, decides and says why; every declared field has exactly one row in
+:mod:`runtime.frontend.fields`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "CompletionRequest",
+    "EmbeddingRequest",
+    "FunctionTool",
+    "JsonSchemaFormat",
+    "ResponseFormat",
+    "ScoreRequest",
+    "StreamOptions",
+    "TextPart",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    """One conversation turn; only text content is accepted."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    # Sent back by SDKs when a conversation is replayed; must be empty (see the field table).
+    refusal: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class JsonSchemaFormat(_Strict):
+    name: str = Field(max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None
+
+
+class FunctionDefinition(_Strict):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class FunctionTool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class _Sampling(_Strict):
+    """Fields shared by chat and text completions."""
+
+    model: str
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    n: int | None = Field(default=None, ge=1, le=128)
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
+    stop: str | list[str] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    user: str | None = None
+    constraints: dict[str, Any] | None = Field(
+        default=None,
+        description="Extension: per-request decoding constraints (runtime.constraints.schema).",
+    )
+
+
+class ChatCompletionRequest(_Sampling):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    audio: Any | None = None
+    function_call: Any | None = None
+    functions: Any | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    metadata: dict[str, str] | None = None
+    modalities: list[str] | None = None
+    parallel_tool_calls: bool | None = None
+    prediction: Any | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    reasoning_effort: str | None = None
+    response_format: ResponseFormat | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
+    store: bool | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    tools: list[FunctionTool] | None = None
+    verbosity: str | None = None
+    web_search_options: Any | None = None
+
+
+class CompletionRequest(_Sampling):
+    """``POST /v1/completions``."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    best_of: int | None = Field(default=None, ge=1, le=20)
+    echo: bool | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    suffix: str | None = None
+
+
+class EmbeddingRequest(_Strict):
+    """``POST /v1/embeddings``."""
+
+    model: str
+    input: str | Annotated[list[str], Field(max_length=2048)] | list[int] | list[list[int]]
+    dimensions: int | None = Field(default=None, ge=1)
+    encoding_format: Literal["float", "base64"] | None = None
+    user: str | None = None
+
+
+class ScoreRequest(_Strict):
+    """``POST /v1/score``: log-probabilities of candidate continuations of one prompt."""
+
+    model: str
+    prompt: str = Field(min_length=1, description="The shared context.")
+    candidates: list[str] = Field(
+        min_length=1, max_length=256, description="Continuations to score, appended to prompt."
+    )
+    user: str | None = None

@@ -1,0 +1,74 @@
+"""What the app holds for its lifetime (``app.state.frontend``), built in the lifespan."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter
+from tokenizers import Tokenizer
+
+from runtime.frontend.chat_template import ChatTemplate
+from runtime.frontend.engine import Engine
+from runtime.frontend.settings import FrontendSettings
+
+__all__ = ["FrontendMetrics", "FrontendState", "hash_key", "load_key_hashes"]
+
+
+def hash_key(key: str) -> str:
+    """The stored form of an API key (SHA-256, hex)."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def load_key_hashes(path: Path) -> tuple[str, ...]:
+    """Read SHA-256 hex digests, one per line (``#`` comments allowed), from a file or mount."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ValueError(f"LLM_SERVING_FRONTEND_API_KEYS_FILE: cannot read {path}: {exc}") from None
+    hashes = tuple(
+        line.strip().lower() for line in lines if line.strip() and not line.startswith("#")
+    )
+    for digest in hashes:
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ValueError(
+                f"LLM_SERVING_FRONTEND_API_KEYS_FILE: {path} holds a line that is not a SHA-256 "
+                "hex digest; store hashes (sha256sum), never keys"
+            )
+    if not hashes:
+        raise ValueError(f"LLM_SERVING_FRONTEND_API_KEYS_FILE: {path} holds no key hashes")
+    return hashes
+
+
+@dataclass
+class FrontendMetrics:
+    """Counters the frontend exports (in its own registry; multiprocess mode writes files)."""
+
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    invalid_output: Counter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.invalid_output = Counter(
+            "llm_serving_frontend_invalid_output",
+            "Responses withheld because the engine's output broke the requested format.",
+            ["model", "route"],
+            registry=self.registry,
+        )
+
+
+@dataclass
+class FrontendState:
+    settings: FrontendSettings
+    engine: Engine
+    template: ChatTemplate
+    tokenizer: Tokenizer
+    structured_key: str
+    key_hashes: tuple[str, ...] | None
+    embedding_size: int | None
+    metrics: FrontendMetrics = field(default_factory=FrontendMetrics)
+    open_streams: int = 0
+
+    def prompt_tokens(self, text: str) -> int:
+        """Tokens the backend will count: it tokenizes text_input with special tokens added."""
+        return len(self.tokenizer.encode(text, add_special_tokens=True).ids)

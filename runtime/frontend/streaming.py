@@ -1,0 +1,122 @@
+"""Server-sent events, the bound on open streams, deadlines and client-disconnect cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from runtime.frontend.errors import (
+    DeadlineExceededError,
+    FrontendError,
+    RateLimitError,
+    error_body,
+)
+from runtime.frontend.state import FrontendState
+
+__all__ = ["run_until_disconnect", "sse_response"]
+
+T = TypeVar("T")
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {payload}\n\n".encode()
+
+
+async def run_until_disconnect(request: Request, work: Awaitable[T], timeout_s: float) -> T:
+    """Await ``work`` unless the client goes away (cancel it) or the deadline passes (504)."""
+    task = asyncio.ensure_future(work)
+
+    async def watch() -> None:
+        # The body has been read, so the next ASGI message is the disconnect (no polling).
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        task.cancel()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await task
+    except TimeoutError:
+        raise DeadlineExceededError(
+            f"the request did not finish within {timeout_s:g} s", code="deadline_exceeded"
+        ) from None
+    finally:
+        watcher.cancel()
+        task.cancel()
+
+
+async def sse_response(
+    state: FrontendState, events: AsyncIterator[dict[str, Any]]
+) -> StreamingResponse:
+    """Stream ``events`` as SSE, bounded by the open-stream limit and the request deadline.
+
+    The first event is awaited before the response starts, so errors that happen before any
+    output (a refused request, an unreachable backend) keep their HTTP status.
+    """
+    settings = state.settings
+    if state.open_streams >= settings.max_concurrent_streams:
+        raise RateLimitError(
+            f"{settings.max_concurrent_streams} streams are open; retry later",
+            code="too_many_streams",
+        )
+    state.open_streams += 1
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            state.open_streams -= 1
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.request_timeout_s
+    try:
+        async with asyncio.timeout_at(deadline):
+            first = await anext(events)
+    except StopAsyncIteration:
+        first = None
+    except TimeoutError:
+        release()
+        await events.aclose()
+        raise DeadlineExceededError(
+            f"no output within {settings.request_timeout_s:g} s", code="deadline_exceeded"
+        ) from None
+    except BaseException:
+        release()
+        await events.aclose()
+        raise
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            if first is None:
+                return
+            yield sse(first)
+            async with asyncio.timeout_at(deadline):
+                async for event in events:
+                    yield sse(event)
+            yield sse("[DONE]")
+        except TimeoutError:
+            yield sse(
+                error_body(
+                    DeadlineExceededError(
+                        f"the stream did not finish within {settings.request_timeout_s:g} s",
+                        code="deadline_exceeded",
+                    )
+                )
+            )
+        except FrontendError as exc:
+            # Errors after output started cannot change the status: the stream ends with them.
+            yield sse(error_body(exc))
+        finally:
+            release()
+            with contextlib.suppress(Exception):
+                await events.aclose()
+
+    return StreamingResponse(body(), media_type="text/event-stream")

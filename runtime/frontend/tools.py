@@ -1,0 +1,136 @@
+"""Tool calling: the tools a template sees, forced-call schemas, and the hermes output parser."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.frontend.errors import InvalidOutputError, InvalidRequestError, TruncatedOutputError
+from runtime.frontend.schemas import FunctionTool
+
+__all__ = ["ToolCall", "ToolPlan", "forced_calls", "parse_hermes", "plan_tools"]
+
+_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str
+
+    def as_openai(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """How a request's tools are honoured.
+
+    ``template_tools`` go to the chat template; ``forced`` is a structured-output JSON schema
+    when a call is required (``forced_name`` set when one function is named); ``parse`` means
+    the output is scanned for calls the model chose to make.
+    """
+
+    template_tools: list[dict[str, Any]] | None
+    forced: dict[str, Any] | None = None
+    forced_name: str | None = None
+    parse: bool = False
+
+
+def _params(tool: FunctionTool) -> dict[str, Any]:
+    return tool.function.parameters or {"type": "object", "properties": {}}
+
+
+def plan_tools(tools: list[FunctionTool] | None, tool_choice: Any, parser: str | None) -> ToolPlan:
+    """Decide how ``tools``/``tool_choice`` are honoured, or refuse them."""
+    if not tools:
+        if tool_choice not in (None, "none"):
+            raise InvalidRequestError("tool_choice needs tools", param="tool_choice")
+        return ToolPlan(None)
+    if parser is None:
+        raise InvalidRequestError(
+            "field 'tools' is refused: no tool-call parser is configured for this model "
+            "(LLM_SERVING_FRONTEND_TOOL_CALL_PARSER)",
+            param="tools",
+            code="unsupported_field",
+        )
+    rendered = [t.model_dump(exclude_none=True) for t in tools]
+    if tool_choice == "none":
+        return ToolPlan(None)
+    if tool_choice in (None, "auto"):
+        return ToolPlan(rendered, parse=True)
+    if tool_choice == "required":
+        calls = {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "anyOf": [
+                    {
+                        "type": "object",
+                        "properties": {
+                            "name": {"const": t.function.name},
+                            "parameters": _params(t),
+                        },
+                        "required": ["name", "parameters"],
+                    }
+                    for t in tools
+                ]
+            },
+        }
+        return ToolPlan(rendered, forced=calls)
+    name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
+    match = [t for t in tools if t.function.name == name]
+    if tool_choice.get("type") != "function" or not match:
+        raise InvalidRequestError(
+            f"tool_choice names function {name!r}, which is not in tools",
+            param="tool_choice",
+        )
+    return ToolPlan(rendered, forced=_params(match[0]), forced_name=name)
+
+
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def forced_calls(plan: ToolPlan, text: str, finish_reason: str | None) -> list[ToolCall]:
+    """Tool calls from a forced (structured) output."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if finish_reason == "length":
+            raise TruncatedOutputError(
+                "max_tokens ended the forced tool call before its JSON was complete",
+                param="max_tokens",
+                code="output_truncated",
+            ) from None
+        raise InvalidOutputError(
+            f"the engine returned invalid JSON for a forced tool call: {exc.msg}",
+            param="tool_choice",
+            code="invalid_json_output",
+        ) from None
+    if plan.forced_name is not None:
+        return [ToolCall(_call_id(), plan.forced_name, json.dumps(value))]
+    return [ToolCall(_call_id(), c["name"], json.dumps(c["parameters"])) for c in value]
+
+
+def parse_hermes(text: str) -> tuple[str | None, list[ToolCall]]:
+    """Split ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` blocks from the text."""
+    calls = []
+    for block in _HERMES.findall(text):
+        try:
+            value = json.loads(block)
+            calls.append(ToolCall(_call_id(), value["name"], json.dumps(value["arguments"])))
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise InvalidOutputError(
+                "the model wrote a malformed <tool_call> block", code="invalid_tool_call"
+            ) from None
+    content = _HERMES.sub("", text).strip() if calls else text
+    return (content or None), calls

@@ -1,0 +1,126 @@
+"""Fixtures: tokenizer files written here, the KServe stand-in, uvicorn on a free port."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import uvicorn
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import WhitespaceSplit
+
+from runtime.frontend import FrontendSettings, create_app
+from tests.support.kserve_server import KServeStandIn, StandInModel
+from tests.support.toy_model import VOCAB, ToyModel
+
+# ChatML-like, with the tools block Hermes-style templates render.
+CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+API_KEY = "sk-test-frontend-key"
+
+
+def write_tokenizer(directory: Path, template: str = CHAT_TEMPLATE) -> Path:
+    """A WordLevel whitespace tokenizer (it counts tokens as the toy model does)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab = {w: i for i, w in enumerate(VOCAB)}
+    vocab["[UNK]"] = len(vocab)
+    tokenizer = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = WhitespaceSplit()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    config = {"chat_template": template, "bos_token": "", "eos_token": "<|im_end|>"}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    # The toy model's embedding width (tests.support.toy_model.ToyModel.embedding_dim).
+    (directory / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    return directory
+
+
+@dataclass
+class Served:
+    url: str
+    standin: KServeStandIn
+    app: object
+    server: uvicorn.Server
+    thread: threading.Thread
+
+    @property
+    def state(self):
+        return self.app.state.frontend
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def serve(settings: FrontendSettings, standin: KServeStandIn) -> Served:
+    """Run the frontend under uvicorn in a thread, on a socket bound to a free port."""
+    app = create_app(settings)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    for _ in range(500):
+        if server.started:
+            break
+        threading.Event().wait(0.01)
+    assert server.started, "uvicorn did not start"
+    return Served(f"http://127.0.0.1:{port}", standin, app, server, thread)
+
+
+@pytest.fixture(scope="session")
+def standin() -> Iterator[KServeStandIn]:
+    server = KServeStandIn(
+        [
+            StandInModel("llm", max_model_len=256),
+            StandInModel("llm-broken", ToyModel(invalid_json=True), max_model_len=256),
+            StandInModel("llm-stock", extra_outputs=(), max_model_len=256),
+        ]
+    ).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+
+
+def make_settings(standin: KServeStandIn, tokenizer_dir: Path, **overrides) -> FrontendSettings:
+    values = {
+        "triton_url": standin.url,
+        "model_name": "llm",
+        "served_model_id": "toy-llm",
+        "tokenizer_dir": tokenizer_dir,
+        "structured_outputs_key": "structured_outputs",
+        "tool_call_parser": "hermes",
+        "max_model_len": 256,
+        **overrides,
+    }
+    return FrontendSettings(**values)
+
+
+@pytest.fixture(scope="session")
+def frontend(standin: KServeStandIn, tokenizer_dir: Path) -> Iterator[Served]:
+    served = serve(make_settings(standin, tokenizer_dir), standin)
+    yield served
+    served.stop()
+
+
+@pytest.fixture(scope="session")
+def keys_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("keys") / "api-keys"
+    path.write_text(f"# sha256 of each key\n{hashlib.sha256(API_KEY.encode()).hexdigest()}\n")
+    return path

@@ -1,0 +1,470 @@
+"""One test per row of the field table: honoured fields reach the backend, inert ones change
+nothing, refused ones are a 400 naming the field. A row without a case fails."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from runtime.frontend.fields import TABLES, Policy, render_markdown
+from runtime.frontend.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    ScoreRequest,
+)
+from tests.frontend.conftest import Served
+
+MODEL = "toy-llm"
+CHAT, COMPLETIONS, EMBEDDINGS, SCORE = TABLES
+BASE: dict[str, dict[str, Any]] = {
+    CHAT: {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+    COMPLETIONS: {"model": MODEL, "prompt": "the cat", "max_tokens": 3},
+    EMBEDDINGS: {"model": MODEL, "input": "the cat"},
+    SCORE: {"model": MODEL, "prompt": "the cat", "candidates": [" sat", " ran far"]},
+}
+
+
+class Probe:
+    """Posts a route's base body plus some fields and reads what the stand-in received."""
+
+    def __init__(self, served: Served, route: str) -> None:
+        self.served = served
+        self.route = route
+
+    def post(self, **fields: Any) -> httpx.Response:
+        body = {**BASE[self.route], **fields}
+        return httpx.post(self.served.url + self.route, json=body, timeout=30)
+
+    def ok(self, **fields: Any) -> dict[str, Any]:
+        response = self.post(**fields)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def sent(self, **fields: Any) -> dict[str, Any]:
+        self.ok(**fields)
+        return self.served.standin.requests[-1].sampling_parameters
+
+    def last(self):
+        return self.served.standin.requests[-1]
+
+    def refused(self, field: str, **fields: Any) -> None:
+        response = self.post(**fields)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == field and field in error["message"]
+        assert error["type"] == "invalid_request_error"
+
+    def inert(self, **fields: Any) -> None:
+        baseline = self.sent()
+        base_text = self.last().text_input
+        assert self.sent(**fields) == baseline
+        assert self.last().text_input == base_text
+
+
+Case = Callable[[Probe], None]
+CASES: dict[tuple[str, str], Case] = {}
+
+
+def case(route: str | tuple[str, ...], field: str) -> Callable[[Case], Case]:
+    routes = (route,) if isinstance(route, str) else route
+
+    def register(fn: Case) -> Case:
+        for r in routes:
+            CASES[(r, field)] = fn
+        return fn
+
+    return register
+
+
+GEN = (CHAT, COMPLETIONS)
+ALL = (CHAT, COMPLETIONS, EMBEDDINGS, SCORE)
+
+
+def _text(probe: Probe, reply: dict[str, Any], i: int = 0) -> str:
+    choice = reply["choices"][i]
+    return choice["message"]["content"] if probe.route == CHAT else choice["text"]
+
+
+@case(CHAT, "messages")
+def _(p: Probe) -> None:
+    p.ok(messages=[{"role": "developer", "content": "be brief"}, {"role": "user", "content": "yo"}])
+    assert p.last().text_input.startswith("<|im_start|>system\nbe brief<|im_end|>\n")
+    p.refused(
+        "messages[0].refusal", messages=[{"role": "assistant", "content": "", "refusal": "x"}]
+    )
+
+
+@case(ALL, "model")
+def _(p: Probe) -> None:
+    p.ok()
+    response = p.post(model="other")
+    assert response.status_code == 404 and response.json()["error"]["param"] == "model"
+
+
+@case(GEN, "frequency_penalty")
+def _(p: Probe) -> None:
+    assert p.sent(frequency_penalty=0.5)["frequency_penalty"] == 0.5
+
+
+@case(GEN, "presence_penalty")
+def _(p: Probe) -> None:
+    assert p.sent(presence_penalty=-0.5)["presence_penalty"] == -0.5
+
+
+@case(GEN, "logit_bias")
+def _(p: Probe) -> None:
+    reply = p.ok(logit_bias={"3": 100}, temperature=0)
+    assert p.last().sampling_parameters["logit_bias"] == {"3": 100.0}
+    assert set(_text(p, reply).split()) == {"cat"}  # token 3 of the toy vocabulary
+    p.refused("logit_bias", logit_bias={"cat": 1})
+    p.refused("logit_bias", logit_bias={"33": 1})  # the test vocabulary has 33 tokens
+    p.refused("logit_bias", logit_bias={"3": 101})
+
+
+@case(GEN, "max_tokens")
+def _(p: Probe) -> None:
+    reply = p.ok(max_tokens=7)
+    assert p.last().sampling_parameters["max_tokens"] == 7
+    assert len(_text(p, reply).split()) == 7
+    p.refused("max_tokens", max_tokens=10_000)
+
+
+@case(GEN, "n")
+def _(p: Probe) -> None:
+    reply = p.ok(n=3)
+    assert p.last().sampling_parameters["n"] == 3 and len(reply["choices"]) == 3
+    assert len({_text(p, reply, i) for i in range(3)}) == 3
+
+
+@case(GEN, "seed")
+def _(p: Probe) -> None:
+    first, second = p.ok(seed=7, temperature=1), p.ok(seed=7, temperature=1)
+    assert p.last().sampling_parameters["seed"] == 7
+    assert _text(p, first) == _text(p, second) != _text(p, p.ok(seed=8, temperature=1))
+
+
+@case(GEN, "stop")
+def _(p: Probe) -> None:
+    words = _text(p, p.ok(max_tokens=8, temperature=0)).split()
+    # A stop word that does not occur in the text before it.
+    at = next(i for i in range(1, 8) if words[i] not in " ".join(words[:i]))
+    reply = p.ok(max_tokens=8, temperature=0, stop=[words[at]])
+    assert p.last().sampling_parameters["stop"] == [words[at]]
+    assert _text(p, reply).split() == words[:at]
+    assert reply["choices"][0]["finish_reason"] == "stop"
+
+
+@case(GEN, "stream")
+def _(p: Probe) -> None:
+    response = p.post(stream=True)
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and len(events) == 1 + 3
+    assert p.last().flags["stream"] is True
+
+
+@case(GEN, "stream_options")
+def _(p: Probe) -> None:
+    response = p.post(stream=True, stream_options={"include_usage": True})
+    events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+    usage = json.loads(events[-2])["usage"]
+    assert usage["completion_tokens"] == 3 and usage["prompt_tokens"] > 0
+    p.refused("stream_options", stream=True, stream_options={"include_obfuscation": True})
+    assert p.post(stream_options={"include_usage": True}).status_code == 400
+
+
+@case(GEN, "temperature")
+def _(p: Probe) -> None:
+    assert p.sent(temperature=0.25)["temperature"] == 0.25
+
+
+@case(GEN, "top_p")
+def _(p: Probe) -> None:
+    assert p.sent(top_p=0.5)["top_p"] == 0.5
+
+
+@case(ALL, "user")
+def _(p: Probe) -> None:
+    if p.route in GEN:
+        p.inert(user="someone")
+    else:
+        p.ok(user="someone")
+        baseline = p.ok()
+        assert p.ok(user="x")["data"] == baseline["data"]
+
+
+@case(GEN, "constraints")
+def _(p: Probe) -> None:
+    spec = {"version": 1, "banned_tokens": [5]}
+    assert p.sent(constraints=spec)["extra_args"] == {"constraints": spec}
+    bad = {"version": 1, "item_list": {"catalog": "c", "max_items": 0}}
+    response = p.post(constraints=bad)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "constraints.item_list.max_items"
+
+
+for _field in ("audio", "function_call", "functions", "prediction", "reasoning_effort"):
+
+    @case(CHAT, _field)
+    def _(p: Probe, field: str = _field) -> None:
+        value = {"format": "wav", "voice": "x"} if field == "audio" else "low"
+        p.refused(field, **{field: value})
+
+
+@case(CHAT, "web_search_options")
+def _(p: Probe) -> None:
+    p.refused("web_search_options", web_search_options={})
+
+
+@case(CHAT, "logprobs")
+def _(p: Probe) -> None:
+    reply = p.ok(logprobs=True)
+    assert p.last().sampling_parameters["logprobs"] == 0 and p.last().flags["return_logprobs"]
+    content = reply["choices"][0]["logprobs"]["content"]
+    assert len(content) == 3 and all(c["logprob"] <= 0 for c in content)
+    assert " ".join(c["token"] for c in content) == reply["choices"][0]["message"]["content"]
+
+
+@case(CHAT, "top_logprobs")
+def _(p: Probe) -> None:
+    reply = p.ok(logprobs=True, top_logprobs=3)
+    assert p.last().sampling_parameters["logprobs"] == 3
+    for item in reply["choices"][0]["logprobs"]["content"]:
+        tops = [t["logprob"] for t in item["top_logprobs"]]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True)
+    p.refused("top_logprobs", top_logprobs=2)
+
+
+@case(CHAT, "max_completion_tokens")
+def _(p: Probe) -> None:
+    body = {k: v for k, v in BASE[CHAT].items() if k != "max_tokens"}
+    response = httpx.post(p.served.url + CHAT, json={**body, "max_completion_tokens": 4})
+    assert response.status_code == 200
+    assert p.last().sampling_parameters["max_tokens"] == 4
+    p.refused("max_completion_tokens", max_completion_tokens=5)  # differs from max_tokens=3
+
+
+@case(CHAT, "metadata")
+def _(p: Probe) -> None:
+    p.inert(metadata={"team": "search"})
+
+
+@case(CHAT, "modalities")
+def _(p: Probe) -> None:
+    p.inert(modalities=["text"])
+    p.refused("modalities", modalities=["text", "audio"])
+
+
+@case(CHAT, "parallel_tool_calls")
+def _(p: Probe) -> None:
+    p.inert(parallel_tool_calls=True)
+    p.refused("parallel_tool_calls", parallel_tool_calls=False)
+
+
+@case(CHAT, "prompt_cache_key")
+def _(p: Probe) -> None:
+    p.inert(prompt_cache_key="k1")
+
+
+@case(CHAT, "prompt_cache_retention")
+def _(p: Probe) -> None:
+    p.inert(prompt_cache_retention="in_memory")
+    p.refused("prompt_cache_retention", prompt_cache_retention="24h")
+
+
+@case(CHAT, "response_format")
+def _(p: Probe) -> None:
+    reply = p.ok(response_format={"type": "json_object"}, max_tokens=10)
+    assert json.loads(p.last().sampling_parameters["structured_outputs"]) == {"json_object": True}
+    assert isinstance(json.loads(reply["choices"][0]["message"]["content"]), dict)
+    assert "structured_outputs" not in p.sent(response_format={"type": "text"})
+    p.refused(
+        "response_format.json_schema.schema",
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "x", "schema": {"type": 5}},
+        },
+    )
+
+
+@case(CHAT, "safety_identifier")
+def _(p: Probe) -> None:
+    p.inert(safety_identifier="hash-of-user")
+
+
+@case(CHAT, "service_tier")
+def _(p: Probe) -> None:
+    p.inert(service_tier="auto")
+    p.inert(service_tier="default")
+    p.refused("service_tier", service_tier="priority")
+
+
+@case(CHAT, "store")
+def _(p: Probe) -> None:
+    p.inert(store=False)
+    p.refused("store", store=True)
+
+
+@case(CHAT, "verbosity")
+def _(p: Probe) -> None:
+    p.inert(verbosity="medium")
+    p.refused("verbosity", verbosity="high")
+
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+@case(CHAT, "tools")
+def _(p: Probe) -> None:
+    reply = p.ok(tools=[TOOL], max_tokens=4)
+    assert "Tools: " in p.last().text_input and '"lookup"' in p.last().text_input
+    assert reply["choices"][0]["message"].get("tool_calls") is None
+    p.refused("stream", tools=[TOOL], stream=True)
+
+
+@case(CHAT, "tool_choice")
+def _(p: Probe) -> None:
+    named = {"type": "function", "function": {"name": "lookup"}}
+    reply = p.ok(tools=[TOOL], tool_choice=named, max_tokens=10)
+    sent = json.loads(p.last().sampling_parameters["structured_outputs"])
+    assert sent == {"json": TOOL["function"]["parameters"]}
+    call = reply["choices"][0]["message"]["tool_calls"][0]
+    assert call["function"]["name"] == "lookup" and json.loads(call["function"]["arguments"])
+    assert reply["choices"][0]["finish_reason"] == "tool_calls"
+    required = p.ok(tools=[TOOL], tool_choice="required", max_tokens=20)
+    assert required["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "lookup"
+    p.ok(tools=[TOOL], tool_choice="none")
+    assert "Tools: " not in p.last().text_input
+    response = p.post(tool_choice="auto")
+    assert response.status_code == 400 and response.json()["error"]["param"] == "tool_choice"
+
+
+@case(COMPLETIONS, "prompt")
+def _(p: Probe) -> None:
+    reply = p.ok(prompt=["the cat", "a dog"], n=2)
+    assert [c["index"] for c in reply["choices"]] == [0, 1, 2, 3]
+    assert [r.text_input for r in p.served.standin.requests[-2:]] == ["the cat", "a dog"]
+    p.refused("prompt", prompt=[1, 2, 3])
+    p.refused("prompt", prompt=["a", "b", "c"], n=128)  # 384 choices > max_choices (256)
+
+
+@case(COMPLETIONS, "best_of")
+def _(p: Probe) -> None:
+    p.ok(best_of=2, n=2)
+    p.refused("best_of", best_of=3, n=1)
+
+
+@case(COMPLETIONS, "echo")
+def _(p: Probe) -> None:
+    plain = p.ok(temperature=0)["choices"][0]["text"]
+    reply = p.ok(echo=True, temperature=0)
+    assert reply["choices"][0]["text"] == "the cat" + plain
+    p.refused("echo", echo=True, logprobs=1)
+
+
+@case(COMPLETIONS, "logprobs")
+def _(p: Probe) -> None:
+    reply = p.ok(logprobs=2)
+    assert p.last().sampling_parameters["logprobs"] == 2
+    lp = reply["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == 3 and all(len(t) == 2 for t in lp["top_logprobs"])
+
+
+@case(COMPLETIONS, "suffix")
+def _(p: Probe) -> None:
+    p.refused("suffix", suffix="end")
+
+
+@case(EMBEDDINGS, "input")
+def _(p: Probe) -> None:
+    reply = p.ok(input=["the cat", "a dog"])
+    assert [d["index"] for d in reply["data"]] == [0, 1]
+    assert reply["data"][0]["embedding"] != reply["data"][1]["embedding"]
+    p.refused("input", input=[[1, 2]])
+
+
+@case(EMBEDDINGS, "dimensions")
+def _(p: Probe) -> None:
+    reply = p.ok(dimensions=3)
+    assert len(reply["data"][0]["embedding"]) == 3
+    assert p.last().embedding_request["pooling_params"] == {"dimensions": [3]}
+    p.refused("dimensions", dimensions=9)
+
+
+@case(EMBEDDINGS, "encoding_format")
+def _(p: Probe) -> None:
+    import base64
+
+    import numpy as np
+
+    floats = p.ok(encoding_format="float")["data"][0]["embedding"]
+    packed = p.ok(encoding_format="base64")["data"][0]["embedding"]
+    decoded = np.frombuffer(base64.b64decode(packed), dtype="<f4")
+    assert decoded.tolist() == pytest.approx(floats, rel=1e-6)
+
+
+@case(SCORE, "prompt")
+def _(p: Probe) -> None:
+    reply = p.ok(prompt="the dog", candidates=[" sat"])
+    assert p.last().text_input == "the dog sat"
+    assert reply["data"][0]["num_tokens"] == 1
+
+
+@case(SCORE, "candidates")
+def _(p: Probe) -> None:
+    reply = p.ok()
+    sent = [
+        r
+        for r in p.served.standin.requests[-3:]
+        if r.sampling_parameters.get("prompt_logprobs") == 0
+    ]
+    assert {r.text_input for r in sent} == {"the cat sat", "the cat ran far"}
+    assert all(r.sampling_parameters["max_tokens"] == 1 for r in sent)
+    scores = {d["candidate"]: d for d in reply["data"]}
+    assert scores[" ran far"]["num_tokens"] == 2
+    assert scores[" ran far"]["logprob"] == pytest.approx(sum(scores[" ran far"]["token_logprobs"]))
+    assert all(d["logprob"] < 0 for d in reply["data"])
+    response = p.post(candidates=[" sat", "s"])  # "cats" would re-tokenize the prompt
+    assert response.status_code == 400 and response.json()["error"]["param"] == "candidates[1]"
+
+
+ROWS = [(route, rule.field, rule.policy) for route, rules in TABLES.items() for rule in rules]
+
+
+@pytest.mark.parametrize(("route", "field", "policy"), ROWS, ids=[f"{r}:{f}" for r, f, _ in ROWS])
+def test_field_row(frontend: Served, route: str, field: str, policy: Policy) -> None:
+    assert (route, field) in CASES, f"the field table row {route} {field} has no test case"
+    CASES[(route, field)](Probe(frontend, route))
+
+
+def test_every_request_field_has_exactly_one_row() -> None:
+    models = {
+        CHAT: ChatCompletionRequest,
+        COMPLETIONS: CompletionRequest,
+        EMBEDDINGS: EmbeddingRequest,
+        SCORE: ScoreRequest,
+    }
+    for route, model in models.items():
+        rows = [rule.field for rule in TABLES[route]]
+        assert sorted(rows) == sorted(model.model_fields), route
+
+
+def test_fields_doc_is_generated_from_the_table() -> None:
+    doc = Path(__file__).parents[2] / "runtime" / "frontend" / "FIELDS.md"
+    assert doc.read_text() == render_markdown()

@@ -1,0 +1,339 @@
+"""Production behaviour: invalid engine JSON, API keys, size limit, deadline, disconnects,
+the open-stream bound, access logs, readiness, and scoring against a stock backend."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import tritonclient.grpc as grpcclient
+
+from runtime.frontend.middleware import ACCESS_LOGGER
+from tests.frontend.conftest import API_KEY, Served, make_settings, serve
+from tests.support.kserve_server import KServeStandIn, StandInModel
+
+MODEL = "toy-llm"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "secret prompt words"}]}
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+JSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "r", "schema": SCHEMA}}
+
+
+@pytest.fixture
+def broken(standin: KServeStandIn, tokenizer_dir: Path):
+    served = serve(make_settings(standin, tokenizer_dir, model_name="llm-broken"), standin)
+    yield served
+    served.stop()
+
+
+def _invalid_count(served: Served) -> float:
+    value = served.state.metrics.registry.get_sample_value(
+        "llm_serving_frontend_invalid_output_total",
+        {"model": MODEL, "route": "/v1/chat/completions"},
+    )
+    return value or 0.0
+
+
+def test_invalid_engine_json_is_an_explicit_error_and_counted(broken: Served) -> None:
+    client = openai.OpenAI(base_url=f"{broken.url}/v1", api_key="x", max_retries=0)
+    before = _invalid_count(broken)
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(**CHAT, response_format=JSON_FORMAT, max_tokens=20)
+    assert info.value.status_code == 502
+    assert info.value.body["code"] == "invalid_json_output"
+    assert "invalid JSON" in info.value.body["message"]
+    assert _invalid_count(broken) == before + 1
+    exposition = httpx.get(broken.url + "/metrics").text
+    assert f'llm_serving_frontend_invalid_output_total{{model="{MODEL}"' in exposition
+    # Plain text from the same engine is returned as it is: only the JSON contract failed.
+    plain = client.chat.completions.create(**CHAT, max_tokens=3)
+    assert plain.choices[0].message.content
+
+
+def test_invalid_engine_json_ends_a_stream_with_an_error_event(broken: Served) -> None:
+    client = openai.OpenAI(base_url=f"{broken.url}/v1", api_key="x", max_retries=0)
+    before = _invalid_count(broken)
+    stream = client.chat.completions.create(
+        **CHAT, response_format=JSON_FORMAT, max_tokens=20, stream=True
+    )
+    with pytest.raises(openai.APIError, match="invalid JSON"):
+        for _ in stream:
+            pass
+    assert _invalid_count(broken) == before + 1
+
+
+def test_truncated_json_is_refused_not_returned(frontend: Served) -> None:
+    before = _invalid_count(frontend)
+    response = httpx.post(
+        frontend.url + "/v1/chat/completions",
+        json={**CHAT, "response_format": JSON_FORMAT, "max_tokens": 1},
+    )
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "max_tokens" and error["code"] == "output_truncated"
+    assert _invalid_count(frontend) == before + 1
+
+
+def test_api_keys(standin: KServeStandIn, tokenizer_dir: Path, keys_file: Path) -> None:
+    served = serve(make_settings(standin, tokenizer_dir, api_keys_file=keys_file), standin)
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{served.url}/v1", api_key="wrong").models.list()
+        response = httpx.get(served.url + "/v1/models")
+        assert response.status_code == 401
+        assert response.json()["error"]["type"] == "authentication_error"
+        good = openai.OpenAI(base_url=f"{served.url}/v1", api_key=API_KEY)
+        assert good.chat.completions.create(**CHAT, max_tokens=2).choices
+        assert httpx.get(served.url + "/health/live").status_code == 200
+    finally:
+        served.stop()
+
+
+def test_keys_file_must_hold_hashes(standin, tokenizer_dir: Path, tmp_path: Path) -> None:
+    from runtime.frontend import create_app
+
+    plain = tmp_path / "keys"
+    plain.write_text(API_KEY + "\n")
+    with pytest.raises(ValueError, match="LLM_SERVING_FRONTEND_API_KEYS_FILE"):
+        create_app(make_settings(standin, tokenizer_dir, api_keys_file=plain))
+
+
+def test_request_size_limit(standin: KServeStandIn, tokenizer_dir: Path) -> None:
+    served = serve(make_settings(standin, tokenizer_dir, max_request_bytes=2048), standin)
+    try:
+        big = {**CHAT, "messages": [{"role": "user", "content": "x " * 2000}]}
+        response = httpx.post(served.url + "/v1/chat/completions", json=big)
+        assert response.status_code == 413
+        assert response.json()["error"]["code"] == "request_too_large"
+
+        def chunks():
+            yield json.dumps(big).encode()
+
+        chunked = httpx.post(served.url + "/v1/chat/completions", content=chunks())
+        assert chunked.status_code == 413
+    finally:
+        served.stop()
+
+
+@pytest.fixture
+def slow(tokenizer_dir: Path):
+    standin = KServeStandIn([StandInModel("llm")], token_delay_s=0.05).start()
+    yield standin
+    standin.stop()
+
+
+def test_deadline_is_504(slow: KServeStandIn, tokenizer_dir: Path) -> None:
+    served = serve(make_settings(slow, tokenizer_dir, request_timeout_s=0.3), slow)
+    try:
+        response = httpx.post(served.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 50})
+        assert response.status_code == 504
+        assert response.json()["error"]["code"] == "deadline_exceeded"
+        _wait_for(lambda: slow.in_flight == 0)
+        assert slow.cancelled >= 1
+    finally:
+        served.stop()
+
+
+def test_stream_deadline_ends_with_an_error_event(slow: KServeStandIn, tokenizer_dir: Path):
+    served = serve(make_settings(slow, tokenizer_dir, request_timeout_s=0.4), slow)
+    try:
+        body = {**CHAT, "max_tokens": 100, "stream": True}
+        response = httpx.post(served.url + "/v1/chat/completions", json=body)
+        events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+        assert response.status_code == 200 and len(events) >= 2
+        assert json.loads(events[-1])["error"]["code"] == "deadline_exceeded"
+        _wait_for(lambda: slow.in_flight == 0)
+    finally:
+        served.stop()
+
+
+def _wait_for(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+def test_client_disconnect_cancels_the_triton_request(
+    slow: KServeStandIn, tokenizer_dir: Path
+) -> None:
+    served = serve(make_settings(slow, tokenizer_dir), slow)
+    url = served.url + "/v1/chat/completions"
+    try:
+        before = slow.cancelled
+        body = {**CHAT, "max_tokens": 150, "stream": True}
+        with httpx.Client(timeout=10) as client, client.stream("POST", url, json=body) as response:
+            lines = response.iter_lines()
+            next(lines)  # one token arrived; leaving the block closes the connection
+        _wait_for(lambda: slow.cancelled == before + 1 and slow.in_flight == 0)
+
+        body = {**CHAT, "max_tokens": 150}
+        with httpx.Client(timeout=0.4) as client, pytest.raises(httpx.ReadTimeout):
+            client.post(url, json=body)  # the client gives up on a non-streamed request
+        _wait_for(lambda: slow.cancelled == before + 2 and slow.in_flight == 0)
+    finally:
+        served.stop()
+
+
+def test_open_streams_are_bounded_with_429(slow: KServeStandIn, tokenizer_dir: Path) -> None:
+    served = serve(make_settings(slow, tokenizer_dir, max_concurrent_streams=1), slow)
+    try:
+        with httpx.Client(timeout=10) as client:
+            body = {**CHAT, "max_tokens": 40, "stream": True}
+            with client.stream("POST", served.url + "/v1/chat/completions", json=body) as first:
+                lines = first.iter_lines()  # kept: a dropped iterator closes the response
+                next(lines)
+                second = client.post(served.url + "/v1/chat/completions", json=body)
+                assert second.status_code == 429
+                assert second.json()["error"]["type"] == "rate_limit_error"
+                # Non-streamed requests are not counted against the bound.
+                assert (
+                    client.post(
+                        served.url + "/v1/completions",
+                        json={"model": MODEL, "prompt": "a", "max_tokens": 1},
+                    ).status_code
+                    == 200
+                )
+        _wait_for(lambda: served.state.open_streams == 0)
+        assert client_ok(served)
+    finally:
+        served.stop()
+
+
+def client_ok(served: Served) -> bool:
+    body = {**CHAT, "max_tokens": 2, "stream": True}
+    return httpx.post(served.url + "/v1/chat/completions", json=body).status_code == 200
+
+
+def test_access_log_is_structured_and_has_no_prompt(
+    frontend: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger=ACCESS_LOGGER):
+        response = httpx.post(frontend.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 2})
+    records = [json.loads(r.getMessage()) for r in caplog.records if r.name == ACCESS_LOGGER]
+    assert records and records[-1]["status"] == 200
+    assert records[-1]["path"] == "/v1/chat/completions"
+    assert records[-1]["request_id"] == response.headers["x-request-id"]
+    assert all("secret" not in r.getMessage() for r in caplog.records)
+
+
+def test_readiness_follows_triton(tokenizer_dir: Path) -> None:
+    loading = KServeStandIn([StandInModel("llm")], load_seconds=0.8).start()
+    served = serve(make_settings(loading, tokenizer_dir), loading)
+    try:
+        assert httpx.get(served.url + "/health/live").status_code == 200
+        assert httpx.get(served.url + "/health/ready").status_code == 503
+        _wait_for(lambda: httpx.get(served.url + "/health/ready").status_code == 200)
+    finally:
+        served.stop()
+        loading.stop()
+
+
+def test_unreachable_triton_is_503_and_not_ready(tokenizer_dir: Path) -> None:
+    gone = KServeStandIn([StandInModel("llm")]).start()
+    gone.stop()  # its port is now closed
+    served = serve(make_settings(gone, tokenizer_dir), gone)
+    try:
+        response = httpx.post(served.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 2})
+        assert response.status_code == 503
+        assert "Triton" in response.json()["error"]["message"]
+        assert httpx.get(served.url + "/health/ready").status_code == 503
+    finally:
+        served.stop()
+
+
+def test_scoring_is_refused_against_a_backend_without_prompt_logprobs(
+    standin: KServeStandIn, tokenizer_dir: Path
+) -> None:
+    served = serve(make_settings(standin, tokenizer_dir, model_name="llm-stock"), standin)
+    try:
+        body = {"model": MODEL, "prompt": "the", "candidates": [" cat"]}
+        response = httpx.post(served.url + "/v1/score", json=body)
+        assert response.status_code == 501
+        assert response.json()["error"]["code"] == "scoring_unsupported"
+    finally:
+        served.stop()
+
+
+def test_scores_match_the_models_prompt_logprobs(frontend: Served) -> None:
+    body = {"model": MODEL, "prompt": "the cat", "candidates": [" sat on", " ran"]}
+    data = httpx.post(frontend.url + "/v1/score", json=body).json()["data"]
+    toy = frontend.standin.models["llm"].toy
+    for item in data:
+        rows = toy.prompt_logprobs("the cat" + item["candidate"])[2:]
+        assert item["logprob"] == pytest.approx(sum(next(iter(r.values())) for r in rows))
+
+
+def test_frontend_text_equals_a_direct_tritonclient_call(frontend: Served) -> None:
+    reply = openai.OpenAI(base_url=f"{frontend.url}/v1", api_key="x").completions.create(
+        model=MODEL, prompt="the sky", max_tokens=6, temperature=0
+    )
+    client = grpcclient.InferenceServerClient(frontend.standin.url)
+    inputs = []
+    for name, value, dtype in (
+        ("text_input", b"the sky", "BYTES"),
+        ("sampling_parameters", json.dumps({"max_tokens": 6, "temperature": 0}).encode(), "BYTES"),
+        ("exclude_input_in_output", True, "BOOL"),
+    ):
+        tensor = grpcclient.InferInput(name, [1], dtype)
+        tensor.set_data_from_numpy(
+            np.array([value], dtype=np.object_ if dtype == "BYTES" else bool)
+        )
+        inputs.append(tensor)
+    direct = client.infer("llm", inputs).as_numpy("text_output")[0].decode()
+    assert reply.choices[0].text == direct
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_module_entry_point_serves_and_reports_bad_settings(
+    standin: KServeStandIn, tokenizer_dir: Path
+) -> None:
+    port = _free_port()
+    env = {
+        **os.environ,
+        "LLM_SERVING_FRONTEND_TRITON_URL": standin.url,
+        "LLM_SERVING_FRONTEND_MODEL_NAME": "llm",
+        "LLM_SERVING_FRONTEND_TOKENIZER_DIR": str(tokenizer_dir),
+        "LLM_SERVING_FRONTEND_STRUCTURED_OUTPUTS_KEY": "structured_outputs",
+        "LLM_SERVING_FRONTEND_HOST": "127.0.0.1",
+        "LLM_SERVING_FRONTEND_PORT": str(port),
+    }
+    root = Path(__file__).parents[2]
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.frontend"], env=env, cwd=root)
+    try:
+        _wait_for(lambda: _ready(port), timeout=30)
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()
+        assert models["data"][0]["id"] == "llm"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    env.pop("LLM_SERVING_FRONTEND_TOKENIZER_DIR")
+    bad = subprocess.run(
+        [sys.executable, "-m", "runtime.frontend"],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 1 and "LLM_SERVING_FRONTEND_TOKENIZER_DIR" in bad.stderr
+
+
+def _ready(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health/ready").status_code == 200
+    except httpx.TransportError:
+        return False
