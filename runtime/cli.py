@@ -30,6 +30,76 @@ def version() -> None:
     )
 
 
+# --- model packages and publishing (issue 5) ---
+from pathlib import Path  # noqa: E402  (kept in this hunk so branches merge cleanly)
+from typing import Annotated  # noqa: E402
+
+package_app = typer.Typer(help="Build, inspect and verify model packages.", no_args_is_help=True)
+app.add_typer(package_app, name="package")
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+    return typer.Exit(1)
+
+
+@package_app.command("build")
+def package_build(
+    source: Annotated[Path, typer.Argument(help="source tree with package.yaml")],
+    out: Annotated[Path, typer.Option(help="new, empty version folder to write")],
+    triton: Annotated[
+        str | None, typer.Option(help="Triton release (default: the image's)")
+    ] = None,
+    constraints: Annotated[
+        Path | None, typer.Option(help="extra pins, e.g. the image's constraints file")
+    ] = None,
+) -> None:
+    """Check a model's source tree and write its version folder (manifest last)."""
+    from runtime.compat import CompatError
+    from runtime.package import PackageError, build_package
+
+    try:
+        manifest = build_package(source, out, triton=triton, constraints=constraints)
+    except (PackageError, CompatError) as exc:
+        raise _fail(exc) from exc
+    typer.echo(
+        f"built {manifest.model_id}/{manifest.model_version} in {out}: "
+        f"{len(manifest.archive_files)} archive files, {len(manifest.weight_files)} weight files"
+    )
+
+
+@package_app.command("inspect")
+def package_inspect(
+    folder: Annotated[Path, typer.Argument(help="version folder or manifest.json")],
+) -> None:
+    """Print a version's manifest summary as JSON."""
+    import json
+
+    from runtime.package import PackageError, describe
+
+    try:
+        typer.echo(json.dumps(describe(folder), indent=2))
+    except PackageError as exc:
+        raise _fail(exc) from exc
+
+
+@package_app.command("verify")
+def package_verify(
+    folder: Annotated[Path, typer.Argument(help="version folder")],
+    quick: Annotated[bool, typer.Option(help="check sizes only, not sha256")] = False,
+    constraints: Annotated[Path | None, typer.Option(help="extra pins to check plugins")] = None,
+) -> None:
+    """Check every file's size and sha256, the plugins against the pins and python tensors."""
+    from runtime.compat import CompatError
+    from runtime.package import PackageError, verify_package
+
+    try:
+        manifest = verify_package(folder, full=not quick, constraints=constraints)
+    except (PackageError, CompatError) as exc:
+        raise _fail(exc) from exc
+    typer.echo(f"ok: {manifest.model_id}/{manifest.model_version}")
+
+
 def main() -> None:
     """Run the CLI (``python -m runtime.cli``)."""
     app()
