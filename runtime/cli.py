@@ -100,6 +100,64 @@ def package_verify(
     typer.echo(f"ok: {manifest.model_id}/{manifest.model_version}")
 
 
+@app.command("publish")
+def publish_command(
+    folder: Annotated[Path, typer.Argument(help="built version folder (package build --out)")],
+    bucket: Annotated[str, typer.Option(envvar="LLM_SERVING_MODEL_BUCKET", help="model bucket")],
+    dry_run: Annotated[bool, typer.Option(help="print the plan, upload nothing")] = False,
+    endpoint_url: Annotated[
+        str | None, typer.Option(envvar="AWS_ENDPOINT_URL", help="S3 endpoint override")
+    ] = None,
+    region: Annotated[str | None, typer.Option(envvar="AWS_REGION", help="bucket region")] = None,
+    workers: Annotated[int, typer.Option(min=1, help="parallel uploads")] = 8,
+    part_size_mb: Annotated[int, typer.Option(min=5, help="multipart part size in MiB")] = 64,
+) -> None:
+    """Upload a version to s3://BUCKET/models/<id>/<version>/, manifest.json last."""
+    import contextlib
+
+    import boto3
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    from runtime.publish import PublishError, format_plan, publish
+
+    client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region)
+    bar = Progress(
+        "{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+    task = bar.add_task("upload", total=None)
+
+    def show_plan(plan: object) -> None:
+        typer.echo(format_plan(plan))  # type: ignore[arg-type]
+        bar.update(task, total=plan.bytes_to_send)  # type: ignore[attr-defined]
+
+    try:
+        with bar if not dry_run else contextlib.nullcontext():
+            plan = publish(
+                client,
+                folder,
+                bucket,
+                dry_run=dry_run,
+                workers=workers,
+                part_size=part_size_mb << 20,
+                progress=lambda n: bar.advance(task, n),
+                on_plan=show_plan,
+            )
+    except PublishError as exc:
+        raise _fail(exc) from exc
+    if not dry_run:
+        typer.echo(f"published s3://{bucket}/{plan.manifest_key}")
+
+
 def main() -> None:
     """Run the CLI (``python -m runtime.cli``)."""
     app()
