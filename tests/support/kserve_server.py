@@ -1,0 +1,645 @@
+"""A stand-in for Triton Inference Server + its vLLM backend, speaking KServe v2 gRPC.
+
+Triton and vLLM need a GPU and an NGC image, so tests run this instead: a real gRPC server on
+``tritonclient.grpc.service_pb2_grpc`` (the same service definitions Triton serves) that
+answers ``ServerLive``/``ServerReady``/``ModelReady``/``ModelMetadata``/``ModelConfig``,
+``grpc.health.v1.Health/Check``, ``ModelInfer`` and ``ModelStreamInfer`` with the vLLM
+backend's tensors (``text_input``, ``stream``, ``sampling_parameters``,
+``exclude_input_in_output``, ``return_*``, ``embedding_request``) and outputs, and rejects
+unknown sampling-parameter keys as the backend does. A deterministic toy model
+(:mod:`tests.support.toy_model`) generates the text. It never runs in product code.
+
+Run as a ``tritonserver`` stand-in: ``python -m tests.support.kserve_server
+--model-repository DIR --grpc-port N --load-model NAME ...``; the load time comes from
+``KSERVE_STANDIN_LOAD_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
+
+from tests.support.toy_model import VOCAB, ToyChoice, ToyModel
+
+__all__ = [
+    "HEALTH_CHECK_METHOD",
+    "HEALTH_SERVING",
+    "SAMPLING_PARAMETER_KEYS",
+    "KServeStandIn",
+    "RecordedRequest",
+    "StandInModel",
+    "main",
+]
+
+# vLLM 0.27.1 ``SamplingParams`` fields plus the backend's own keys (``lora_name``,
+# ``guided_decoding``); any other key makes the backend reject the request.
+SAMPLING_PARAMETER_KEYS: frozenset[str] = frozenset(
+    {
+        "n",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "seed",
+        "stop",
+        "stop_token_ids",
+        "ignore_eos",
+        "max_tokens",
+        "min_tokens",
+        "logprobs",
+        "prompt_logprobs",
+        "flat_logprobs",
+        "detokenize",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "include_stop_str_in_output",
+        "output_kind",
+        "structured_outputs",
+        "logit_bias",
+        "allowed_token_ids",
+        "extra_args",
+        "bad_words",
+        "skip_clone",
+        "skip_reading_prefix_cache",
+        "logprob_token_ids",
+        "output_text_buffer_length",
+        "repetition_detection",
+        "routed_experts_prompt_start",
+        "stream_interval",
+        "thinking_token_budget",
+        "_all_stop_token_ids",
+        "_bad_words_token_ids",
+        "_eos_token_id",
+        "lora_name",
+        "guided_decoding",
+    }
+)
+
+_GENERATE_OUTPUTS = (
+    ("text_output", "BYTES"),
+    ("finish_reason", "BYTES"),
+    ("cumulative_logprob", "FP32"),
+    ("logprobs", "BYTES"),
+    ("num_input_tokens", "UINT32"),
+    ("num_output_tokens", "UINT32"),
+)
+_INPUTS = (
+    ("text_input", "BYTES", [1], False),
+    ("image", "BYTES", [-1], True),
+    ("stream", "BOOL", [1], True),
+    ("sampling_parameters", "BYTES", [1], True),
+    ("exclude_input_in_output", "BOOL", [1], True),
+    ("return_finish_reason", "BOOL", [1], True),
+    ("return_cumulative_logprob", "BOOL", [1], True),
+    ("return_logprobs", "BOOL", [1], True),
+    ("return_num_input_tokens", "BOOL", [1], True),
+    ("return_num_output_tokens", "BOOL", [1], True),
+    ("embedding_request", "BYTES", [1], True),
+)
+# Not an output of the stock backend: declared in config.pbtxt by a backend that returns
+# vLLM's prompt log-probabilities (the frontend's scoring route needs it).
+PROMPT_LOGPROBS_OUTPUT = "prompt_logprobs"
+
+
+@dataclass
+class StandInModel:
+    """One served model: its name, toy model and the optional outputs its config declares."""
+
+    name: str
+    toy: ToyModel = field(default_factory=ToyModel)
+    extra_outputs: tuple[str, ...] = (PROMPT_LOGPROBS_OUTPUT,)
+    max_model_len: int = 512
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """What the stand-in received for one inference request, for tests to assert on."""
+
+    model: str
+    rpc: str
+    text_input: str | None
+    flags: dict[str, bool]
+    sampling_parameters: dict[str, Any]
+    requested_outputs: tuple[str, ...]
+    embedding_request: dict[str, Any] | None
+
+
+class BackendError(Exception):
+    """An error response from the backend (Triton's ``Error generating stream: ...``)."""
+
+
+def _dtype(datatype: str) -> Any:
+    return {"BOOL": np.bool_, "UINT32": np.uint32, "FP32": np.float32, "INT64": np.int64}[datatype]
+
+
+def _read_inputs(request: service_pb2.ModelInferRequest) -> dict[str, np.ndarray]:
+    values: dict[str, np.ndarray] = {}
+    for i, tensor in enumerate(request.inputs):
+        if i < len(request.raw_input_contents):
+            raw = request.raw_input_contents[i]
+            if tensor.datatype == "BYTES":
+                values[tensor.name] = deserialize_bytes_tensor(raw)
+            else:
+                values[tensor.name] = np.frombuffer(raw, dtype=_dtype(tensor.datatype))
+        elif tensor.datatype == "BYTES":
+            values[tensor.name] = np.array(list(tensor.contents.bytes_contents), dtype=np.object_)
+        else:
+            values[tensor.name] = np.array(list(tensor.contents.bool_contents))
+    return values
+
+
+class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, owner: KServeStandIn) -> None:
+        self.owner = owner
+
+    async def ServerLive(self, request, context):
+        return service_pb2.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request, context):
+        return service_pb2.ServerReadyResponse(ready=self.owner.ready)
+
+    async def ModelReady(self, request, context):
+        ready = self.owner.ready and request.name in self.owner.models
+        return service_pb2.ModelReadyResponse(ready=ready)
+
+    async def ServerMetadata(self, request, context):
+        return service_pb2.ServerMetadataResponse(
+            name="triton", version="2.61.0", extensions=["classification", "sequence"]
+        )
+
+    async def ModelMetadata(self, request, context):
+        model = await self._model(request.name, context)
+        return service_pb2.ModelMetadataResponse(
+            name=model.name,
+            versions=["1"],
+            platform="vllm",
+            inputs=[
+                service_pb2.ModelMetadataResponse.TensorMetadata(name=n, datatype=d, shape=s)
+                for n, d, s, _ in _INPUTS
+            ],
+            outputs=[
+                service_pb2.ModelMetadataResponse.TensorMetadata(name=n, datatype=d, shape=[-1])
+                for n, d in self.owner.outputs_of(model)
+            ],
+        )
+
+    async def ModelConfig(self, request, context):
+        model = await self._model(request.name, context)
+        config = model_config_pb2.ModelConfig(name=model.name, backend="vllm", max_batch_size=0)
+        config.model_transaction_policy.decoupled = True
+        return service_pb2.ModelConfigResponse(config=config)
+
+    async def ModelInfer(self, request, context):
+        model = await self._model(request.model_name, context)
+        last = None
+        try:
+            async for response, _final in self.owner.run(model, request, "ModelInfer"):
+                last = response
+        except BackendError as exc:
+            await context.abort(grpc.StatusCode.INTERNAL, str(exc))
+        return last
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        async for request in request_iterator:
+            model = self.owner.models.get(request.model_name)
+            if model is None or not self.owner.ready:
+                yield service_pb2.ModelStreamInferResponse(
+                    error_message=f"Request for unknown model: '{request.model_name}' is not found"
+                )
+                continue
+            final = _final_flag_requested(request)
+            try:
+                async for response, last in self.owner.run(model, request, "ModelStreamInfer"):
+                    if final:
+                        response.parameters["triton_final_response"].bool_param = last
+                    yield service_pb2.ModelStreamInferResponse(infer_response=response)
+            except BackendError as exc:
+                yield service_pb2.ModelStreamInferResponse(error_message=str(exc))
+
+    async def _model(self, name: str, context) -> StandInModel:
+        model = self.owner.models.get(name)
+        if model is None or not self.owner.ready:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, f"Request for unknown model: '{name}' is not found"
+            )
+        return model
+
+
+def _final_flag_requested(request: service_pb2.ModelInferRequest) -> bool:
+    param = request.parameters.get("triton_enable_empty_final_response")
+    return bool(param and param.bool_param)
+
+
+# grpc.health.v1.HealthCheckResponse.status (field 1, varint): SERVING = 1, NOT_SERVING = 2.
+# Encoded by hand: the message is one enum, and grpcio-health-checking needs protobuf 7.
+HEALTH_CHECK_METHOD = "/grpc.health.v1.Health/Check"
+HEALTH_SERVING = b"\x08\x01"
+HEALTH_NOT_SERVING = b"\x08\x02"
+
+
+def _health_handler(owner: KServeStandIn) -> grpc.GenericRpcHandler:
+    async def check(request: bytes, context) -> bytes:
+        return HEALTH_SERVING if owner.ready else HEALTH_NOT_SERVING
+
+    method = grpc.unary_unary_rpc_method_handler(
+        check, request_deserializer=None, response_serializer=None
+    )
+    return grpc.method_handlers_generic_handler("grpc.health.v1.Health", {"Check": method})
+
+
+class KServeStandIn:
+    """The stand-in server: start it in a background thread, read ``port``, ``stop()`` it.
+
+    ``requests`` records every inference request received and ``cancelled`` counts requests
+    whose client went away before the last response, so tests can prove a mapping.
+    """
+
+    def __init__(
+        self,
+        models: Sequence[StandInModel] = (),
+        *,
+        load_seconds: float = 0.0,
+        token_delay_s: float = 0.0,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.models = {m.name: m for m in (models or [StandInModel("toy")])}
+        self.load_seconds = load_seconds
+        self.token_delay_s = token_delay_s
+        self.host = host
+        self.port = port
+        self.requests: list[RecordedRequest] = []
+        self.cancelled = 0
+        self.in_flight = 0
+        self._started_at = time.monotonic()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: grpc.aio.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def ready(self) -> bool:
+        return time.monotonic() - self._started_at >= self.load_seconds
+
+    @property
+    def url(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def outputs_of(self, model: StandInModel) -> list[tuple[str, str]]:
+        return [*_GENERATE_OUTPUTS, *((o, "BYTES") for o in model.extra_outputs)]
+
+    async def serve(self) -> None:
+        """Bind and serve until :meth:`shutdown`; sets ``port`` once bound."""
+        self._loop = asyncio.get_running_loop()
+        self._server = grpc.aio.server()
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(self), self._server)
+        self._server.add_generic_rpc_handlers((_health_handler(self),))
+        self.port = self._server.add_insecure_port(f"{self.host}:{self.port}")
+        self._started_at = time.monotonic()
+        await self._server.start()
+        await self._server.wait_for_termination()
+
+    async def shutdown(self, grace: float = 5.0) -> None:
+        """Stop accepting requests and let in-flight ones finish within ``grace`` seconds."""
+        if self._server is not None:
+            await self._server.stop(grace)
+
+    def start(self) -> KServeStandIn:
+        """Serve in a daemon thread; returns once the port is bound."""
+        bound = threading.Event()
+
+        def run() -> None:
+            async def main() -> None:
+                task = asyncio.ensure_future(self.serve())
+                while self._server is None or self.port == 0:
+                    await asyncio.sleep(0.005)
+                bound.set()
+                await task
+
+            asyncio.run(main())
+
+        self._thread = threading.Thread(target=run, name="kserve-standin", daemon=True)
+        self._thread.start()
+        if not bound.wait(10):
+            raise RuntimeError("KServe stand-in did not bind within 10 s")
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            # The loop ends as soon as the server stops, so the shutdown future is not awaited.
+            asyncio.run_coroutine_threadsafe(self.shutdown(0.5), self._loop)
+            self._thread.join(10)
+
+    async def run(
+        self, model: StandInModel, request: service_pb2.ModelInferRequest, rpc: str
+    ) -> AsyncIterator[tuple[service_pb2.ModelInferResponse, bool]]:
+        """Run one request like the vLLM backend; yields each response and whether it is last."""
+        inputs = _read_inputs(request)
+        flags = {
+            name: bool(inputs[name][0])
+            for name, datatype, _, _ in _INPUTS
+            if datatype == "BOOL" and name in inputs
+        }
+        embedding = inputs.get("embedding_request")
+        embedding_request = json.loads(embedding[0]) if embedding is not None else None
+        params_raw = inputs.get("sampling_parameters")
+        params = json.loads(params_raw[0]) if params_raw is not None else {}
+        text = inputs.get("text_input")
+        prompt = text[0].decode("utf-8") if text is not None else None
+        requested = tuple(o.name for o in request.outputs)
+        self.requests.append(
+            RecordedRequest(model.name, rpc, prompt, flags, params, requested, embedding_request)
+        )
+        known = {name for name, _ in self.outputs_of(model)}
+        for name in requested:
+            if name not in known:
+                raise BackendError(f"unexpected inference output '{name}' for model '{model.name}'")
+        self.in_flight += 1
+        finished = False
+        try:
+            if embedding_request is not None:
+                yield self._embedding_response(model, request, embedding_request, flags)
+            else:
+                if prompt is None:
+                    raise BackendError("expected 1 inputs but got 0 inputs for model: text_input")
+                async for response in self._generate(model, request, prompt, params, flags):
+                    yield response
+            finished = True
+        finally:
+            self.in_flight -= 1
+            if not finished:
+                self.cancelled += 1
+
+    def _embedding_response(self, model, request, embedding_request, flags):
+        text = embedding_request["input"]
+        text = text if isinstance(text, str) else " ".join(map(str, text))
+        dims = embedding_request.get("pooling_params", {}).get("dimensions")
+        vector = model.toy.embed(text, dims[0] if dims else None)
+        outputs = {"text_output": [json.dumps(vector).encode()]}
+        if flags.get("return_num_input_tokens"):
+            outputs["num_input_tokens"] = [len(model.toy.tokenize(text))]
+        if flags.get("return_num_output_tokens"):
+            outputs["num_output_tokens"] = [0]
+        return self._response(model, request, outputs, final=True)
+
+    async def _generate(self, model, request, prompt, params, flags):
+        unknown = sorted(set(params) - SAMPLING_PARAMETER_KEYS)
+        if unknown:
+            raise BackendError(
+                "Error generating stream: TritonSamplingParams.__init__() got an unexpected "
+                f"keyword argument '{unknown[0]}'"
+            )
+        params = {k: v for k, v in params.items() if v is not None}
+        stream = flags.get("stream", False)
+        exclude = flags.get("exclude_input_in_output")
+        prepend = (not exclude) if exclude is not None else not stream
+        if prepend and stream:
+            raise BackendError(
+                "Error generating stream: When streaming, `exclude_input_in_output` = False is "
+                "not allowed."
+            )
+        prompt_len = len(model.toy.tokenize(prompt))
+        max_tokens = params.get("max_tokens")
+        if prompt_len + (max_tokens or 16) > model.max_model_len:
+            raise BackendError(
+                f"Error generating stream: This model's maximum context length is "
+                f"{model.max_model_len} tokens. However, you requested "
+                f"{prompt_len + (max_tokens or 16)} tokens."
+            )
+        for key in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+            if key in params and not isinstance(params[key], int | float):
+                raise BackendError(f"Error generating stream: {key} must be a number")
+        try:
+            steps = model.toy.generate(prompt, params)
+            sent = [0] * int(params.get("n", 1))
+            sent_steps = [0] * len(sent)
+            choices: list[ToyChoice] = []
+            for choices in steps:
+                if self.token_delay_s:
+                    await asyncio.sleep(self.token_delay_s)
+                else:
+                    await asyncio.sleep(0)
+                if stream:
+                    done = all(c.finish_reason is not None for c in choices)
+                    yield self._generate_response(
+                        model, request, choices, params, flags, sent, sent_steps, "", done
+                    )
+            if not stream:
+                yield self._generate_response(
+                    model,
+                    request,
+                    choices,
+                    params,
+                    flags,
+                    [0] * len(choices),
+                    [0] * len(choices),
+                    prompt if prepend else "",
+                    True,
+                    prompt=prompt,
+                )
+        except (ValueError, TypeError) as exc:
+            raise BackendError(f"Error generating stream: {exc}") from exc
+
+    def _generate_response(
+        self, model, request, choices, params, flags, sent, sent_steps, prefix, final, prompt=None
+    ):
+        outputs: dict[str, list[Any]] = {
+            "text_output": [
+                (prefix + c.text[sent[i] :]).encode("utf-8") for i, c in enumerate(choices)
+            ]
+        }
+        if flags.get("return_finish_reason"):
+            outputs["finish_reason"] = [str(c.finish_reason).encode() for c in choices]
+        if flags.get("return_cumulative_logprob"):
+            outputs["cumulative_logprob"] = [c.cumulative_logprob for c in choices]
+        if flags.get("return_logprobs"):
+            outputs["logprobs"] = [
+                json.dumps(
+                    [
+                        {
+                            str(tid): {
+                                "logprob": lp,
+                                "rank": 1 + sum(v > lp for v in s.top.values()),
+                                "decoded_token": VOCAB[tid],
+                            }
+                            for tid, lp in [(s.token_id, s.logprob), *s.top.items()]
+                        }
+                        for s in c.steps[sent_steps[i] :]
+                    ]
+                    if params.get("logprobs") is not None
+                    else None
+                ).encode()
+                for i, c in enumerate(choices)
+            ]
+        if flags.get("return_num_input_tokens"):
+            outputs["num_input_tokens"] = [len(model.toy.tokenize(prompt or ""))]
+        if flags.get("return_num_output_tokens"):
+            outputs["num_output_tokens"] = [
+                len(c.steps) - sent_steps[i] for i, c in enumerate(choices)
+            ]
+        requested = {o.name for o in request.outputs}
+        if PROMPT_LOGPROBS_OUTPUT in requested and prompt is not None:
+            if params.get("prompt_logprobs") is None:
+                raise BackendError("Error generating stream: prompt_logprobs was not requested")
+            outputs[PROMPT_LOGPROBS_OUTPUT] = [
+                json.dumps(
+                    [
+                        None if d is None else {str(k): {"logprob": v} for k, v in d.items()}
+                        for d in model.toy.prompt_logprobs(prompt)
+                    ]
+                ).encode()
+            ]
+        for i, c in enumerate(choices):
+            sent[i] = len(c.text)
+            sent_steps[i] = len(c.steps)
+        return self._response(model, request, outputs, final=final)
+
+    def _response(self, model, request, outputs, *, final: bool):
+        requested = [o.name for o in request.outputs]
+        if requested:
+            outputs = {k: v for k, v in outputs.items() if k in requested}
+        kinds = dict(self.outputs_of(model))
+        response = service_pb2.ModelInferResponse(
+            model_name=model.name, model_version="1", id=request.id
+        )
+        for name, values in outputs.items():
+            datatype = kinds[name]
+            if datatype == "BYTES":
+                raw = serialize_byte_tensor(np.array(values, dtype=np.object_)).item()
+            else:
+                raw = np.array(values, dtype=_dtype(datatype)).tobytes()
+            response.outputs.add(name=name, datatype=datatype, shape=[len(values)])
+            response.raw_output_contents.append(raw)
+        return response, final
+
+
+class _HttpHealth(BaseHTTPRequestHandler):
+    owner: KServeStandIn
+
+    def do_GET(self) -> None:
+        path = self.path.rstrip("/")
+        match = re.fullmatch(r"/v2/models/([^/]+)(?:/versions/\d+)?/ready", path)
+        if path == "/v2/health/live":
+            ok = True
+        elif path == "/v2/health/ready":
+            ok = self.owner.ready
+        elif match:
+            ok = self.owner.ready and match.group(1) in self.owner.models
+        else:
+            self.send_error(404)
+            return
+        self.send_response(200 if ok else 400)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+def _parse_bool(value: str) -> bool:
+    return value.lower() in ("1", "true", "yes", "on")
+
+
+def _load_models(repository: Path, names: Sequence[str], mode: str) -> list[StandInModel]:
+    """Read ``config.pbtxt`` of each model to load (all of them unless mode is explicit)."""
+    if mode != "explicit" and not names:
+        names = sorted(p.name for p in repository.iterdir() if (p / "config.pbtxt").is_file())
+    models = []
+    for name in names:
+        config = repository / name / "config.pbtxt"
+        if not config.is_file():
+            raise FileNotFoundError(f"failed to load '{name}': {config} does not exist")
+        text = config.read_text()
+        backend = re.search(r'backend:\s*"([^"]+)"', text)
+        if backend is None or backend.group(1) != "vllm":
+            raise ValueError(f"failed to load '{name}': {config} does not set backend: \"vllm\"")
+        declared = re.findall(r'name:\s*"([^"]+)"', text)
+        extra = (PROMPT_LOGPROBS_OUTPUT,) if PROMPT_LOGPROBS_OUTPUT in declared else ()
+        models.append(StandInModel(name, extra_outputs=extra))
+    return models
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="tritonserver (stand-in)", description=__doc__, allow_abbrev=False
+    )
+    parser.add_argument("--model-repository", "--model-store", required=True, type=Path)
+    parser.add_argument("--grpc-port", type=int, default=8001)
+    parser.add_argument("--http-port", type=int, default=8000)
+    parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument("--grpc-address", default="127.0.0.1")
+    parser.add_argument("--http-address", default="127.0.0.1")
+    parser.add_argument("--model-control-mode", default="none")
+    parser.add_argument("--load-model", action="append", default=[])
+    parser.add_argument("--strict-readiness", type=_parse_bool, default=True)
+    parser.add_argument("--exit-on-error", type=_parse_bool, default=True)
+    parser.add_argument("--allow-http", type=_parse_bool, default=True)
+    parser.add_argument("--exit-timeout-secs", type=float, default=30.0)
+    args, _ignored = parser.parse_known_args(argv)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run as ``tritonserver``; returns the exit status."""
+    args = _parse_args(argv)
+    names = [n for value in args.load_model for n in value.split(",") if n]
+    try:
+        models = _load_models(args.model_repository, names, args.model_control_mode)
+    except (OSError, ValueError) as exc:
+        print(f"E tritonserver stand-in: {exc}", file=sys.stderr, flush=True)
+        return 1
+    load_seconds = float(os.environ.get("KSERVE_STANDIN_LOAD_SECONDS", "0"))
+    server = KServeStandIn(
+        models, load_seconds=load_seconds, host=args.grpc_address, port=args.grpc_port
+    )
+    http = None
+    if args.allow_http:
+        handler = type("Handler", (_HttpHealth,), {"owner": server})
+        http = ThreadingHTTPServer((args.http_address, args.http_port), handler)
+        threading.Thread(target=http.serve_forever, daemon=True).start()
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(server.serve())
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(
+                sig, lambda: asyncio.ensure_future(server.shutdown(args.exit_timeout_secs))
+            )
+        while server.port == 0 and not task.done():
+            await asyncio.sleep(0.01)
+        print(
+            f"I Started GRPCInferenceService at {server.url} (stand-in)",
+            file=sys.stderr,
+            flush=True,
+        )
+        await task
+
+    asyncio.run(run())
+    if http is not None:
+        with contextlib.suppress(Exception):
+            http.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,243 @@
+"""A deterministic toy language model for the KServe v2 stand-in (a test double, not an engine).
+
+It stands in for vLLM behind Triton's vLLM backend: whitespace "tokens", a fixed vocabulary of
+words, logits derived from a hash of the context, so the same request always gives the same
+text, log-probabilities, prompt log-probabilities and embeddings. It honours the sampling
+parameters a test can observe (``max_tokens``, ``min_tokens``, ``stop``, ``n``, ``seed``,
+``temperature``, ``logprobs``, ``prompt_logprobs``, ``logit_bias``, ``allowed_token_ids``,
+``ignore_eos``) and JSON structured outputs (a document that satisfies the schema).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["VOCAB", "ToyChoice", "ToyModel", "ToyStep", "token_id"]
+
+VOCAB: tuple[str, ...] = (
+    "<eos>",
+    "the",
+    "a",
+    "cat",
+    "dog",
+    "sat",
+    "on",
+    "mat",
+    "and",
+    "ran",
+    "far",
+    "away",
+    "blue",
+    "red",
+    "green",
+    "sky",
+    "sea",
+    "is",
+    "was",
+    "very",
+    "calm",
+    "today",
+    "yes",
+    "no",
+    "hello",
+    "world",
+    "model",
+    "token",
+    "fast",
+    "slow",
+    "up",
+    "down",
+)
+EOS_ID = 0
+
+
+def token_id(word: str) -> int:
+    """Id of a whitespace token: its vocabulary index, or a stable hash into the vocabulary."""
+    if word in VOCAB:
+        return VOCAB.index(word)
+    digest = hashlib.blake2b(word.encode("utf-8"), digest_size=4).digest()
+    return 1 + int.from_bytes(digest, "little") % (len(VOCAB) - 1)
+
+
+def _logits(context: tuple[int, ...], salt: int) -> list[float]:
+    digest = hashlib.blake2b(repr((context, salt)).encode(), digest_size=len(VOCAB)).digest()
+    # EOS is made unlikely so generations run to max_tokens unless a test biases it.
+    return [(-8.0 if i == EOS_ID else (b / 32.0)) for i, b in enumerate(digest)]
+
+
+def _log_softmax(logits: list[float]) -> list[float]:
+    top = max(logits)
+    total = math.log(sum(math.exp(x - top) for x in logits)) + top
+    return [x - total for x in logits]
+
+
+@dataclass(frozen=True)
+class ToyStep:
+    """One generated token with its log-probability and the top alternatives."""
+
+    token_id: int
+    text: str
+    logprob: float
+    top: dict[int, float]
+
+
+@dataclass
+class ToyChoice:
+    """The state of one of the ``n`` outputs of a request."""
+
+    steps: list[ToyStep] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+
+    @property
+    def cumulative_logprob(self) -> float:
+        return sum(s.logprob for s in self.steps)
+
+
+class ToyModel:
+    """Deterministic generation over :data:`VOCAB`; ``invalid_json`` corrupts JSON outputs."""
+
+    def __init__(self, *, invalid_json: bool = False, embedding_dim: int = 8) -> None:
+        self.invalid_json = invalid_json
+        self.embedding_dim = embedding_dim
+
+    @staticmethod
+    def tokenize(text: str) -> list[int]:
+        return [token_id(w) for w in text.split()]
+
+    def prompt_logprobs(self, prompt: str) -> list[dict[int, float] | None]:
+        """Per prompt token, the log-probability of that token given the ones before it."""
+        ids = self.tokenize(prompt)
+        out: list[dict[int, float] | None] = [None] if ids else []
+        for i in range(1, len(ids)):
+            lp = _log_softmax(_logits(tuple(ids[:i]), 0))
+            out.append({ids[i]: lp[ids[i]]})
+        return out
+
+    def embed(self, text: str, dimensions: int | None = None) -> list[float]:
+        dim = dimensions or self.embedding_dim
+        raw = hashlib.blake2b(text.encode("utf-8"), digest_size=64).digest()
+        vec = [(raw[i % len(raw)] - 127.5) / 127.5 + i * 1e-3 for i in range(dim)]
+        norm = math.sqrt(sum(v * v for v in vec)) or 1.0
+        return [v / norm for v in vec]
+
+    def generate(self, prompt: str, params: dict[str, Any]) -> Iterator[list[ToyChoice]]:
+        """Yield the ``n`` choices after each decoding step until every choice has finished."""
+        n = int(params.get("n", 1))
+        choices = [ToyChoice() for _ in range(n)]
+        fixed = self._structured_text(params)
+        if fixed is not None:
+            yield from self._emit_fixed(choices, fixed, params)
+            return
+        max_tokens = params.get("max_tokens", 16)
+        min_tokens = int(params.get("min_tokens", 0))
+        temperature = float(params.get("temperature", 1.0))
+        seed = params.get("seed")
+        stops = params.get("stop") or []
+        stops = [stops] if isinstance(stops, str) else list(stops)
+        top_k = int(params.get("logprobs") or 0)
+        bias = {int(k): float(v) for k, v in (params.get("logit_bias") or {}).items()}
+        allowed = params.get("allowed_token_ids")
+        base = tuple(self.tokenize(prompt))
+        limit = 16 if max_tokens is None else int(max_tokens)
+        for step in range(limit):
+            for index, choice in enumerate(choices):
+                if choice.finish_reason is not None:
+                    continue
+                context = base + tuple(s.token_id for s in choice.steps)
+                salt = 0 if temperature == 0 else hash((seed, index)) if seed is not None else index
+                logits = _logits(context, salt)
+                for tok, b in bias.items():
+                    if 0 <= tok < len(VOCAB):
+                        logits[tok] += b
+                if allowed:
+                    logits = [x if i in allowed else -1e9 for i, x in enumerate(logits)]
+                if step < min_tokens or params.get("ignore_eos"):
+                    logits[EOS_ID] = -1e9
+                lp = _log_softmax(logits)
+                tok = max(range(len(VOCAB)), key=lambda i: (lp[i], -i))
+                ranked = sorted(range(len(VOCAB)), key=lambda i: (-lp[i], i))[:top_k]
+                if tok == EOS_ID:
+                    choice.steps.append(ToyStep(tok, "", lp[tok], {i: lp[i] for i in ranked}))
+                    choice.finish_reason = "stop"
+                    continue
+                piece = VOCAB[tok] if not choice.text else " " + VOCAB[tok]
+                choice.steps.append(ToyStep(tok, piece, lp[tok], {i: lp[i] for i in ranked}))
+                choice.text += piece
+                for s in stops:
+                    if s and s in choice.text:
+                        choice.text = choice.text[: choice.text.index(s)]
+                        choice.finish_reason = "stop"
+                if choice.finish_reason is None and step == limit - 1:
+                    choice.finish_reason = "length"
+            yield choices
+            if all(c.finish_reason is not None for c in choices):
+                return
+
+    def _emit_fixed(
+        self, choices: list[ToyChoice], text: str, params: dict[str, Any]
+    ) -> Iterator[list[ToyChoice]]:
+        words = text.split(" ")
+        # Like vLLM, a structured output cut by max_tokens is returned truncated ("length").
+        limit = params.get("max_tokens") or 16
+        for step, word in enumerate(words[:limit]):
+            for choice in choices:
+                piece = word if step == 0 else " " + word
+                tid = token_id(word)
+                choice.steps.append(ToyStep(tid, piece, -0.5, {tid: -0.5}))
+                choice.text += piece
+            yield choices
+        for choice in choices:
+            choice.finish_reason = "stop" if len(words) <= limit else "length"
+        yield choices
+
+    def _structured_text(self, params: dict[str, Any]) -> str | None:
+        raw = params.get("structured_outputs", params.get("guided_decoding"))
+        if raw is None:
+            return None
+        spec = json.loads(raw) if isinstance(raw, str) else raw
+        if "json" in spec:
+            schema = spec["json"]
+            schema = json.loads(schema) if isinstance(schema, str) else schema
+            text = json.dumps(_instance(schema))
+        elif spec.get("json_object"):
+            text = json.dumps({"answer": "yes"})
+        elif "choice" in spec:
+            text = spec["choice"][0]
+        else:
+            raise ValueError(f"toy model supports json, json_object and choice, got {sorted(spec)}")
+        if self.invalid_json and text.startswith("{"):
+            text = text[:-1]
+        return text
+
+
+def _instance(schema: dict[str, Any]) -> Any:
+    """A small document that satisfies the common subset of JSON Schema used in tests."""
+    if "const" in schema:
+        return schema["const"]
+    if "enum" in schema:
+        return schema["enum"][0]
+    kind = schema.get("type", "object")
+    if isinstance(kind, list):
+        kind = kind[0]
+    if kind == "object":
+        props = schema.get("properties", {})
+        required = schema.get("required", list(props))
+        return {name: _instance(props.get(name, {})) for name in required}
+    if kind == "array":
+        count = schema.get("minItems", 1)
+        return [_instance(schema.get("items", {"type": "string"})) for _ in range(count)]
+    if kind == "string":
+        return "x" * schema.get("minLength", 3)
+    if kind == "integer":
+        return schema.get("minimum", 1)
+    if kind == "number":
+        return float(schema.get("minimum", 1.5))
+    if kind == "boolean":
+        return True
+    return None
