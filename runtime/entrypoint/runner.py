@@ -223,7 +223,7 @@ class Entrypoint:
             "--http-address=127.0.0.1",
             f"--http-port={s.triton_http_port}",
             f"--metrics-port={s.triton_metrics_port}",
-            f"--exit-timeout-secs={max(1, int(s.drain_seconds))}",
+            f"--exit-timeout-secs={max(1, round(s.drain_seconds))}",
         ]
         env = self._child_env(manifest, unpacked)
         try:
@@ -322,9 +322,17 @@ class Entrypoint:
         log(f"SIGTERM: closing the public port, draining for up to {s.drain_seconds:g}s")
         self.state.draining = True
         await self.gate.stop_accepting()
+        started = time.monotonic()
         clean = await self._stop_processes(s.drain_seconds)
-        if not clean:
-            log("drain deadline passed: Triton was killed; in-flight requests may have failed")
+        elapsed = time.monotonic() - started
+        codes = [p.returncode for p in self.state.processes]
+        # Triton gets the same deadline (--exit-timeout-secs) and cuts in-flight requests when
+        # it passes, so a stop that took the whole deadline is not a clean drain either.
+        if not clean or elapsed >= s.drain_seconds or any(codes):
+            log(
+                f"drain deadline of {s.drain_seconds:g}s reached after {elapsed:.1f}s (exit codes "
+                f"{codes}); in-flight requests may have failed"
+            )
             return ExitCode.DRAIN_TIMEOUT
         log("drained: every in-flight request finished")
         return ExitCode.DRAINED
