@@ -13,6 +13,7 @@ import http.client
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -27,7 +28,13 @@ from runtime.entrypoint.health import HealthServer
 from runtime.entrypoint.plugins import install_plugins
 from runtime.entrypoint.render import render_repository
 from runtime.entrypoint.settings import EntrypointSettings
-from runtime.entrypoint.stages import check_compat, locate, unpack, wipe_multiproc_dir
+from runtime.entrypoint.stages import (
+    check_compat,
+    locate,
+    start_import_probe,
+    unpack,
+    wipe_multiproc_dir,
+)
 from runtime.package.errors import PackageError
 from runtime.package.manifest import Manifest
 
@@ -148,6 +155,16 @@ class Entrypoint:
 
     async def _run(self) -> int:
         s = self.settings
+        probe = start_import_probe(s.triton_release, s.compat_matrix)
+        try:
+            return await self._stages(probe)
+        finally:
+            if probe is not None and probe.returncode is None:
+                probe.kill()
+                probe.communicate()
+
+    async def _stages(self, probe: subprocess.Popen[str] | None) -> int:
+        s = self.settings
         work = s.work_dir
         folder, manifest = await self._stage(
             1,
@@ -171,7 +188,7 @@ class Entrypoint:
         removed = await self._stage(4, lambda: wipe_multiproc_dir(s.multiproc_dir))
         log(f"removed {removed} stale entries from PROMETHEUS_MULTIPROC_DIR")
         self.metrics.enable()
-        pair = await self._stage(5, lambda: check_compat(s.triton_release, s.compat_matrix))
+        pair = await self._stage(5, lambda: check_compat(s.triton_release, s.compat_matrix, probe))
         log(f"compatible: {pair}")
         repository = work / "model_repository"
         await self._stage(

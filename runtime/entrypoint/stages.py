@@ -15,7 +15,14 @@ from runtime.package.manifest import ARCHIVE_NAME, MANIFEST_NAME, Manifest, load
 from runtime.package.unpack import UnpackLimits, unpack_archive
 from runtime.package.verify import check_file
 
-__all__ = ["check_compat", "download_version", "locate", "unpack", "wipe_multiproc_dir"]
+__all__ = [
+    "check_compat",
+    "download_version",
+    "locate",
+    "start_import_probe",
+    "unpack",
+    "wipe_multiproc_dir",
+]
 
 
 def download_version(uri: str, target: Path) -> Path:
@@ -139,7 +146,32 @@ for module in sys.argv[1:]:
 """
 
 
-def check_compat(release: str | None, matrix_path: Path | None) -> str:
+def start_import_probe(
+    release: str | None, matrix_path: Path | None
+) -> subprocess.Popen[str] | None:
+    """Start importing the pair's backend modules in a separate interpreter, right away.
+
+    vLLM takes seconds to import; started before stage 1, the probe overlaps the other stages
+    and `check_compat` only collects its result. ``None`` when the pair is unknown (stage 5
+    then reports why).
+    """
+    if release is None:
+        return None
+    try:
+        pair = load_matrix(matrix_path).for_triton(release)
+    except CompatError:
+        return None
+    return subprocess.Popen(
+        [sys.executable, "-c", _PROBE, *pair.backend_modules],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def check_compat(
+    release: str | None, matrix_path: Path | None, probe: subprocess.Popen[str] | None = None
+) -> str:
     """Check the installed vLLM against the matrix and import-probe the backend's modules."""
     if release is None:
         raise StageFailed(
@@ -150,16 +182,17 @@ def check_compat(release: str | None, matrix_path: Path | None) -> str:
         pair = load_matrix(matrix_path).for_triton(release)
         check_vllm_version(pair, installed_vllm_version())
     except CompatError as exc:
+        if probe is not None:
+            probe.kill()
+            probe.communicate()
         raise StageFailed(str(exc), "use the serving image built for this pair") from exc
     # A separate interpreter: vLLM's import cost and memory stay out of the entrypoint.
-    probe = subprocess.run(
-        [sys.executable, "-c", _PROBE, *pair.backend_modules],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    if probe is None:
+        probe = start_import_probe(release, matrix_path)
+    assert probe is not None  # the pair resolved above
+    stdout, stderr = probe.communicate()
     if probe.returncode != 0:
-        lines = probe.stdout.strip().splitlines() or probe.stderr.strip().splitlines()
+        lines = stdout.strip().splitlines() or stderr.strip().splitlines()
         module, _, error = (lines[-1] if lines else "?").partition("\t")
         raise StageFailed(
             f"vLLM {pair.vllm} cannot import {module}, which the Triton {release} backend "
