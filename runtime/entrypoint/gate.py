@@ -37,28 +37,40 @@ class _Pipe(asyncio.Protocol):
             # The upstream connect is still in progress (pause_reading is only advisory).
             self._pending += data
             return
+        if peer.transport.is_closing():
+            # The other side is gone; uvloop raises on writes to a closed transport.
+            if self.transport is not None:
+                self.transport.close()
+            return
         peer.transport.write(data)
 
+    def _live_peer(self) -> asyncio.Transport | None:
+        # uvloop raises on any call to a closed transport, asyncio ignores it: check first.
+        if self.peer is None or self.peer.transport is None or self.peer.transport.is_closing():
+            return None
+        return self.peer.transport
+
     def pause_writing(self) -> None:
-        if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.pause_reading()
+        if (peer := self._live_peer()) is not None:
+            peer.pause_reading()
 
     def resume_writing(self) -> None:
-        if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.resume_reading()
+        if (peer := self._live_peer()) is not None:
+            peer.resume_reading()
 
     def eof_received(self) -> bool:
-        if self.peer is not None and self.peer.transport is not None:
-            if self.peer.transport.can_write_eof():
-                self.peer.transport.write_eof()
-            return True
-        return False
+        peer = self._live_peer()
+        if peer is None:
+            return False
+        if peer.can_write_eof():
+            peer.write_eof()
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.transport is not None:
             self.gate.transports.discard(self.transport)
-        if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.close()
+        if (peer := self._live_peer()) is not None:
+            peer.close()
 
 
 class _Client(_Pipe):
