@@ -260,8 +260,22 @@ class Entrypoint:
             )
             if s.triton_release:
                 env["LLM_SERVING_FRONTEND_TRITON_RELEASE"] = s.triton_release
+            if "max_model_len" in manifest.engine_args:
+                env["LLM_SERVING_FRONTEND_MAX_MODEL_LEN"] = str(
+                    manifest.engine_args["max_model_len"]
+                )
+            argv_frontend = s.frontend_argv()
+            if argv_frontend[1:3] == ["-m", "runtime.frontend"] and not _has_module(
+                "runtime.frontend"
+            ):
+                raise _Failed(
+                    7,
+                    "embedded mode needs the OpenAI frontend (runtime.frontend), which this "
+                    "image does not have",
+                    "build the image with the frontend or set serving_mode standalone",
+                )
             try:
-                frontend = await asyncio.create_subprocess_exec(*s.frontend_argv(), env=env)
+                frontend = await asyncio.create_subprocess_exec(*argv_frontend, env=env)
             except OSError as exc:
                 raise _Failed(7, f"cannot run the frontend: {exc}", _FIXES["start"]) from exc
             self.state.processes.append(frontend)
@@ -369,6 +383,15 @@ class Entrypoint:
                     process.kill()
                 await process.wait()
         return clean
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:
+        return False
 
 
 class _Failed(Exception):
