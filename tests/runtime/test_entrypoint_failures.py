@@ -33,6 +33,18 @@ def test_checksum_mismatch_stops_at_locate(tmp_path: Path) -> None:
     assert "stage 1/8 locate failed: checksum mismatch for package.tar" in failure_line(err)
 
 
+def test_full_weight_verification_catches_a_flipped_byte(tmp_path: Path) -> None:
+    pod = Pod.create(tmp_path)
+    weights = pod.root / "version" / "weights" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[10] ^= 0x01
+    weights.write_bytes(bytes(data))
+    pod.env["LLM_SERVING_VERIFY_WEIGHTS"] = "true"
+    code, err = pod.run_to_exit()
+    assert code == 11
+    assert "checksum mismatch for weights/model.safetensors" in failure_line(err)
+
+
 def test_missing_package_without_fallback_stops_at_locate(tmp_path: Path) -> None:
     pod = Pod.create(tmp_path)
     pod.env["LLM_SERVING_PACKAGE_PATH"] = str(tmp_path / "nowhere")
