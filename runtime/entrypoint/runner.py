@@ -239,6 +239,7 @@ class Entrypoint:
             "--allow-http=true",
             "--http-address=127.0.0.1",
             f"--http-port={s.triton_http_port}",
+            "--metrics-address=127.0.0.1",
             f"--metrics-port={s.triton_metrics_port}",
             f"--exit-timeout-secs={max(1, round(s.drain_seconds))}",
         ]
