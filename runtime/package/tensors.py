@@ -18,19 +18,25 @@ class FrontendTensor:
     name: str
     data_type: str
     required: bool
+    """Sent with every request, so a model may declare it non-optional."""
+    generation: bool = True
+    """Sent with generation requests, so a model must declare it (Triton rejects unknown
+    inputs); ``False`` for inputs of other features (embeddings), declared only if served."""
 
 
-# The vLLM backend's I/O, which the frontend builds requests for and reads responses from.
+# The vLLM backend's I/O, which the frontend's request builder (runtime/frontend) sends and
+# reads: generation sends all but the last two inputs; scoring and embeddings send subsets.
 FRONTEND_INPUTS = (
     FrontendTensor("text_input", "TYPE_STRING", required=True),
     FrontendTensor("stream", "TYPE_BOOL", required=False),
     FrontendTensor("sampling_parameters", "TYPE_STRING", required=False),
     FrontendTensor("exclude_input_in_output", "TYPE_BOOL", required=False),
     FrontendTensor("return_finish_reason", "TYPE_BOOL", required=False),
-    FrontendTensor("return_cumulative_logprob", "TYPE_BOOL", required=False),
     FrontendTensor("return_logprobs", "TYPE_BOOL", required=False),
     FrontendTensor("return_num_input_tokens", "TYPE_BOOL", required=False),
     FrontendTensor("return_num_output_tokens", "TYPE_BOOL", required=False),
+    FrontendTensor("return_cumulative_logprob", "TYPE_BOOL", required=False, generation=False),
+    FrontendTensor("embedding_request", "TYPE_STRING", required=False, generation=False),
 )
 FRONTEND_OUTPUTS = (
     FrontendTensor("text_output", "TYPE_STRING", required=True),
@@ -65,7 +71,7 @@ def _compare(
         if tensor is None:
             if expected.required:
                 problems.append(f"{kind} {expected.name} ({expected.data_type}) is missing")
-            elif sends:
+            elif sends and expected.generation:
                 problems.append(
                     f"input {expected.name} ({expected.data_type}, optional) is missing: "
                     "the frontend may send it and Triton rejects undeclared inputs"

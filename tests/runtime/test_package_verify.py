@@ -179,3 +179,13 @@ def test_build_refuses_python_model_the_frontend_cannot_call(tmp_path: Path) -> 
         build_package(source, tmp_path / "out")
     assert "input prompt is required" in str(err.value)
     assert "input text_input (TYPE_STRING) is missing" in str(err.value)
+
+
+def test_python_model_may_leave_out_inputs_of_other_features() -> None:
+    model = _frontend_model()
+    model.inputs[:] = [t for t in model.inputs if t.name not in ("embedding_request",)]
+    model.inputs[:] = [t for t in model.inputs if t.name != "return_cumulative_logprob"]
+    check_python_model(model)
+    model.inputs.append(_tensor("embedding_request", "TYPE_INT32", True))
+    with pytest.raises(PackageError, match="input embedding_request is TYPE_INT32"):
+        check_python_model(model)
