@@ -159,8 +159,9 @@ def start_import_probe(
         return None
     try:
         pair = load_matrix(matrix_path).for_triton(release)
+        check_vllm_version(pair, installed_vllm_version())
     except CompatError:
-        return None
+        return None  # stage 5 reports it; no point importing a vLLM it will refuse
     return subprocess.Popen(
         [sys.executable, "-c", _PROBE, *pair.backend_modules],
         stdout=subprocess.PIPE,
