@@ -113,45 +113,19 @@ def publish_command(
     part_size_mb: Annotated[int, typer.Option(min=5, help="multipart part size in MiB")] = 64,
 ) -> None:
     """Upload a version to s3://BUCKET/models/<id>/<version>/, manifest.json last."""
-    import contextlib
-
-    import boto3
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        Progress,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
-
-    from runtime.publish import PublishError, format_plan, publish
-
-    client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region)
-    bar = Progress(
-        "{task.description}",
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-    )
-    task = bar.add_task("upload", total=None)
-
-    def show_plan(plan: object) -> None:
-        typer.echo(format_plan(plan))  # type: ignore[arg-type]
-        bar.update(task, total=plan.bytes_to_send)  # type: ignore[attr-defined]
+    from runtime.publish import PublishError, run_publish
 
     try:
-        with bar if not dry_run else contextlib.nullcontext():
-            plan = publish(
-                client,
-                folder,
-                bucket,
-                dry_run=dry_run,
-                workers=workers,
-                part_size=part_size_mb << 20,
-                progress=lambda n: bar.advance(task, n),
-                on_plan=show_plan,
-            )
+        plan = run_publish(
+            folder,
+            bucket,
+            endpoint_url=endpoint_url,
+            region=region,
+            dry_run=dry_run,
+            workers=workers,
+            part_size=part_size_mb << 20,
+            echo=typer.echo,
+        )
     except PublishError as exc:
         raise _fail(exc) from exc
     if not dry_run:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from runtime.package.build import file_entry
 from runtime.package.errors import PackageError
@@ -31,6 +31,7 @@ __all__ = [
     "format_plan",
     "plan_publish",
     "publish",
+    "run_publish",
     "version_prefix",
 ]
 
@@ -289,3 +290,56 @@ def publish(
         ContentType="application/json",
     )
     return plan
+
+
+def run_publish(
+    folder: Path,
+    bucket: str,
+    *,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    dry_run: bool = False,
+    workers: int = 8,
+    part_size: int = DEFAULT_PART_SIZE,
+    echo: Callable[[str], object] = print,
+) -> PublishPlan:
+    """``llm-serving publish``: a boto3 client, the plan printed, a progress bar with throughput."""
+    import contextlib
+
+    import boto3
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region)
+    bar = Progress(
+        "{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )  # fmt: skip
+    task = bar.add_task("upload", total=None)
+
+    def show_plan(plan: PublishPlan) -> None:
+        echo(format_plan(plan))
+        bar.update(task, total=plan.bytes_to_send)
+
+    try:
+        with bar if not dry_run else contextlib.nullcontext():
+            return publish(
+                client,
+                folder,
+                bucket,
+                dry_run=dry_run,
+                workers=workers,
+                part_size=part_size,
+                progress=lambda n: bar.advance(task, n),
+                on_plan=show_plan,
+            )
+    except (BotoCoreError, ClientError) as exc:
+        raise PublishError(
+            f"S3 refused or failed: {exc}; check credentials, the bucket name and the region "
+            "(run again to resume)"
+        ) from exc

@@ -205,3 +205,11 @@ def test_cli_publish_dry_run_and_real(
     assert result.exit_code == 0, result.output
     assert f"published s3://{bucket}/{PREFIX}manifest.json" in result.output
     assert PREFIX + "manifest.json" in keys(s3_client, bucket)
+
+
+def test_cli_reports_a_missing_bucket_in_one_line(s3_env: dict[str, str], version: Path) -> None:
+    result = CliRunner().invoke(app, ["publish", str(version), "--bucket", "no-such-bucket"])
+    assert result.exit_code == 1
+    # Only the last line: moto's own request log can land in the captured output too.
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("error: S3 refused or failed") and "bucket does not exist" in last
