@@ -335,10 +335,27 @@ class Entrypoint:
         self.state.ready = True
         log(f"model {manifest.model_id} ready; public gRPC port {self.gate.port} open")
 
+    async def _watch_readiness(self, model: str) -> None:
+        """Follow the model's readiness while serving, so /readyz stops routing to a sick model.
+
+        The gate stays open: streams in flight finish, and Triton itself answers new requests
+        for an unready model with an error the client can retry elsewhere.
+        """
+        while True:
+            await asyncio.sleep(self.settings.readiness_poll_seconds)
+            ready = await asyncio.to_thread(self._model_ready, model)
+            if ready != self.state.ready and not self.state.draining:
+                log(f"model {model} is {'ready again' if ready else 'no longer ready'}")
+                self.state.ready = ready
+
     async def _serve(self, manifest: Manifest) -> int:
         waits = [asyncio.ensure_future(p.wait()) for p in self.state.processes]
         stop = asyncio.ensure_future(self.stop.wait())
-        done, _ = await asyncio.wait([stop, *waits], return_when=asyncio.FIRST_COMPLETED)
+        watch = asyncio.ensure_future(self._watch_readiness(manifest.model_id))
+        try:
+            done, _ = await asyncio.wait([stop, *waits], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
         if stop not in done:
             exited = self._exited()
             code = exited.returncode if exited is not None else "?"

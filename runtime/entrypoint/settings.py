@@ -76,6 +76,9 @@ class EntrypointSettings(BaseSettings):
     health_port: int = Field(default=8081, description="/livez, /readyz, /metrics")
     ready_timeout_seconds: float = Field(default=1800.0, gt=0)
     drain_seconds: float = Field(default=30.0, ge=0, description="SIGTERM drain deadline")
+    readiness_poll_seconds: float = Field(
+        default=2.0, gt=0, description="how often readiness is re-checked while serving"
+    )
 
     def tritonserver_argv(self) -> list[str]:
         """The tritonserver command as argv words."""

@@ -65,3 +65,27 @@ def test_readyz_turns_503_and_port_closes_when_triton_dies(tmp_path: Path) -> No
     code = pod.process.wait(timeout=30)
     assert code == 20, pod.stderr()
     assert port_refuses(pod.port("public_grpc"))
+
+
+def test_readyz_follows_the_model_while_serving(tmp_path: Path) -> None:
+    pod = Pod.create(tmp_path)
+    pod.env.update(
+        {
+            "STANDIN_UNREADY_AFTER_SECONDS": "1.5",
+            "STANDIN_READY_AGAIN_AFTER_SECONDS": "3.5",
+            "LLM_SERVING_READINESS_POLL_SECONDS": "0.2",
+        }
+    )
+    pod.start().wait_ready()
+    seen = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and seen[-2:] != [503, 200]:
+        status = http_status(pod.port("health"), "/readyz")
+        if not seen or seen[-1] != status:
+            seen.append(status)
+        time.sleep(0.05)
+    assert seen == [200, 503, 200]
+    assert not port_refuses(pod.port("public_grpc"))  # the gate stays open meanwhile
+    code, err = pod.terminate()
+    assert code == 0, err
+    assert "model toy is no longer ready" in err and "model toy is ready again" in err
