@@ -178,17 +178,19 @@ def bench_gate(quick: bool) -> list[dict[str, Any]]:
             "direct": grpcclient.InferenceServerClient(f"127.0.0.1:{backend_port}"),
             "gate": grpcclient.InferenceServerClient(f"127.0.0.1:{gate_port}"),
         }
-        unary_n, blocks, stream_tokens = (100, 4, 200) if quick else (500, 10, 400)
+        unary_n, streams, stream_tokens = (200, 10, 200) if quick else (1000, 30, 300)
         latencies: dict[str, list[float]] = {k: [] for k in clients}
         rates: dict[str, list[float]] = {k: [] for k in clients}
         for client in clients.values():  # warm-up: connections, HTTP/2 windows
             for _ in range(10):
                 _unary(client)
-        # Interleaved blocks so machine noise hits both sides alike.
-        for block in range(blocks):
-            order = list(clients) if block % 2 == 0 else list(reversed(clients))
-            for impl in order:
-                latencies[impl] += [_unary(clients[impl]) for _ in range(unary_n // blocks)]
+        # Alternate request by request (and stream by stream, order flipped each time) so
+        # noise from other processes on the machine hits both sides alike.
+        for i in range(unary_n):
+            for impl in list(clients)[:: 1 if i % 2 else -1]:
+                latencies[impl].append(_unary(clients[impl]))
+        for i in range(streams):
+            for impl in list(clients)[:: 1 if i % 2 else -1]:
                 rates[impl].append(_stream_tokens(clients[impl], stream_tokens))
         rows = []
         for impl in clients:
