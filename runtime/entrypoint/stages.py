@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -61,14 +62,14 @@ def locate(
     *,
     verify_weights: bool,
     expect: tuple[str | None, str | None],
-    warn: object,
+    warn: Callable[[str], None],
 ) -> tuple[Path, Manifest]:
     """Find the version folder (model cache, else S3) and verify its checksums."""
     folder: Path | None = None
     if package_path is not None and (package_path / MANIFEST_NAME).is_file():
         folder = package_path
     elif s3_uri:
-        warn(  # type: ignore[operator]
+        warn(
             f"package not found on the model cache ({package_path}); downloading {s3_uri}: "
             "cold start will be slow"
         )
