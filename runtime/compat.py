@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import tomllib
 from dataclasses import dataclass
@@ -119,8 +120,11 @@ def default_matrix_path() -> Path:
 
 
 def load_matrix(path: Path | None = None) -> CompatMatrix:
-    """Read and validate the matrix; raises `CompatError` naming the file and the bad field."""
-    path = default_matrix_path() if path is None else path
+    """Read and validate the matrix (``path``, else ``$LLM_SERVING_COMPAT_MATRIX``, else the
+    shipped file); raises `CompatError` naming the file and the bad field."""
+    if path is None:
+        override = os.environ.get(MATRIX_ENV_VAR)
+        path = Path(override) if override else default_matrix_path()
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:

@@ -171,3 +171,11 @@ def test_main_prints_constraints_and_checks(
     assert "vllm==0.24.0" in capsys.readouterr().err
     assert compat.main(["check", "--matrix", str(write(tmp_path, GOOD))]) == 0
     assert "matches Triton 26.08" in capsys.readouterr().out
+
+
+def test_environment_override_of_the_matrix_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(compat.MATRIX_ENV_VAR, str(write(tmp_path, GOOD)))
+    assert load_matrix().default.backend_modules == ("json",)
+    assert len(load_matrix(compat.default_matrix_path()).pairs) == len(PUBLISHED)
