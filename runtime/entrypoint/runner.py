@@ -169,7 +169,7 @@ class Entrypoint:
         folder, manifest = await self._stage(
             1,
             lambda: locate(
-                s.package_path,
+                s.version_folder(),
                 s.package_s3_uri,
                 work / "download",
                 verify_weights=s.verify_weights,

@@ -19,6 +19,10 @@ class EntrypointSettings(BaseSettings):
     package_path: Path | None = Field(
         default=None, description="version folder on the model cache (has manifest.json)"
     )
+    model_cache_root: Path = Field(
+        default=Path("/mnt/model-cache/models"),
+        description="where <model_id>/<model_version>/ live when package_path is not set",
+    )
     package_s3_uri: str | None = Field(
         default=None, description="s3://bucket/models/<id>/<version>/: fallback, slow cold start"
     )
@@ -79,6 +83,14 @@ class EntrypointSettings(BaseSettings):
     readiness_poll_seconds: float = Field(
         default=2.0, gt=0, description="how often readiness is re-checked while serving"
     )
+
+    def version_folder(self) -> Path | None:
+        """The version folder: ``package_path``, else derived from the model id and version."""
+        if self.package_path is not None:
+            return self.package_path
+        if self.model_id and self.model_version:
+            return self.model_cache_root / self.model_id / self.model_version
+        return None
 
     def tritonserver_argv(self) -> list[str]:
         """The tritonserver command as argv words."""

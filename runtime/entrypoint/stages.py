@@ -76,7 +76,8 @@ def locate(
         folder = download_version(s3_uri, download_dir)
     else:
         raise StageFailed(
-            f"no {MANIFEST_NAME} in LLM_SERVING_PACKAGE_PATH={package_path} and no "
+            f"no {MANIFEST_NAME} in {package_path} (LLM_SERVING_PACKAGE_PATH, or "
+            "LLM_SERVING_MODEL_CACHE_ROOT/<model id>/<model version>) and no "
             "LLM_SERVING_PACKAGE_S3_URI fallback",
             "publish the version and wait for the model cache restore Job, or set the S3 URI",
         )

@@ -156,3 +156,24 @@ def test_invalid_setting_exits_2_naming_it(tmp_path: Path) -> None:
     pod.env["LLM_SERVING_HEALTH_PORT"] = "eighty"
     code, err = pod.run_to_exit()
     assert code == 2 and "invalid setting health_port" in err
+
+
+def test_version_folder_derived_from_model_id_and_version(tmp_path: Path) -> None:
+    pod = Pod.create(tmp_path)
+    cache = tmp_path / "cache"
+    (cache / "toy").mkdir(parents=True)
+    (pod.root / "version").rename(cache / "toy" / "v1")
+    pod.env.pop("LLM_SERVING_PACKAGE_PATH")
+    pod.env.update(
+        {
+            "LLM_SERVING_MODEL_CACHE_ROOT": str(cache),
+            "LLM_SERVING_MODEL_ID": "toy",
+            "LLM_SERVING_MODEL_VERSION": "v2",
+        }
+    )
+    code, err = pod.run_to_exit()  # v2 is not there
+    assert code == 11 and str(cache / "toy" / "v2") in failure_line(err)
+    pod.env["LLM_SERVING_MODEL_VERSION"] = "v1"
+    pod.start().wait_ready()
+    assert infer(pod.port("public_grpc"), "the fox") != ""
+    assert pod.terminate()[0] == 0
