@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
 from runtime.constraints import default_num_threads, engine_version
@@ -16,12 +19,8 @@ app = typer.Typer(
 
 @app.callback()
 def _root() -> None:
-    """Keep ``app`` a command group even while it has a single command."""
+    """Build, publish, plan and operate the llm-serving platform."""
 
-
-# --- versions of Versioned models (issue 8) ---
-from pathlib import Path  # noqa: E402  (kept in this hunk so branches merge cleanly)
-from typing import Annotated  # noqa: E402
 
 versions_app = typer.Typer(help="Manage the versions of Versioned models.", no_args_is_help=True)
 app.add_typer(versions_app, name="versions")
@@ -66,8 +65,6 @@ def plan(
     against: str | None = typer.Option(None, "--against", help="Git revision to diff with."),
 ) -> None:
     """Plan a stack offline: resource tree, Kubernetes YAML, validation, diff to a revision."""
-    from pathlib import Path
-
     # Imported here: the serving image has no Pulumi, and the other commands must still run.
     try:
         from stacks.plan import PlanError, run_plan
@@ -92,6 +89,104 @@ def metrics_proxy() -> None:
     from runtime.metrics_proxy.server import run_from_env
 
     raise typer.Exit(run_from_env())
+
+
+package_app = typer.Typer(help="Build, inspect and verify model packages.", no_args_is_help=True)
+app.add_typer(package_app, name="package")
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+    return typer.Exit(1)
+
+
+@package_app.command("build")
+def package_build(
+    source: Annotated[Path, typer.Argument(help="source tree with package.yaml")],
+    out: Annotated[Path, typer.Option(help="new, empty version folder to write")],
+    triton: Annotated[
+        str | None, typer.Option(help="Triton release (default: the image's)")
+    ] = None,
+    constraints: Annotated[
+        Path | None, typer.Option(help="extra pins, e.g. the image's constraints file")
+    ] = None,
+) -> None:
+    """Check a model's source tree and write its version folder (manifest last)."""
+    from runtime.compat import CompatError
+    from runtime.package import PackageError, build_package
+
+    try:
+        manifest = build_package(source, out, triton=triton, constraints=constraints)
+    except (PackageError, CompatError) as exc:
+        raise _fail(exc) from exc
+    typer.echo(
+        f"built {manifest.model_id}/{manifest.model_version} in {out}: "
+        f"{len(manifest.archive_files)} archive files, {len(manifest.weight_files)} weight files"
+    )
+
+
+@package_app.command("inspect")
+def package_inspect(
+    folder: Annotated[Path, typer.Argument(help="version folder or manifest.json")],
+) -> None:
+    """Print a version's manifest summary as JSON."""
+    import json
+
+    from runtime.package import PackageError, describe
+
+    try:
+        typer.echo(json.dumps(describe(folder), indent=2))
+    except PackageError as exc:
+        raise _fail(exc) from exc
+
+
+@package_app.command("verify")
+def package_verify(
+    folder: Annotated[Path, typer.Argument(help="version folder")],
+    quick: Annotated[bool, typer.Option(help="check sizes only, not sha256")] = False,
+    constraints: Annotated[Path | None, typer.Option(help="extra pins to check plugins")] = None,
+) -> None:
+    """Check every file's size and sha256, the plugins against the pins and python tensors."""
+    from runtime.compat import CompatError
+    from runtime.package import PackageError, verify_package
+
+    try:
+        manifest = verify_package(folder, full=not quick, constraints=constraints)
+    except (PackageError, CompatError) as exc:
+        raise _fail(exc) from exc
+    typer.echo(f"ok: {manifest.model_id}/{manifest.model_version}")
+
+
+@app.command("publish")
+def publish_command(
+    folder: Annotated[Path, typer.Argument(help="built version folder (package build --out)")],
+    bucket: Annotated[str, typer.Option(envvar="LLM_SERVING_MODEL_BUCKET", help="model bucket")],
+    dry_run: Annotated[bool, typer.Option(help="print the plan, upload nothing")] = False,
+    endpoint_url: Annotated[
+        str | None, typer.Option(envvar="AWS_ENDPOINT_URL", help="S3 endpoint override")
+    ] = None,
+    region: Annotated[str | None, typer.Option(envvar="AWS_REGION", help="bucket region")] = None,
+    workers: Annotated[int, typer.Option(min=1, help="parallel uploads")] = 8,
+    part_size_mb: Annotated[int, typer.Option(min=5, help="multipart part size in MiB")] = 64,
+) -> None:
+    """Upload a version to s3://BUCKET/models/<id>/<version>/, manifest.json last."""
+    from runtime.publish import PublishError, run_publish
+
+    try:
+        plan = run_publish(
+            folder,
+            bucket,
+            endpoint_url=endpoint_url,
+            region=region,
+            dry_run=dry_run,
+            workers=workers,
+            part_size=part_size_mb << 20,
+            echo=typer.echo,
+        )
+    except PublishError as exc:
+        raise _fail(exc) from exc
+    if not dry_run:
+        typer.echo(f"published s3://{bucket}/{plan.manifest_key}")
 
 
 def main() -> None:

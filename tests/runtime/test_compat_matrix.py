@@ -173,5 +173,9 @@ def test_main_prints_constraints_and_checks(
     assert "matches Triton 26.08" in capsys.readouterr().out
 
 
-def test_default_pairs_backend_modules_import_with_the_installed_vllm() -> None:
-    assert probe_imports(load_matrix().default.backend_modules) == {}
+def test_environment_override_of_the_matrix_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(compat.MATRIX_ENV_VAR, str(write(tmp_path, GOOD)))
+    assert load_matrix().default.backend_modules == ("json",)
+    assert len(load_matrix(compat.default_matrix_path()).pairs) == len(PUBLISHED)

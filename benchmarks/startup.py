@@ -1,0 +1,323 @@
+"""Start-up benchmarks: unpack vs GNU tar, gRPC through the port gate vs direct, and the seconds
+each entrypoint stage adds against the tritonserver stand-in (load time zero).
+
+``python -m benchmarks.startup [--quick] [--json PATH]``. The full run unpacks a 2 GiB package
+of 512 files; ``--quick`` a 256 MiB package of 128 files, fewer requests and one start-up.
+Everything runs in separate processes (stand-in, gate, entrypoint) as in the pod.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from runtime.entrypoint import STAGES
+from runtime.package import build_package, unpack_archive
+from runtime.package.manifest import FileEntry
+
+ROOT = Path(__file__).resolve().parents[1]
+_SHA = "0" * 64
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_port(port: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+# --- unpack -----------------------------------------------------------------------------------
+
+
+def _make_archive(folder: Path, files: int, file_bytes: int) -> tuple[Path, list[FileEntry]]:
+    block = os.urandom(1 << 20)
+    data = (block * (file_bytes // len(block) + 1))[:file_bytes]
+    source = folder / "src"
+    entries = []
+    for i in range(files):
+        path = source / f"shard-{i // 64:03d}" / f"part-{i:05d}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data[i % 997 :] + data[: i % 997])  # distinct contents
+        entries.append(
+            FileEntry(path=path.relative_to(source).as_posix(), size=file_bytes, sha256=_SHA)
+        )
+    archive = folder / "package.tar"
+    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tar:
+        for entry in entries:
+            tar.add(source / entry.path, arcname=entry.path)
+    shutil.rmtree(source)
+    return archive, entries
+
+
+def bench_unpack(folder: Path, quick: bool, repeats: int) -> list[dict[str, Any]]:
+    files, size = (128, 2 << 20) if quick else (512, 4 << 20)
+    archive, entries = _make_archive(folder, files, size)
+    total_mb = files * size / 1e6
+    runs: dict[str, list[float]] = {"unpack": [], "gnu_tar": []}
+    for i in range(repeats):
+        for impl in ("gnu_tar", "unpack") if i % 2 else ("unpack", "gnu_tar"):
+            dest = folder / f"out-{impl}-{i}"
+            started = time.perf_counter()
+            if impl == "unpack":
+                unpack_archive(archive, entries, dest)
+            else:
+                dest.mkdir()
+                subprocess.run(["tar", "-xf", str(archive), "-C", str(dest)], check=True)
+            runs[impl].append(time.perf_counter() - started)
+            shutil.rmtree(dest)
+    archive.unlink()
+    return [
+        {
+            "impl": impl,
+            "files": files,
+            "mb": round(total_mb, 1),
+            "median_s": round(statistics.median(times), 4),
+            "mb_per_s": round(total_mb / statistics.median(times), 1),
+        }
+        for impl, times in runs.items()
+    ]
+
+
+# --- gate vs direct -------------------------------------------------------------------------------
+
+_GATE = """
+import asyncio, sys, uvloop
+from runtime.entrypoint.gate import PortGate
+async def main():
+    gate = PortGate("127.0.0.1", int(sys.argv[1]), "127.0.0.1", int(sys.argv[2]))
+    await gate.open()
+    await asyncio.Event().wait()
+uvloop.run(main())
+"""
+
+
+def _unary(client: grpcclient.InferenceServerClient) -> float:
+    text = grpcclient.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"the quick brown fox"], dtype=object))
+    params = grpcclient.InferInput("sampling_parameters", [1], "BYTES")
+    params.set_data_from_numpy(np.array([b'{"max_tokens": 1}'], dtype=object))
+    started = time.perf_counter()
+    client.infer("toy", [text, params])
+    return time.perf_counter() - started
+
+
+def _stream_tokens(client: grpcclient.InferenceServerClient, tokens: int) -> float:
+    done: queue.Queue[Any] = queue.Queue()
+
+    def callback(result: Any, error: Any) -> None:
+        done.put(error or result)
+
+    text = grpcclient.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"the quick brown fox"], dtype=object))
+    stream = grpcclient.InferInput("stream", [1], "BOOL")
+    stream.set_data_from_numpy(np.array([True]))
+    params = grpcclient.InferInput("sampling_parameters", [1], "BYTES")
+    params.set_data_from_numpy(np.array([f'{{"max_tokens": {tokens}}}'.encode()], dtype=object))
+    client.start_stream(callback=callback)
+    started = time.perf_counter()
+    client.async_stream_infer("toy", [text, stream, params], enable_empty_final_response=True)
+    received = 0
+    while True:
+        item = done.get(timeout=60)
+        if isinstance(item, Exception):
+            raise item
+        response = item.get_response()
+        if response.outputs:
+            received += 1
+        if response.parameters["triton_final_response"].bool_param:
+            break
+    elapsed = time.perf_counter() - started
+    client.stop_stream()
+    return received / elapsed
+
+
+def bench_gate(quick: bool) -> list[dict[str, Any]]:
+    backend_port, gate_port = _free_port(), _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KSERVE_STANDIN_LOAD_SECONDS": "0"}
+    standin = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.kserve_server", "--model-repository", ".",
+         f"--grpc-port={backend_port}", "--allow-http=false", "--model-control-mode=none"],
+        env=env, cwd=ROOT, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    gate = subprocess.Popen(
+        [sys.executable, "-c", _GATE, str(gate_port), str(backend_port)], env=env, cwd=ROOT
+    )
+    try:
+        _wait_port(backend_port)
+        _wait_port(gate_port)
+        clients = {
+            "direct": grpcclient.InferenceServerClient(f"127.0.0.1:{backend_port}"),
+            "gate": grpcclient.InferenceServerClient(f"127.0.0.1:{gate_port}"),
+        }
+        unary_n, streams, stream_tokens = (200, 10, 200) if quick else (1000, 30, 300)
+        latencies: dict[str, list[float]] = {k: [] for k in clients}
+        rates: dict[str, list[float]] = {k: [] for k in clients}
+        for client in clients.values():  # warm-up: connections, HTTP/2 windows
+            for _ in range(10):
+                _unary(client)
+        # Alternate request by request (and stream by stream, order flipped each time) so
+        # noise from other processes on the machine hits both sides alike.
+        for i in range(unary_n):
+            for impl in list(clients)[:: 1 if i % 2 else -1]:
+                latencies[impl].append(_unary(clients[impl]))
+        for i in range(streams):
+            for impl in list(clients)[:: 1 if i % 2 else -1]:
+                rates[impl].append(_stream_tokens(clients[impl], stream_tokens))
+        rows = []
+        for impl in clients:
+            values = np.array(latencies[impl]) * 1e6
+            rows.append(
+                {
+                    "impl": impl,
+                    "requests": len(values),
+                    "p50_us": round(float(np.percentile(values, 50)), 1),
+                    "p99_us": round(float(np.percentile(values, 99)), 1),
+                    "tokens_per_s": round(statistics.median(rates[impl]), 1),
+                }
+            )
+        for client in clients.values():
+            client.close()
+        return rows
+    finally:
+        for process in (gate, standin):
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+# --- full start-up ------------------------------------------------------------------------------
+
+_STAGE_LINE = re.compile(r"stage (\d)/8 (\w+) done in ([0-9.]+)s")
+
+
+def bench_startup(folder: Path, starts: int) -> list[dict[str, Any]]:
+    sys.path.insert(0, str(ROOT))
+    from tests.runtime.wheelmaker import make_source  # the tests' tiny model and plugin wheel
+
+    version = folder / "version"
+    build_package(make_source(folder / "src"), version)
+    prom = folder / "prom"
+    prom.mkdir()
+    seconds: dict[str, list[float]] = {stage: [] for stage in STAGES}
+    for i in range(starts):
+        health = _free_port()
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "LLM_SERVING_PACKAGE_PATH": str(version),
+            "LLM_SERVING_WORK_DIR": str(folder / f"work-{i}"),
+            "LLM_SERVING_PLUGIN_DIR": str(folder / f"plugins-{i}"),
+            "PROMETHEUS_MULTIPROC_DIR": str(prom),
+            "LLM_SERVING_TRITON_RELEASE": "26.08",
+            "LLM_SERVING_TRITONSERVER": f"{sys.executable} -m tests.support.kserve_server",
+            "LLM_SERVING_PUBLIC_HOST": "127.0.0.1",
+            "LLM_SERVING_HEALTH_HOST": "127.0.0.1",
+            "LLM_SERVING_PUBLIC_GRPC_PORT": str(_free_port()),
+            "LLM_SERVING_TRITON_GRPC_PORT": str(_free_port()),
+            "LLM_SERVING_TRITON_HTTP_PORT": str(_free_port()),
+            "LLM_SERVING_HEALTH_PORT": str(health),
+            "KSERVE_STANDIN_LOAD_SECONDS": "0",
+        }
+        env.pop("PIP_CONSTRAINT", None)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "runtime.entrypoint"],
+            env=env,
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert process.stderr is not None
+        found: dict[str, float] = {}
+        for line in process.stderr:
+            match = _STAGE_LINE.search(line)
+            if match:
+                found[match.group(2)] = float(match.group(3))
+            if "failed:" in line:
+                raise RuntimeError(line.strip())
+            if len(found) == len(STAGES):
+                break
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
+        for stage, value in found.items():
+            seconds[stage].append(value)
+    return [
+        {"impl": "stage", "stage": stage, "seconds": round(statistics.median(v), 4)}
+        for stage, v in seconds.items()
+    ]
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    keys: list[str] = []
+    for row in rows:
+        keys += [k for k in row if k not in keys]
+    widths = {k: max(len(k), *(len(str(r.get(k, ""))) for r in rows)) for k in keys}
+    lines = ["  ".join(k.ljust(widths[k]) for k in keys)]
+    lines += ["  ".join(str(r.get(k, "")).ljust(widths[k]) for k in keys) for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the three benchmarks, print tables and ratios, optionally write JSON rows."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.startup", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="256 MiB package, fewer requests")
+    parser.add_argument("--json", type=Path, help="write the rows here")
+    args = parser.parse_args(argv)
+    rows: list[dict[str, Any]] = []
+    sections: list[tuple[str, Callable[[Path], list[dict[str, Any]]]]] = [
+        ("unpack", partial(lambda q, f: bench_unpack(f, q, 3 if q else 5), args.quick)),
+        ("gate", lambda _f: bench_gate(args.quick)),
+        ("startup", partial(lambda q, f: bench_startup(f, 1 if q else 3), args.quick)),
+    ]
+    with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
+        for name, run in sections:
+            folder = Path(tmp) / name
+            folder.mkdir()
+            section = run(folder)
+            print(f"== {name}\n{_table(section)}\n", flush=True)
+            rows += section
+    by_impl = {r["impl"]: r for r in rows if r["impl"] != "stage"}
+    unpack_ratio = by_impl["unpack"]["mb_per_s"] / by_impl["gnu_tar"]["mb_per_s"]
+    print(f"unpack / gnu_tar speed: {unpack_ratio:.2f}")
+    print(
+        f"gate / direct: p50 {by_impl['gate']['p50_us'] / by_impl['direct']['p50_us']:.3f}, "
+        f"p99 {by_impl['gate']['p99_us'] / by_impl['direct']['p99_us']:.3f}, "
+        f"tokens/s {by_impl['gate']['tokens_per_s'] / by_impl['direct']['tokens_per_s']:.3f}"
+    )
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

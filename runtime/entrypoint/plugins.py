@@ -1,0 +1,122 @@
+"""Stage 3: install the package's plugin wheels offline under the image's constraints, then prove
+that no pinned distribution moved and that the plugins' vLLM entry points are registered."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import subprocess
+import sys
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from runtime.entrypoint.errors import StageFailed
+from runtime.package.manifest import Manifest
+from runtime.package.wheels import parse_pins
+
+__all__ = ["install_plugins"]
+
+
+def _versions(path: list[str], names: set[str]) -> dict[str, str | None]:
+    found: dict[str, str | None] = dict.fromkeys(names)
+    for dist in md.distributions(path=path):
+        name = canonicalize_name(dist.metadata["Name"] or "")
+        if name in found and found[name] is None:
+            found[name] = dist.version  # first on the path wins, as for imports
+    return found
+
+
+def _pinned_names(constraints: Path | None) -> set[str]:
+    names = {"vllm", "torch"}
+    if constraints is not None and constraints.is_file():
+        names |= set(parse_pins(constraints.read_text(encoding="utf-8").splitlines()))
+    return names
+
+
+def install_plugins(
+    manifest: Manifest, unpacked: Path, target: Path | None, constraints: Path | None
+) -> list[str]:
+    """Install every plugin; returns the ``group:name`` entry points now registered."""
+    if not manifest.plugins:
+        return []
+    search = ([str(target)] if target is not None else []) + sys.path
+    pinned = _pinned_names(constraints)
+    before = _versions(search, pinned)
+    wheels = [str(unpacked / plugin.wheel) for plugin in manifest.plugins]
+    command = [sys.executable, "-m", "pip", "install", "--no-index", "--no-input", "--quiet"]
+    command += ["--disable-pip-version-check", "--find-links", str(unpacked / "plugins")]
+    if constraints is not None:
+        command += ["--constraint", str(constraints)]
+    if target is not None:
+        # A separate folder on Triton's PYTHONPATH: pip cannot see site-packages from there, so
+        # dependencies are checked below against what the image already has.
+        target.mkdir(parents=True, exist_ok=True)
+        command += ["--no-deps", "--target", str(target)]
+    result = subprocess.run([*command, *wheels], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise StageFailed(
+            f"pip could not install the plugins offline under the image's constraints: {last}",
+            "rebuild the plugin wheels against the image's pinned versions "
+            "(llm-serving package build checks this)",
+        )
+    after = _versions(search, pinned)
+    moved = {n: (before[n], after[n]) for n in pinned if before[n] != after[n]}
+    if moved:
+        detail = ", ".join(f"{n} {old} -> {new}" for n, (old, new) in sorted(moved.items()))
+        raise StageFailed(
+            f"installing the plugins changed pinned distributions ({detail})",
+            "drop the pinned distribution from the plugin's wheel and dependencies",
+        )
+    _check_requirements(manifest, search)
+    return _check_entry_points(manifest, search)
+
+
+def _check_requirements(manifest: Manifest, search: list[str]) -> None:
+    for plugin in manifest.plugins:
+        dist = next(
+            (
+                d
+                for d in md.distributions(path=search)
+                if canonicalize_name(d.metadata["Name"] or "")
+                == canonicalize_name(plugin.distribution)
+            ),
+            None,
+        )
+        if dist is None:
+            raise StageFailed(
+                f"plugin {plugin.distribution} is not visible after install",
+                "check LLM_SERVING_PLUGIN_DIR is writable",
+            )
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            have = _versions(search, {canonicalize_name(req.name)})[canonicalize_name(req.name)]
+            if have is None or (req.specifier and have not in req.specifier):
+                state = "is not installed" if have is None else f"is {have}"
+                raise StageFailed(
+                    f"plugin {plugin.distribution} requires {text!r} but {req.name} {state}",
+                    "rebuild the plugin against the image's versions or vendor the dependency",
+                )
+
+
+def _check_entry_points(manifest: Manifest, search: list[str]) -> list[str]:
+    registered: set[str] = set()
+    for dist in md.distributions(path=search):
+        for ep in dist.entry_points:
+            registered.add(f"{ep.group}:{ep.name}")
+    expected = sorted(
+        f"{group}:{name}"
+        for plugin in manifest.plugins
+        for group, names in plugin.entry_points.items()
+        for name in names
+    )
+    missing = [ep for ep in expected if ep not in registered]
+    if missing:
+        raise StageFailed(
+            f"plugin entry points not registered after install: {', '.join(missing)}",
+            "check the wheels' entry_points.txt matches the manifest (rebuild the package)",
+        )
+    return expected

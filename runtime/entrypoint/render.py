@@ -1,0 +1,95 @@
+"""Stage 6: render the Triton model repository from the manifest (engine arguments and I/O are
+generated here, at deploy time, so a frontend upgrade never needs a repackaged model)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from runtime.package.manifest import Manifest, TensorSpec
+
+__all__ = ["render_repository"]
+
+
+def _parameter(key: str, value: str) -> str:
+    return f'parameters {{\n  key: "{key}"\n  value: {{ string_value: "{value}" }}\n}}\n'
+
+
+def _tensor(spec: TensorSpec) -> str:
+    dims = ", ".join(str(d) for d in spec.dims)
+    optional = "\n    optional: true" if spec.optional else ""
+    return (
+        f'  {{\n    name: "{spec.name}"\n    data_type: {spec.data_type}\n'
+        f"    dims: [ {dims} ]{optional}\n  }}"
+    )
+
+
+def _vllm_config(name: str, engine_args: dict[str, object]) -> str:
+    world = int(engine_args.get("tensor_parallel_size", 1) or 1) * int(  # type: ignore[call-overload]
+        engine_args.get("pipeline_parallel_size", 1) or 1  # type: ignore[call-overload]
+    )
+    # Multi-GPU engines must own device placement (Triton's KIND_GPU assumes one GPU).
+    kind = "KIND_MODEL" if world > 1 else "KIND_GPU"
+    return (
+        f'name: "{name}"\nbackend: "vllm"\nmax_batch_size: 0\n'
+        "model_transaction_policy {\n  decoupled: true\n}\n"
+        f"instance_group [\n  {{\n    count: 1\n    kind: {kind}\n  }}\n]\n"
+        + _parameter("REPORT_CUSTOM_METRICS", "true")
+        + _parameter("ENABLE_VLLM_HEALTH_CHECK", "true")
+    )
+
+
+def _python_config(name: str, manifest: Manifest) -> str:
+    assert manifest.python_model is not None  # checked by the caller
+    inputs = ",\n".join(_tensor(t) for t in manifest.python_model.inputs)
+    outputs = ",\n".join(_tensor(t) for t in manifest.python_model.outputs)
+    return (
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
+        "model_transaction_policy {\n  decoupled: true\n}\n"
+        f"input [\n{inputs}\n]\noutput [\n{outputs}\n]\n"
+        "instance_group [\n  {\n    count: 1\n    kind: KIND_MODEL\n  }\n]\n"
+    )
+
+
+def engine_arguments(
+    manifest: Manifest, version_dir: Path, unpacked: Path, logits_processor: str
+) -> dict[str, object]:
+    """``model.json``: the manifest's engine args plus the paths and settings we always need."""
+    args: dict[str, object] = dict(manifest.engine_args)
+    args["model"] = str(version_dir / manifest.weights)
+    args["tokenizer"] = str(unpacked / manifest.tokenizer)
+    # The vLLM backend bridges metrics only when stats are logged.
+    args["disable_log_stats"] = False
+    processors = [p for p in args.get("logits_processors", []) or [] if p != logits_processor]  # type: ignore[union-attr]
+    args["logits_processors"] = [*processors, logits_processor]
+    return args
+
+
+def render_repository(
+    manifest: Manifest,
+    version_dir: Path,
+    unpacked: Path,
+    repository: Path,
+    logits_processor: str,
+) -> Path:
+    """Write ``<repository>/<model_id>/`` (config.pbtxt and version 1); returns the model dir."""
+    if repository.exists():
+        shutil.rmtree(repository)
+    model_dir = repository / manifest.model_id
+    version = model_dir / "1"
+    version.mkdir(parents=True)
+    # The python backend's model.py may run vLLM itself, so it gets the same engine arguments.
+    args = engine_arguments(manifest, version_dir, unpacked, logits_processor)
+    (version / "model.json").write_text(json.dumps(args, indent=2, sort_keys=True) + "\n")
+    if manifest.backend == "vllm":
+        config = _vllm_config(manifest.model_id, manifest.engine_args)
+    else:
+        config = _python_config(manifest.model_id, manifest)
+        assert manifest.python_model is not None
+        source = (unpacked / manifest.python_model.model_file).parent
+        shutil.copytree(source, version, dirs_exist_ok=True)
+        if (version / Path(manifest.python_model.model_file).name) != version / "model.py":
+            shutil.copyfile(unpacked / manifest.python_model.model_file, version / "model.py")
+    (model_dir / "config.pbtxt").write_text(config)
+    return model_dir

@@ -1,0 +1,418 @@
+"""The start-up sequence, the serving loop and the SIGTERM drain (``python -m runtime.entrypoint``).
+
+Stages, each timed (a log line and ``startup_stage_seconds{stage}``), each failure one line on
+stderr naming the stage and the fix, exit code ``10 + stage number``: 1 locate, 2 unpack,
+3 plugins, 4 metrics, 5 compat, 6 render, 7 start, 8 gate. Other exit codes: `ExitCode`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from runtime.compat import CompatError
+from runtime.entrypoint.errors import STAGES, ExitCode, StageFailed
+from runtime.entrypoint.gate import PortGate
+from runtime.entrypoint.health import HealthServer
+from runtime.entrypoint.plugins import install_plugins
+from runtime.entrypoint.render import render_repository
+from runtime.entrypoint.settings import EntrypointSettings
+from runtime.entrypoint.stages import (
+    check_compat,
+    locate,
+    start_import_probe,
+    unpack,
+    wipe_multiproc_dir,
+)
+from runtime.package.errors import PackageError
+from runtime.package.manifest import Manifest
+
+__all__ = ["Entrypoint", "log"]
+
+T = TypeVar("T")
+_FIXES = {
+    "locate": "republish the version or re-run the model cache restore Job",
+    "unpack": "rebuild and republish the package (llm-serving package build)",
+    "plugins": "rebuild the plugin wheels against the image's pinned versions",
+    "metrics": "mount a writable emptyDir at PROMETHEUS_MULTIPROC_DIR",
+    "compat": "use the serving image built for this Triton/vLLM pair",
+    "render": "check LLM_SERVING_WORK_DIR is writable local disk",
+    "start": "check LLM_SERVING_TRITONSERVER and the ports",
+    "gate": "read Triton's log above; raise LLM_SERVING_READY_TIMEOUT_SECONDS for slow loads",
+}
+
+
+def log(message: str) -> None:
+    """One line on stderr, prefixed so it stands out in Triton's interleaved log."""
+    print(f"llm-serving entrypoint: {message}", file=sys.stderr, flush=True)
+
+
+class _StageMetrics:
+    """Stage timings; the gauge is created only after stage 4 wiped the multiprocess folder."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._gauge: Any = None
+        self._registry: Any = None
+
+    def record(self, stage: str, seconds: float) -> None:
+        self.seconds[stage] = seconds
+        if self._gauge is not None:
+            self._gauge.labels(stage=stage).set(seconds)
+
+    def enable(self) -> None:
+        from prometheus_client import CollectorRegistry, Gauge
+
+        self._registry = CollectorRegistry()
+        self._gauge = Gauge(
+            "startup_stage_seconds",
+            "Seconds each entrypoint start-up stage took",
+            ["stage"],
+            registry=self._registry,
+            multiprocess_mode="mostrecent",
+        )
+        for stage, seconds in self.seconds.items():
+            self._gauge.labels(stage=stage).set(seconds)
+
+    def render(self) -> bytes:
+        if self._registry is None:
+            return b""
+        from prometheus_client import generate_latest
+
+        return generate_latest(self._registry)
+
+
+@dataclass
+class _State:
+    live: bool = True
+    ready: bool = False
+    draining: bool = False
+    processes: list[asyncio.subprocess.Process] = field(default_factory=list)
+
+
+class Entrypoint:
+    """One run of the serving pod's main process."""
+
+    def __init__(self, settings: EntrypointSettings) -> None:
+        self.settings = settings
+        self.metrics = _StageMetrics()
+        self.state = _State()
+        self.stop = asyncio.Event()
+        self.gate = PortGate(
+            settings.public_host,
+            settings.public_grpc_port,
+            "127.0.0.1",
+            settings.triton_grpc_port,
+        )
+
+    async def _stage(self, number: int, call: Callable[[], T]) -> T:
+        name = STAGES[number - 1]
+        started = time.perf_counter()
+        try:
+            result = await asyncio.to_thread(call)
+        except StageFailed as exc:
+            raise _Failed(number, str(exc), exc.fix) from exc
+        except (PackageError, CompatError, OSError) as exc:
+            raise _Failed(number, str(exc), _FIXES[name]) from exc
+        seconds = time.perf_counter() - started
+        self.metrics.record(name, seconds)
+        log(f"stage {number}/8 {name} done in {seconds:.3f}s")
+        return result
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop.set)
+        health = HealthServer(
+            self.settings.health_host,
+            self.settings.health_port,
+            live=lambda: self.state.live,
+            ready=lambda: self.state.ready and not self.state.draining,
+            metrics=self.metrics.render,
+        )
+        await health.start()
+        try:
+            return await self._run()
+        except _Failed as failed:
+            name = STAGES[failed.number - 1]
+            log(f"stage {failed.number}/8 {name} failed: {failed.message}; fix: {failed.fix}")
+            await self._stop_processes(0)
+            return 10 + failed.number
+        finally:
+            health.close()
+            self.gate.close_connections()
+
+    async def _run(self) -> int:
+        s = self.settings
+        probe = start_import_probe(s.triton_release, s.compat_matrix)
+        try:
+            return await self._stages(probe)
+        finally:
+            if probe is not None and probe.returncode is None:
+                probe.kill()
+                probe.communicate()
+
+    async def _stages(self, probe: subprocess.Popen[str] | None) -> int:
+        s = self.settings
+        work = s.work_dir
+        folder, manifest = await self._stage(
+            1,
+            lambda: locate(
+                s.version_folder(),
+                s.package_s3_uri,
+                work / "download",
+                verify_weights=s.verify_weights,
+                expect=(s.model_id, s.model_version),
+                warn=lambda m: log(f"warning: {m}"),
+            ),
+        )
+        unpacked = await self._stage(
+            2, lambda: unpack(folder, manifest, work / "package", s.max_unpack_bytes)
+        )
+        entry_points = await self._stage(
+            3, lambda: install_plugins(manifest, unpacked, s.plugin_dir, s.constraints_file)
+        )
+        if entry_points:
+            log(f"plugins registered: {', '.join(entry_points)}")
+        removed = await self._stage(4, lambda: wipe_multiproc_dir(s.multiproc_dir))
+        log(f"removed {removed} stale entries from PROMETHEUS_MULTIPROC_DIR")
+        self.metrics.enable()
+        pair = await self._stage(5, lambda: check_compat(s.triton_release, s.compat_matrix, probe))
+        log(f"compatible: {pair}")
+        repository = work / "model_repository"
+        await self._stage(
+            6,
+            lambda: render_repository(manifest, folder, unpacked, repository, s.logits_processor),
+        )
+        if self.stop.is_set():
+            log("SIGTERM before start: nothing to drain")
+            return ExitCode.DRAINED
+        embedded = (s.serving_mode or manifest.serving_mode) == "embedded"
+        await self._timed_async(7, self._start(manifest, repository, unpacked, embedded))
+        await self._timed_async(8, self._open_gate(manifest, embedded))
+        return await self._serve(manifest)
+
+    async def _timed_async(self, number: int, work: Any) -> None:
+        name = STAGES[number - 1]
+        started = time.perf_counter()
+        await work
+        seconds = time.perf_counter() - started
+        self.metrics.record(name, seconds)
+        log(f"stage {number}/8 {name} done in {seconds:.3f}s")
+
+    def _child_env(self, manifest: Manifest, unpacked: Path) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.settings.plugin_dir is not None:
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(self.settings.plugin_dir), env.get("PYTHONPATH", "")) if p
+            )
+        # Where our logits processor finds the package's catalogs (name -> file).
+        env["LLM_SERVING_CATALOGS"] = json.dumps(
+            {c.name: str(unpacked / c.path) for c in manifest.catalogs}
+        )
+        return env
+
+    async def _start(
+        self, manifest: Manifest, repository: Path, unpacked: Path, embedded: bool
+    ) -> None:
+        s = self.settings
+        argv = [
+            *s.tritonserver_argv(),
+            f"--model-repository={repository}",
+            "--model-control-mode=explicit",
+            f"--load-model={manifest.model_id}",
+            "--strict-readiness=true",
+            "--exit-on-error=true",
+            "--grpc-address=127.0.0.1",
+            f"--grpc-port={s.triton_grpc_port}",
+            "--allow-http=true",
+            "--http-address=127.0.0.1",
+            f"--http-port={s.triton_http_port}",
+            "--metrics-address=127.0.0.1",
+            f"--metrics-port={s.triton_metrics_port}",
+            f"--exit-timeout-secs={max(1, round(s.drain_seconds))}",
+        ]
+        env = self._child_env(manifest, unpacked)
+        try:
+            triton = await asyncio.create_subprocess_exec(*argv, env=env)
+        except OSError as exc:
+            raise _Failed(7, f"cannot run {argv[0]}: {exc}", _FIXES["start"]) from exc
+        self.state.processes.append(triton)
+        log(f"started {argv[0]} (pid {triton.pid}), gRPC on 127.0.0.1:{s.triton_grpc_port}")
+        if embedded:
+            env.update(
+                {
+                    "LLM_SERVING_FRONTEND_TRITON_URL": f"127.0.0.1:{s.triton_grpc_port}",
+                    "LLM_SERVING_FRONTEND_MODEL_NAME": manifest.model_id,
+                    "LLM_SERVING_FRONTEND_TOKENIZER_DIR": str(unpacked / manifest.tokenizer),
+                    "LLM_SERVING_FRONTEND_PORT": str(s.frontend_port),
+                }
+            )
+            if s.triton_release:
+                env["LLM_SERVING_FRONTEND_TRITON_RELEASE"] = s.triton_release
+            if "max_model_len" in manifest.engine_args:
+                env["LLM_SERVING_FRONTEND_MAX_MODEL_LEN"] = str(
+                    manifest.engine_args["max_model_len"]
+                )
+            argv_frontend = s.frontend_argv()
+            if argv_frontend[1:3] == ["-m", "runtime.frontend"] and not _has_module(
+                "runtime.frontend"
+            ):
+                raise _Failed(
+                    7,
+                    "embedded mode needs the OpenAI frontend (runtime.frontend), which this "
+                    "image does not have",
+                    "build the image with the frontend or set serving_mode standalone",
+                )
+            try:
+                frontend = await asyncio.create_subprocess_exec(*argv_frontend, env=env)
+            except OSError as exc:
+                raise _Failed(7, f"cannot run the frontend: {exc}", _FIXES["start"]) from exc
+            self.state.processes.append(frontend)
+            log(f"embedded mode: OpenAI frontend (pid {frontend.pid}) on port {s.frontend_port}")
+
+    def _model_ready(self, model: str) -> bool:
+        conn = http.client.HTTPConnection("127.0.0.1", self.settings.triton_http_port, timeout=2)
+        try:
+            conn.request("GET", f"/v2/models/{model}/ready")
+            return conn.getresponse().status == 200
+        except OSError:
+            return False
+        finally:
+            conn.close()
+
+    def _frontend_ready(self) -> bool:
+        conn = http.client.HTTPConnection("127.0.0.1", self.settings.frontend_port, timeout=2)
+        try:
+            conn.request("GET", "/health/ready")
+            return conn.getresponse().status == 200
+        except OSError:
+            return False
+        finally:
+            conn.close()
+
+    def _exited(self) -> asyncio.subprocess.Process | None:
+        return next((p for p in self.state.processes if p.returncode is not None), None)
+
+    async def _open_gate(self, manifest: Manifest, embedded: bool) -> None:
+        deadline = time.monotonic() + self.settings.ready_timeout_seconds
+        while True:
+            exited = self._exited()
+            if exited is not None:
+                raise _Failed(
+                    8,
+                    f"process {exited.pid} exited with {exited.returncode} before the model "
+                    f"{manifest.model_id} was ready",
+                    _FIXES["gate"],
+                )
+            if self.stop.is_set():
+                return
+            ready = await asyncio.to_thread(self._model_ready, manifest.model_id)
+            if ready and embedded:
+                ready = await asyncio.to_thread(self._frontend_ready)
+            if ready:
+                break
+            if time.monotonic() > deadline:
+                raise _Failed(
+                    8,
+                    f"model {manifest.model_id} not ready after "
+                    f"{self.settings.ready_timeout_seconds:g}s",
+                    _FIXES["gate"],
+                )
+            await asyncio.sleep(0.1)
+        await self.gate.open()
+        self.state.ready = True
+        log(f"model {manifest.model_id} ready; public gRPC port {self.gate.port} open")
+
+    async def _watch_readiness(self, model: str) -> None:
+        """Follow the model's readiness while serving, so /readyz stops routing to a sick model.
+
+        The gate stays open: streams in flight finish, and Triton itself answers new requests
+        for an unready model with an error the client can retry elsewhere.
+        """
+        while True:
+            await asyncio.sleep(self.settings.readiness_poll_seconds)
+            ready = await asyncio.to_thread(self._model_ready, model)
+            if ready != self.state.ready and not self.state.draining:
+                log(f"model {model} is {'ready again' if ready else 'no longer ready'}")
+                self.state.ready = ready
+
+    async def _serve(self, manifest: Manifest) -> int:
+        waits = [asyncio.ensure_future(p.wait()) for p in self.state.processes]
+        stop = asyncio.ensure_future(self.stop.wait())
+        watch = asyncio.ensure_future(self._watch_readiness(manifest.model_id))
+        try:
+            done, _ = await asyncio.wait([stop, *waits], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+        if stop not in done:
+            exited = self._exited()
+            code = exited.returncode if exited is not None else "?"
+            log(f"server process exited with {code} while serving; closing the gate")
+            self.state.ready = False
+            await self.gate.stop_accepting()
+            await self._stop_processes(self.settings.drain_seconds)
+            return ExitCode.SERVER_EXITED
+        return await self._drain()
+
+    async def _drain(self) -> int:
+        s = self.settings
+        log(f"SIGTERM: closing the public port, draining for up to {s.drain_seconds:g}s")
+        self.state.draining = True
+        await self.gate.stop_accepting()
+        started = time.monotonic()
+        clean = await self._stop_processes(s.drain_seconds)
+        elapsed = time.monotonic() - started
+        codes = [p.returncode for p in self.state.processes]
+        # Triton gets the same deadline (--exit-timeout-secs) and cuts in-flight requests when
+        # it passes, so a stop that took the whole deadline is not a clean drain either.
+        if not clean or elapsed >= s.drain_seconds or any(codes):
+            log(
+                f"drain deadline of {s.drain_seconds:g}s reached after {elapsed:.1f}s (exit codes "
+                f"{codes}); in-flight requests may have failed"
+            )
+            return ExitCode.DRAIN_TIMEOUT
+        log("drained: every in-flight request finished")
+        return ExitCode.DRAINED
+
+    async def _stop_processes(self, deadline: float) -> bool:
+        """SIGTERM every child (frontend first), wait ``deadline`` seconds, then SIGKILL."""
+        clean = True
+        for process in reversed(self.state.processes):
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), timeout=deadline + 5)
+            except TimeoutError:
+                clean = False
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
+        return clean
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:
+        return False
+
+
+class _Failed(Exception):
+    def __init__(self, number: int, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.number, self.message, self.fix = number, message, fix

@@ -1,0 +1,205 @@
+"""Stages 1, 2, 4 and 5 of the start-up: locate and verify, unpack, wipe metrics, check the pair."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlparse
+
+from runtime.compat import CompatError, check_vllm_version, installed_vllm_version, load_matrix
+from runtime.entrypoint.errors import StageFailed
+from runtime.package.errors import PackageError
+from runtime.package.manifest import ARCHIVE_NAME, MANIFEST_NAME, Manifest, load_manifest
+from runtime.package.unpack import UnpackLimits, unpack_archive
+from runtime.package.verify import check_file
+
+__all__ = [
+    "check_compat",
+    "download_version",
+    "locate",
+    "start_import_probe",
+    "unpack",
+    "wipe_multiproc_dir",
+]
+
+
+def download_version(uri: str, target: Path) -> Path:
+    """Copy ``s3://bucket/prefix/`` (manifest first, to learn the files; verified afterwards)."""
+    import boto3
+
+    parsed = urlparse(uri)
+    if parsed.scheme != "s3" or not parsed.netloc:
+        raise StageFailed(
+            f"LLM_SERVING_PACKAGE_S3_URI {uri!r} is not s3://bucket/prefix/",
+            "set it to s3://<bucket>/models/<id>/<version>/",
+        )
+    bucket, prefix = parsed.netloc, parsed.path.strip("/") + "/"
+    client = boto3.client("s3")
+    target.mkdir(parents=True, exist_ok=True)
+    try:
+        client.download_file(bucket, prefix + MANIFEST_NAME, str(target / MANIFEST_NAME))
+        manifest = load_manifest(target / MANIFEST_NAME)
+        for entry in [manifest.archive, *manifest.weight_files]:
+            (target / entry.path).parent.mkdir(parents=True, exist_ok=True)
+            client.download_file(bucket, prefix + entry.path, str(target / entry.path))
+    except PackageError:
+        raise
+    except Exception as exc:  # botocore raises several unrelated types for one failed copy
+        raise StageFailed(
+            f"cannot download {uri}: {exc}",
+            "check the bucket, the prefix and the pod's S3 permissions",
+        ) from exc
+    return target
+
+
+def locate(
+    package_path: Path | None,
+    s3_uri: str | None,
+    download_dir: Path,
+    *,
+    verify_weights: bool,
+    expect: tuple[str | None, str | None],
+    warn: Callable[[str], None],
+) -> tuple[Path, Manifest]:
+    """Find the version folder (model cache, else S3) and verify its checksums."""
+    folder: Path | None = None
+    if package_path is not None and (package_path / MANIFEST_NAME).is_file():
+        folder = package_path
+    elif s3_uri:
+        warn(
+            f"package not found on the model cache ({package_path}); downloading {s3_uri}: "
+            "cold start will be slow"
+        )
+        folder = download_version(s3_uri, download_dir)
+    else:
+        raise StageFailed(
+            f"no {MANIFEST_NAME} in {package_path} (LLM_SERVING_PACKAGE_PATH, or "
+            "LLM_SERVING_MODEL_CACHE_ROOT/<model id>/<model version>) and no "
+            "LLM_SERVING_PACKAGE_S3_URI fallback",
+            "publish the version and wait for the model cache restore Job, or set the S3 URI",
+        )
+    manifest = load_manifest(folder / MANIFEST_NAME)
+    want_id, want_version = expect
+    if (want_id and want_id != manifest.model_id) or (
+        want_version and want_version != manifest.model_version
+    ):
+        raise StageFailed(
+            f"package at {folder} is {manifest.model_id}/{manifest.model_version}, the pod "
+            f"expects {want_id}/{want_version}",
+            "point LLM_SERVING_PACKAGE_PATH at the version this deployment serves",
+        )
+    check_file(folder, manifest.archive, full=True)
+    for entry in manifest.weight_files:
+        check_file(folder, entry, full=verify_weights)
+    return folder, manifest
+
+
+def unpack(folder: Path, manifest: Manifest, dest: Path, max_bytes: int) -> Path:
+    """Unpack the (already verified) archive to fresh local disk."""
+    # The archive's sha256 was checked in stage 1 from the same read-only mount, so the member
+    # checks here are structural (names, types, sizes) and the copy stays in the kernel.
+    if dest.exists():
+        shutil.rmtree(dest)
+    unpack_archive(
+        folder / ARCHIVE_NAME,
+        manifest.archive_files,
+        dest,
+        UnpackLimits(max_total_bytes=max_bytes),
+    )
+    return dest
+
+
+def wipe_multiproc_dir(path: Path | None) -> int:
+    """Delete every file in PROMETHEUS_MULTIPROC_DIR (keeping the folder, an emptyDir mount)."""
+    if path is None:
+        raise StageFailed(
+            "PROMETHEUS_MULTIPROC_DIR is not set",
+            "set it to the emptyDir shared with the metrics proxy "
+            "(/var/run/llm-serving/prometheus)",
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        removed = 0
+        for entry in path.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+            removed += 1
+    except OSError as exc:
+        raise StageFailed(
+            f"cannot wipe PROMETHEUS_MULTIPROC_DIR {path}: {exc}",
+            "mount a writable emptyDir there",
+        ) from exc
+    return removed
+
+
+_PROBE = """
+import importlib, sys
+for module in sys.argv[1:]:
+    try:
+        importlib.import_module(module)
+    except Exception as exc:
+        print(f"{module}\\t{type(exc).__name__}: {exc}")
+        sys.exit(1)
+"""
+
+
+def start_import_probe(
+    release: str | None, matrix_path: Path | None
+) -> subprocess.Popen[str] | None:
+    """Start importing the pair's backend modules in a separate interpreter, right away.
+
+    vLLM takes seconds to import; started before stage 1, the probe overlaps the other stages
+    and `check_compat` only collects its result. ``None`` when the pair is unknown (stage 5
+    then reports why).
+    """
+    if release is None:
+        return None
+    try:
+        pair = load_matrix(matrix_path).for_triton(release)
+        check_vllm_version(pair, installed_vllm_version())
+    except CompatError:
+        return None  # stage 5 reports it; no point importing a vLLM it will refuse
+    return subprocess.Popen(
+        [sys.executable, "-c", _PROBE, *pair.backend_modules],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def check_compat(
+    release: str | None, matrix_path: Path | None, probe: subprocess.Popen[str] | None = None
+) -> str:
+    """Check the installed vLLM against the matrix and import-probe the backend's modules."""
+    if release is None:
+        raise StageFailed(
+            "the Triton release is unknown (NVIDIA_TRITON_SERVER_VERSION is not set)",
+            "set LLM_SERVING_TRITON_RELEASE to the image's release, e.g. 26.08",
+        )
+    try:
+        pair = load_matrix(matrix_path).for_triton(release)
+        check_vllm_version(pair, installed_vllm_version())
+    except CompatError as exc:
+        if probe is not None:
+            probe.kill()
+            probe.communicate()
+        raise StageFailed(str(exc), "use the serving image built for this pair") from exc
+    # A separate interpreter: vLLM's import cost and memory stay out of the entrypoint.
+    if probe is None:
+        probe = start_import_probe(release, matrix_path)
+    assert probe is not None  # the pair resolved above
+    stdout, stderr = probe.communicate()
+    if probe.returncode != 0:
+        lines = stdout.strip().splitlines() or stderr.strip().splitlines()
+        module, _, error = (lines[-1] if lines else "?").partition("\t")
+        raise StageFailed(
+            f"vLLM {pair.vllm} cannot import {module}, which the Triton {release} backend "
+            f"needs: {error}",
+            "rebuild the image: its vLLM does not match the backend",
+        )
+    return f"Triton {pair.triton} / vLLM {pair.vllm}"

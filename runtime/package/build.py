@@ -1,0 +1,226 @@
+"""``llm-serving package build``: a source tree and its ``package.yaml`` become a version folder."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tarfile
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from runtime.compat import load_matrix
+from runtime.package.errors import PackageError
+from runtime.package.manifest import (
+    ARCHIVE_NAME,
+    MANIFEST_NAME,
+    Catalog,
+    FileEntry,
+    Manifest,
+    Plugin,
+    PythonModel,
+)
+from runtime.package.sources import SourceFile, collect, resolve_inside
+from runtime.package.tensors import check_python_model
+from runtime.package.wheels import check_against_pins, parse_pins, read_wheel
+
+__all__ = ["SPEC_NAME", "TOKENIZER_FILES", "PackageSpec", "build_package", "image_pins"]
+
+SPEC_NAME = "package.yaml"
+# Any one of these makes a folder loadable by transformers' AutoTokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+_CHUNK = 1 << 20
+
+
+class PackageSpec(BaseModel):
+    """What the model developer writes in ``package.yaml`` at the root of the source tree."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_id: str
+    model_version: str
+    backend: Literal["vllm", "python"] = "vllm"
+    serving_mode: Literal["standalone", "embedded"] = "standalone"
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+    weights: str = "weights"
+    tokenizer: str = "tokenizer"
+    plugins: list[str] = Field(default_factory=list, description="wheel paths")
+    catalogs: list[Catalog] = Field(default_factory=list)
+    python_model: PythonModel | None = None
+    include: list[str] = Field(default_factory=list, description="more files or folders")
+
+
+def image_pins(triton: str | None, constraints: Path | None) -> tuple[str, dict[str, Any]]:
+    """The Triton release and the exact pins of its image (matrix pair plus a constraints file)."""
+    matrix = load_matrix()
+    pair = matrix.default if triton is None else matrix.for_triton(triton)
+    lines = [f"vllm=={pair.vllm}", *(f"{n}=={v}" for n, v in pair.pins)]
+    if constraints is not None:
+        try:
+            lines += constraints.read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise PackageError(f"cannot read constraints file {constraints}: {exc}") from exc
+    return pair.triton, parse_pins(lines)
+
+
+def _load_spec(source: Path) -> PackageSpec:
+    path = source / SPEC_NAME
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PackageError(f"cannot read {path}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise PackageError(f"{path} is not valid YAML: {exc}") from exc
+    try:
+        return PackageSpec.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise PackageError(f"{path}: field {where}: {first['msg']}") from exc
+
+
+def _archive_sources(source: Path, spec: PackageSpec) -> list[SourceFile]:
+    tokenizer = resolve_inside(source, spec.tokenizer, "tokenizer")
+    if not tokenizer.is_dir() or not any((tokenizer / n).is_file() for n in TOKENIZER_FILES):
+        raise PackageError(
+            f"tokenizer: {spec.tokenizer}/ is missing or has none of {', '.join(TOKENIZER_FILES)}; "
+            "save the tokenizer there (tokenizer.save_pretrained)"
+        )
+    files = collect(source, spec.tokenizer, "tokenizer")
+    for i, wheel in enumerate(spec.plugins):
+        if not wheel.endswith(".whl"):
+            raise PackageError(f"plugins.{i}: {wheel} is not a wheel (*.whl)")
+        files += collect(source, wheel, f"plugins.{i}")
+    for i, catalog in enumerate(spec.catalogs):
+        files += collect(source, catalog.path, f"catalogs.{i}")
+    if spec.python_model is not None:
+        model_dir = str(Path(spec.python_model.model_file).parent)
+        if model_dir == ".":
+            files += collect(source, spec.python_model.model_file, "python_model.model_file")
+        else:
+            files += collect(source, model_dir, "python_model.model_file")
+    for i, extra in enumerate(spec.include):
+        files += collect(source, extra, f"include.{i}")
+    seen: dict[str, str] = {}
+    for item in files:
+        if item.arcname in seen:
+            raise PackageError(
+                f"duplicate entry {item.arcname} (from {seen[item.arcname]} and {item.origin}); "
+                "list each file once"
+            )
+        if item.arcname == ARCHIVE_NAME or item.arcname == MANIFEST_NAME:
+            raise PackageError(f"{item.origin}: {item.arcname} is a reserved name")
+        seen[item.arcname] = item.origin
+    return sorted(files, key=lambda f: f.arcname)
+
+
+class _HashingReader:
+    """Feeds a file to ``tarfile`` while hashing it, so every byte is read once."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+        self.digest = hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._handle.read(size)
+        self.digest.update(data)
+        return data
+
+
+def _write_archive(files: list[SourceFile], target: Path) -> list[FileEntry]:
+    entries = []
+    with tarfile.open(target, "w", format=tarfile.PAX_FORMAT) as tar:
+        for item in files:
+            size = item.source.stat().st_size
+            # Fixed owner, mode and time keep archives of the same tree byte-identical.
+            info = tarfile.TarInfo(item.arcname)
+            info.size, info.mode, info.mtime = size, 0o644, 0
+            with item.source.open("rb") as handle:
+                reader = _HashingReader(handle)
+                tar.addfile(info, reader)  # type: ignore[arg-type]
+            entries.append(
+                FileEntry(path=item.arcname, size=size, sha256=reader.digest.hexdigest())
+            )
+    return entries
+
+
+def file_entry(path: Path, relative: str) -> FileEntry:
+    """Size and sha256 of one file."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return FileEntry(path=relative, size=path.stat().st_size, sha256=digest.hexdigest())
+
+
+def _place_weights(source: Path, spec: PackageSpec, out: Path) -> list[FileEntry]:
+    files = collect(source, spec.weights, "weights")
+    if not files:
+        raise PackageError(f"weights: {spec.weights}/ has no files")
+    entries = []
+    for item in files:
+        target = out / item.arcname
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(item.source.resolve(), target)  # same file system: no copy of the weights
+        except OSError:
+            shutil.copyfile(item.source, target)
+        entries.append(file_entry(target, item.arcname))
+    return entries
+
+
+def build_package(
+    source: Path, out: Path, triton: str | None = None, constraints: Path | None = None
+) -> Manifest:
+    """Check the source tree, write ``package.tar``, the weights and ``manifest.json`` (last)."""
+    source = source.resolve()
+    spec = _load_spec(source)
+    release, pins = image_pins(triton, constraints)
+    files = _archive_sources(source, spec)
+    plugins = []
+    for wheel in spec.plugins:
+        info = read_wheel(source / wheel, wheel)
+        check_against_pins(info, wheel, pins)
+        plugins.append(
+            Plugin(
+                wheel=wheel,
+                distribution=info.distribution,
+                version=info.version,
+                entry_points=info.entry_points,
+            )
+        )
+    if spec.python_model is not None:
+        check_python_model(spec.python_model)
+    if out.exists() and any(out.iterdir()):
+        raise PackageError(f"output folder {out} is not empty; choose a new one")
+    out.mkdir(parents=True, exist_ok=True)
+    archive_files = _write_archive(files, out / ARCHIVE_NAME)
+    weight_files = _place_weights(source, spec, out)
+    try:
+        manifest = Manifest(
+            model_id=spec.model_id,
+            model_version=spec.model_version,
+            backend=spec.backend,
+            serving_mode=spec.serving_mode,
+            engine_args=spec.engine_args,
+            triton=release,
+            weights=spec.weights,
+            tokenizer=spec.tokenizer,
+            plugins=plugins,
+            catalogs=spec.catalogs,
+            python_model=spec.python_model,
+            archive=file_entry(out / ARCHIVE_NAME, ARCHIVE_NAME),
+            archive_files=archive_files,
+            weight_files=weight_files,
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise PackageError(f"{source / SPEC_NAME}: field {where}: {first['msg']}") from exc
+    tmp = out / f".{MANIFEST_NAME}.tmp"
+    tmp.write_text(manifest.to_json(), encoding="utf-8")
+    tmp.replace(out / MANIFEST_NAME)
+    return manifest

@@ -1,0 +1,236 @@
+"""The versioned model package manifest (``manifest.json``) and its JSON schema."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from runtime.package.errors import PackageError
+
+__all__ = [
+    "ARCHIVE_NAME",
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "Catalog",
+    "FileEntry",
+    "Manifest",
+    "Plugin",
+    "PythonModel",
+    "TensorSpec",
+    "check_relative_path",
+    "load_manifest",
+    "manifest_json_schema",
+]
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+ARCHIVE_NAME = "package.tar"
+
+_ID_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
+_SHA256_PATTERN = r"^[0-9a-f]{64}$"
+TensorType = Literal[
+    "TYPE_BOOL",
+    "TYPE_UINT8",
+    "TYPE_UINT16",
+    "TYPE_UINT32",
+    "TYPE_UINT64",
+    "TYPE_INT8",
+    "TYPE_INT16",
+    "TYPE_INT32",
+    "TYPE_INT64",
+    "TYPE_FP16",
+    "TYPE_FP32",
+    "TYPE_FP64",
+    "TYPE_BF16",
+    "TYPE_STRING",
+]
+
+
+def check_relative_path(value: str) -> str:
+    """Return ``value`` if it is a normalised relative POSIX path inside its root, else raise."""
+    if not value or "\x00" in value or "\\" in value:
+        raise ValueError(f"path {value!r} must be a non-empty POSIX path without NUL or '\\'")
+    path = PurePosixPath(value)
+    if path.is_absolute():
+        raise ValueError(f"path {value!r} is absolute; use a path relative to the package root")
+    if any(part in ("..", ".") for part in path.parts) or str(path) != value:
+        raise ValueError(f"path {value!r} must be normalised and stay inside the package root")
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FileEntry(_Strict):
+    """One file of a published version: where it is, its size and its sha256."""
+
+    path: str = Field(description="POSIX path relative to the version folder or archive root")
+    size: int = Field(ge=0, description="size in bytes")
+    sha256: str = Field(pattern=_SHA256_PATTERN, description="lower-case hex sha256")
+
+    _check_path = field_validator("path")(check_relative_path)
+
+
+class Plugin(_Strict):
+    """A vLLM plugin wheel shipped in the archive and installed offline at start-up."""
+
+    wheel: str = Field(description="wheel path inside the archive")
+    distribution: str = Field(description="the wheel's distribution name")
+    version: str = Field(description="the wheel's version")
+    entry_points: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="vllm.general_plugins / vllm.logits_processors entry points it declares",
+    )
+
+    _check_path = field_validator("wheel")(check_relative_path)
+
+
+class Catalog(_Strict):
+    """A catalog for the constraint engine, shipped in the archive."""
+
+    name: str = Field(pattern=_ID_PATTERN)
+    path: str = Field(description="catalog path inside the archive")
+
+    _check_path = field_validator("path")(check_relative_path)
+
+
+class TensorSpec(_Strict):
+    """One input or output tensor of a ``python`` backend model (Triton model config terms)."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    data_type: TensorType
+    dims: list[int] = Field(min_length=1)
+    optional: bool = False
+
+    @field_validator("dims")
+    @classmethod
+    def _dims(cls, dims: list[int]) -> list[int]:
+        if any(d == 0 or d < -1 for d in dims):
+            raise ValueError(f"dims {dims} must be positive or -1 (variable)")
+        return dims
+
+
+class PythonModel(_Strict):
+    """A ``python`` backend model: its ``model.py`` (inside the archive) and its tensors."""
+
+    model_file: str = Field(default="python/model.py", description="model.py inside the archive")
+    inputs: list[TensorSpec] = Field(min_length=1)
+    outputs: list[TensorSpec] = Field(min_length=1)
+
+    _check_path = field_validator("model_file")(check_relative_path)
+
+
+class Manifest(_Strict):
+    """What a model version is and every file it consists of (``format_version`` 1)."""
+
+    format_version: Literal[1] = FORMAT_VERSION
+    model_id: str = Field(pattern=_ID_PATTERN, description="model id (DNS label style)")
+    model_version: str = Field(pattern=_ID_PATTERN, description="model version")
+    backend: Literal["vllm", "python"] = Field(
+        description="`vllm`: Triton's vLLM backend; `python`: the package's own model.py"
+    )
+    serving_mode: Literal["standalone", "embedded"] = Field(
+        description="`standalone` Triton, or `embedded` behind the OpenAI frontend"
+    )
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="vLLM AsyncEngineArgs; `model` and `tokenizer` are set at deploy time",
+    )
+    triton: str = Field(description="Triton release the plugins were checked against")
+    weights: str = Field(description="weights folder, relative to the version folder")
+    tokenizer: str = Field(description="tokenizer folder inside the archive")
+    plugins: list[Plugin] = Field(default_factory=list)
+    catalogs: list[Catalog] = Field(default_factory=list)
+    python_model: PythonModel | None = None
+    archive: FileEntry = Field(description="the package archive beside the manifest")
+    archive_files: list[FileEntry] = Field(description="every regular file inside the archive")
+    weight_files: list[FileEntry] = Field(description="every file of the weights folder")
+
+    _check_paths = field_validator("weights", "tokenizer")(check_relative_path)
+
+    @field_validator("engine_args")
+    @classmethod
+    def _engine_args(cls, args: dict[str, Any]) -> dict[str, Any]:
+        reserved = sorted({"model", "tokenizer"} & set(args))
+        if reserved:
+            raise ValueError(
+                f"engine_args must not set {', '.join(reserved)}: they are the package's "
+                "weights and tokenizer folders, filled in at deploy time"
+            )
+        return args
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Manifest:
+        if (self.backend == "python") != (self.python_model is not None):
+            raise ValueError("python_model is required for backend 'python' and only there")
+        for field, entries in (
+            ("archive_files", self.archive_files),
+            ("weight_files", self.weight_files),
+        ):
+            seen: set[str] = set()
+            for entry in entries:
+                if entry.path in seen:
+                    raise ValueError(f"{field} lists {entry.path!r} twice")
+                seen.add(entry.path)
+        members = {entry.path for entry in self.archive_files}
+        needed = [p.wheel for p in self.plugins] + [c.path for c in self.catalogs]
+        if self.python_model is not None:
+            needed.append(self.python_model.model_file)
+        missing = [path for path in needed if path not in members]
+        if missing:
+            raise ValueError(f"archive_files lacks {', '.join(missing)}")
+        if not any(_under(p, self.tokenizer) for p in members):
+            raise ValueError(f"archive_files has nothing under tokenizer {self.tokenizer!r}")
+        for kind, names in (
+            ("plugin distribution", [p.distribution.lower() for p in self.plugins]),
+            ("catalog name", [c.name for c in self.catalogs]),
+        ):
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                raise ValueError(f"duplicate {kind}: {', '.join(dupes)}")
+        return self
+
+    def to_json(self) -> str:
+        """The manifest as written to ``manifest.json`` (stable key order, trailing newline)."""
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def load_manifest(path: Path) -> Manifest:
+    """Read and validate a ``manifest.json``; raises `PackageError` naming file and field."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PackageError(f"cannot read manifest {path}: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise PackageError(f"manifest {path} is not valid JSON: {exc}") from exc
+    if isinstance(data, dict) and data.get("format_version") not in (None, FORMAT_VERSION):
+        raise PackageError(
+            f"manifest {path} has format_version {data.get('format_version')!r}; this runtime "
+            f"reads format_version {FORMAT_VERSION}: rebuild the package with this version"
+        )
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        raise PackageError(f"manifest {path}: {_describe(exc)}") from exc
+
+
+def _describe(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    return f"field {where}: {first['msg']}"
+
+
+def manifest_json_schema() -> dict[str, Any]:
+    """The manifest's JSON schema (draft 2020-12), as shipped in ``manifest.schema.json``."""
+    schema = Manifest.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = f"https://llm-serving/schemas/manifest-v{FORMAT_VERSION}.json"
+    return schema

@@ -1,0 +1,129 @@
+"""Unpack a package archive to local disk: regular files only, every name and size checked
+against the manifest, data copied in the kernel (``copy_file_range``) rather than through Python."""
+
+from __future__ import annotations
+
+import os
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from runtime.package.errors import PackageError
+from runtime.package.manifest import FileEntry, check_relative_path
+
+__all__ = ["UnpackLimits", "UnpackStats", "unpack_archive"]
+
+
+@dataclass(frozen=True)
+class UnpackLimits:
+    """Ceilings that hold even when the manifest itself is hostile."""
+
+    max_total_bytes: int = 512 << 30
+    max_members: int = 100_000
+
+
+@dataclass(frozen=True)
+class UnpackStats:
+    """What an unpack wrote."""
+
+    files: int
+    bytes: int
+
+
+def unpack_archive(
+    archive: Path,
+    expected: list[FileEntry],
+    dest: Path,
+    limits: UnpackLimits | None = None,
+) -> UnpackStats:
+    """Extract ``archive`` into the new or empty folder ``dest``.
+
+    Refuses links, devices, absolute or parent-relative names, members the manifest does not
+    list (or lists with another size), duplicates, missing members and anything past ``limits``.
+    Content checksums are the caller's job (the archive's sha256 covers every member).
+    """
+    limits = UnpackLimits() if limits is None else limits
+    sizes = {entry.path: entry.size for entry in expected}
+    if len(sizes) > limits.max_members or sum(sizes.values()) > limits.max_total_bytes:
+        raise PackageError(
+            f"manifest lists {len(sizes)} files / {sum(sizes.values())} bytes, over the unpack "
+            f"limits ({limits.max_members} files / {limits.max_total_bytes} bytes)"
+        )
+    dest.mkdir(parents=True, exist_ok=True)
+    if any(dest.iterdir()):
+        raise PackageError(f"unpack target {dest} is not empty")
+    written: set[str] = set()
+    total = 0
+    made_dirs: set[str] = {""}
+    src_fd = os.open(archive, os.O_RDONLY)
+    try:
+        with tarfile.open(archive, "r:") as tar:
+            for member in tar:
+                name = member.name.rstrip("/") if member.isdir() else member.name
+                _check_member(member, name, archive)
+                if member.isdir():
+                    continue
+                if name in written:
+                    raise PackageError(f"archive {archive} has {name} twice")
+                if sizes.get(name) != member.size:
+                    raise PackageError(
+                        f"archive member {name} ({member.size} bytes) is not in the manifest "
+                        "with that size; rebuild the package"
+                    )
+                total += member.size
+                if total > limits.max_total_bytes:
+                    raise PackageError(f"archive {archive} exceeds {limits.max_total_bytes} bytes")
+                parent = name.rpartition("/")[0]
+                if parent not in made_dirs:
+                    # Only this function creates entries under dest and it never creates links,
+                    # so no parent on this path can be a symlink planted by the archive.
+                    os.makedirs(dest / parent, exist_ok=True)
+                    made_dirs.add(parent)
+                _copy_range(src_fd, member.offset_data, member.size, dest / name)
+                written.add(name)
+    except tarfile.TarError as exc:
+        raise PackageError(f"archive {archive} is corrupt: {exc}") from exc
+    finally:
+        os.close(src_fd)
+    missing = sorted(set(sizes) - written)
+    if missing:
+        raise PackageError(f"archive {archive} lacks {', '.join(missing[:5])}")
+    return UnpackStats(files=len(written), bytes=total)
+
+
+def _check_member(member: tarfile.TarInfo, name: str, archive: Path) -> None:
+    kind = None
+    if member.issym() or member.islnk():
+        kind = f"a link (-> {member.linkname})"
+    elif member.issparse():
+        kind = "a sparse file"
+    elif not (member.isreg() or member.isdir()):
+        kind = "a device, fifo or other special file"
+    if kind is not None:
+        raise PackageError(f"archive member {name} is {kind}; packages hold regular files only")
+    try:
+        check_relative_path(name)
+    except ValueError as exc:
+        raise PackageError(f"archive {archive}: member {exc}") from exc
+
+
+def _copy_range(src_fd: int, offset: int, size: int, target: Path) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    dst_fd = os.open(target, flags, 0o644)
+    try:
+        done = 0
+        use_copy_range = hasattr(os, "copy_file_range")
+        while done < size:
+            if use_copy_range:
+                try:
+                    n = os.copy_file_range(src_fd, dst_fd, size - done, offset + done)
+                except OSError:
+                    use_copy_range = False  # e.g. EXDEV on older kernels: sendfile still works
+                    continue
+            else:
+                n = os.sendfile(dst_fd, src_fd, offset + done, size - done)
+            if n == 0:
+                raise PackageError(f"archive ends inside member {target.name}")
+            done += n
+    finally:
+        os.close(dst_fd)

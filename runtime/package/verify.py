@@ -1,0 +1,124 @@
+"""``llm-serving package verify|inspect``: check a version folder against its manifest."""
+
+from __future__ import annotations
+
+import hashlib
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from runtime.package.build import file_entry, image_pins
+from runtime.package.errors import PackageError
+from runtime.package.manifest import ARCHIVE_NAME, MANIFEST_NAME, FileEntry, Manifest, load_manifest
+from runtime.package.tensors import check_python_model
+from runtime.package.wheels import check_against_pins, read_wheel
+
+__all__ = ["check_file", "describe", "verify_archive_members", "verify_package"]
+
+_CHUNK = 1 << 20
+
+
+def check_file(folder: Path, entry: FileEntry, *, full: bool = True) -> None:
+    """Raise `PackageError` unless ``folder / entry.path`` has the manifest's size (and sha256)."""
+    path = folder / entry.path
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise PackageError(f"{entry.path} is missing from {folder}: {exc.strerror}") from exc
+    if size != entry.size:
+        raise PackageError(
+            f"{entry.path} is {size} bytes, the manifest says {entry.size}; the copy is "
+            "incomplete or altered: publish or restore it again"
+        )
+    if full:
+        actual = file_entry(path, entry.path).sha256
+        if actual != entry.sha256:
+            raise PackageError(
+                f"checksum mismatch for {entry.path}: sha256 {actual}, the manifest says "
+                f"{entry.sha256}; the copy is corrupt: publish or restore it again"
+            )
+
+
+def verify_archive_members(archive: Path, manifest: Manifest) -> None:
+    """Hash every archive member and compare names, sizes and sha256 with ``archive_files``."""
+    expected = {entry.path: entry for entry in manifest.archive_files}
+    seen: set[str] = set()
+    try:
+        with tarfile.open(archive, "r:") as tar:
+            for member in tar:
+                if member.isdir():
+                    continue
+                entry = expected.get(member.name)
+                if entry is None or not member.isreg() or member.name in seen:
+                    raise PackageError(
+                        f"archive member {member.name} is not a regular file listed once in the "
+                        "manifest; rebuild the package"
+                    )
+                seen.add(member.name)
+                handle = tar.extractfile(member)
+                assert handle is not None  # regular members always have data
+                digest = hashlib.sha256()
+                while chunk := handle.read(_CHUNK):
+                    digest.update(chunk)
+                if member.size != entry.size or digest.hexdigest() != entry.sha256:
+                    raise PackageError(
+                        f"checksum mismatch for archive member {member.name}; rebuild the package"
+                    )
+    except tarfile.TarError as exc:
+        raise PackageError(f"archive {archive} is corrupt: {exc}") from exc
+    missing = sorted(set(expected) - seen)
+    if missing:
+        raise PackageError(f"archive {archive} lacks {', '.join(missing[:5])}")
+
+
+def _check_plugins(archive: Path, manifest: Manifest, constraints: Path | None) -> None:
+    _, pins = image_pins(manifest.triton, constraints)
+    with tarfile.open(archive, "r:") as tar, tempfile.TemporaryDirectory() as tmp:
+        for plugin in manifest.plugins:
+            handle = tar.extractfile(plugin.wheel)
+            if handle is None:
+                raise PackageError(f"plugin wheel {plugin.wheel} is not in the archive")
+            path = Path(tmp) / Path(plugin.wheel).name
+            path.write_bytes(handle.read())
+            info = read_wheel(path, plugin.wheel)
+            if (info.distribution, info.version) != (plugin.distribution, plugin.version):
+                raise PackageError(
+                    f"plugin wheel {plugin.wheel} is {info.distribution} {info.version}, the "
+                    f"manifest says {plugin.distribution} {plugin.version}"
+                )
+            check_against_pins(info, plugin.wheel, pins)
+
+
+def verify_package(folder: Path, *, full: bool = True, constraints: Path | None = None) -> Manifest:
+    """Check a version folder: manifest, archive and weights checksums, plugins, tensors."""
+    manifest = load_manifest(folder / MANIFEST_NAME)
+    check_file(folder, manifest.archive, full=full)
+    for entry in manifest.weight_files:
+        check_file(folder, entry, full=full)
+    archive = folder / ARCHIVE_NAME
+    if full:
+        verify_archive_members(archive, manifest)
+    _check_plugins(archive, manifest, constraints)
+    if manifest.python_model is not None:
+        check_python_model(manifest.python_model)
+    return manifest
+
+
+def describe(folder: Path) -> dict[str, Any]:
+    """A summary of a version folder's manifest for ``package inspect``."""
+    manifest = load_manifest(folder / MANIFEST_NAME if folder.is_dir() else folder)
+    return {
+        "model": f"{manifest.model_id}/{manifest.model_version}",
+        "format_version": manifest.format_version,
+        "backend": manifest.backend,
+        "serving_mode": manifest.serving_mode,
+        "triton": manifest.triton,
+        "engine_args": manifest.engine_args,
+        "plugins": [f"{p.distribution}=={p.version} ({p.wheel})" for p in manifest.plugins],
+        "catalogs": [c.name for c in manifest.catalogs],
+        "archive_files": len(manifest.archive_files),
+        "archive_bytes": manifest.archive.size,
+        "weight_files": len(manifest.weight_files),
+        "weight_bytes": sum(e.size for e in manifest.weight_files),
+    }

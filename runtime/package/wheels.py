@@ -1,0 +1,119 @@
+"""Plugin wheels: read their metadata and refuse those that would move a pinned distribution."""
+
+from __future__ import annotations
+
+import zipfile
+from dataclasses import dataclass
+from email.parser import HeaderParser
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from runtime.package.errors import PackageError
+
+__all__ = ["PLUGIN_GROUPS", "WheelInfo", "check_against_pins", "parse_pins", "read_wheel"]
+
+PLUGIN_GROUPS = ("vllm.general_plugins", "vllm.logits_processors")
+
+
+@dataclass(frozen=True)
+class WheelInfo:
+    """What a wheel declares: name, version, requirements and vLLM entry points."""
+
+    distribution: str
+    version: str
+    requires: tuple[str, ...]
+    entry_points: dict[str, list[str]]
+
+
+def read_wheel(path: Path, label: str) -> WheelInfo:
+    """Read ``*.dist-info/METADATA`` and ``entry_points.txt`` of a wheel (``label`` names it)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+            metadata_name = _one(names, "METADATA", label)
+            metadata = archive.read(metadata_name).decode("utf-8")
+            ep_name = metadata_name.rsplit("/", 1)[0] + "/entry_points.txt"
+            entry_text = archive.read(ep_name).decode("utf-8") if ep_name in names else ""
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise PackageError(f"plugin wheel {label} cannot be read as a wheel: {exc}") from exc
+    headers = HeaderParser().parsestr(metadata)
+    name, version = headers.get("Name"), headers.get("Version")
+    if not name or not version:
+        raise PackageError(f"plugin wheel {label}: METADATA lacks Name or Version")
+    return WheelInfo(
+        distribution=name,
+        version=version,
+        requires=tuple(headers.get_all("Requires-Dist") or ()),
+        entry_points=_entry_points(entry_text),
+    )
+
+
+def _one(names: list[str], leaf: str, label: str) -> str:
+    found = [n for n in names if n.count("/") == 1 and n.endswith(f".dist-info/{leaf}")]
+    if len(found) != 1:
+        raise PackageError(f"plugin wheel {label} has {len(found)} *.dist-info/{leaf}, not 1")
+    return found[0]
+
+
+def _entry_points(text: str) -> dict[str, list[str]]:
+    groups: dict[str, list[str]] = {}
+    group: str | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            group = line[1:-1].strip()
+        elif group in PLUGIN_GROUPS and "=" in line:
+            groups.setdefault(group, []).append(line.split("=", 1)[0].strip())
+    return {g: sorted(names) for g, names in sorted(groups.items())}
+
+
+def parse_pins(lines: list[str]) -> dict[str, Version]:
+    """Exact ``name==version`` pins from constraints-file lines (comments and blanks skipped)."""
+    pins: dict[str, Version] = {}
+    for raw in lines:
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            req = Requirement(line)
+            (spec,) = req.specifier
+        except (InvalidRequirement, ValueError) as exc:
+            raise PackageError(f"constraint {line!r} is not an exact name==version pin") from exc
+        if spec.operator != "==" or "*" in spec.version:
+            raise PackageError(f"constraint {line!r} is not an exact name==version pin")
+        pins[canonicalize_name(req.name)] = Version(spec.version)
+    return pins
+
+
+def check_against_pins(info: WheelInfo, label: str, pins: dict[str, Version]) -> None:
+    """Refuse a wheel that is, or requires another version of, a distribution the image pins."""
+    own = canonicalize_name(info.distribution)
+    if own in pins:
+        raise PackageError(
+            f"plugin wheel {label} is {info.distribution} {info.version}, a distribution the "
+            f"image pins ({own}=={pins[own]}); drop it from the package"
+        )
+    for text in info.requires:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement as exc:
+            raise PackageError(f"plugin wheel {label}: bad Requires-Dist {text!r}") from exc
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        name = canonicalize_name(req.name)
+        if name not in pins:
+            continue
+        try:
+            allowed = pins[name] in req.specifier or not req.specifier
+        except InvalidVersion:
+            allowed = False
+        if not allowed:
+            raise PackageError(
+                f"plugin wheel {label} requires {text!r} but the image pins {name}=={pins[name]}; "
+                f"rebuild the plugin against {name}=={pins[name]}"
+            )

@@ -1,0 +1,345 @@
+"""``llm-serving publish``: upload a built version folder to the regional model bucket.
+
+Objects land under ``models/<model_id>/<model_version>/`` with their sha256 in the object
+metadata. Large files go up as parallel multipart uploads that a later run resumes (it finds the
+open upload in S3 and keeps every part whose ETag matches), files already there with the same
+checksum are skipped, and ``manifest.json`` is written last, so a reader that finds the manifest
+finds every file it lists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from runtime.package.build import file_entry
+from runtime.package.errors import PackageError
+from runtime.package.manifest import MANIFEST_NAME, FileEntry, load_manifest
+
+__all__ = [
+    "DEFAULT_PART_SIZE",
+    "PlanItem",
+    "PublishError",
+    "PublishPlan",
+    "format_plan",
+    "plan_publish",
+    "publish",
+    "run_publish",
+    "version_prefix",
+]
+
+DEFAULT_PART_SIZE = 64 << 20
+_MIN_PART_SIZE = 5 << 20  # S3's floor for every part but the last
+_SHA_KEY = "sha256"
+Action = Literal["upload", "resume", "replace", "skip"]
+Progress = Callable[[int], None]
+
+
+class PublishError(RuntimeError):
+    """Publishing stopped; the message says which file and what to do (nothing half-visible)."""
+
+
+@dataclass(frozen=True)
+class PlanItem:
+    """What publishing does with one file."""
+
+    key: str
+    entry: FileEntry
+    action: Action
+    reason: str
+    upload_id: str | None = None
+
+
+@dataclass(frozen=True)
+class PublishPlan:
+    """Every file's action, the manifest's key last."""
+
+    bucket: str
+    items: tuple[PlanItem, ...]
+    manifest_key: str
+
+    @property
+    def bytes_to_send(self) -> int:
+        """Bytes the plan uploads (resumed files count whole; kept parts are credited later)."""
+        return sum(i.entry.size for i in self.items if i.action != "skip")
+
+
+def version_prefix(model_id: str, model_version: str, root: str = "models") -> str:
+    """``models/<id>/<version>/``: the layout the FSx data repository association expects."""
+    return f"{root.strip('/')}/{model_id}/{model_version}/"
+
+
+def _head(client: Any, bucket: str, key: str) -> dict[str, Any] | None:
+    try:
+        return client.head_object(Bucket=bucket, Key=key)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise PublishError(f"cannot read s3://{bucket}/{key}: {exc}") from exc
+
+
+def _open_upload(client: Any, bucket: str, key: str) -> str | None:
+    response = client.list_multipart_uploads(Bucket=bucket, Prefix=key)
+    uploads = [u for u in response.get("Uploads", []) if u["Key"] == key]
+    uploads.sort(key=lambda u: u["Initiated"])
+    return uploads[-1]["UploadId"] if uploads else None
+
+
+def plan_publish(client: Any, folder: Path, bucket: str, root: str = "models") -> PublishPlan:
+    """Decide, for every file of the version folder, whether to upload, resume or skip it."""
+    manifest = load_manifest(folder / MANIFEST_NAME)
+    prefix = version_prefix(manifest.model_id, manifest.model_version, root)
+    manifest_key = prefix + MANIFEST_NAME
+    remote_manifest = _head(client, bucket, manifest_key)
+    local_manifest_sha = file_entry(folder / MANIFEST_NAME, MANIFEST_NAME).sha256
+    if (
+        remote_manifest is not None
+        and remote_manifest.get("Metadata", {}).get(_SHA_KEY) != local_manifest_sha
+    ):
+        raise PublishError(
+            f"{manifest.model_id}/{manifest.model_version} is already published at "
+            f"s3://{bucket}/{prefix} with another manifest; versions are immutable: "
+            "build the package with a new model_version"
+        )
+    items = []
+    for entry in [manifest.archive, *manifest.weight_files]:
+        key = prefix + entry.path
+        head = _head(client, bucket, key)
+        if head is not None:
+            remote_sha = head.get("Metadata", {}).get(_SHA_KEY)
+            if remote_sha == entry.sha256 and head["ContentLength"] == entry.size:
+                items.append(PlanItem(key, entry, "skip", "same sha256 already in the bucket"))
+                continue
+            items.append(PlanItem(key, entry, "replace", f"bucket has sha256 {remote_sha}"))
+            continue
+        upload_id = _open_upload(client, bucket, key)
+        if upload_id is not None:
+            items.append(PlanItem(key, entry, "resume", "open multipart upload", upload_id))
+        else:
+            items.append(PlanItem(key, entry, "upload", "not in the bucket"))
+    return PublishPlan(bucket=bucket, items=tuple(items), manifest_key=manifest_key)
+
+
+def format_plan(plan: PublishPlan) -> str:
+    """The plan as printed by ``--dry-run``: one line per file, the manifest last."""
+    lines = [
+        f"{item.action:8} {item.entry.size:>14,d} B  s3://{plan.bucket}/{item.key}  ({item.reason})"
+        for item in plan.items
+    ]
+    lines.append(f"{'manifest':8} {'':>14}    s3://{plan.bucket}/{plan.manifest_key}  (last)")
+    lines.append(f"total to send: {plan.bytes_to_send:,d} bytes")
+    return "\n".join(lines)
+
+
+def _check_local(folder: Path, entry: FileEntry) -> None:
+    actual = file_entry(folder / entry.path, entry.path)
+    if (actual.size, actual.sha256) != (entry.size, entry.sha256):
+        raise PublishError(
+            f"checksum mismatch for {entry.path}: local sha256 {actual.sha256} ({actual.size} "
+            f"bytes), the manifest says {entry.sha256} ({entry.size} bytes); nothing was made "
+            "visible: rebuild the package"
+        )
+
+
+class _Uploader:
+    """Uploads one plan with a shared thread pool; reports sent bytes to ``progress``."""
+
+    def __init__(
+        self,
+        client: Any,
+        folder: Path,
+        plan: PublishPlan,
+        part_size: int,
+        workers: int,
+        progress: Progress | None,
+    ) -> None:
+        self.client, self.folder, self.plan = client, folder, plan
+        self.part_size = max(part_size, _MIN_PART_SIZE)
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="publish")
+        self._progress = progress
+        self._lock = threading.Lock()
+
+    def sent(self, n: int) -> None:
+        if self._progress is not None:
+            with self._lock:
+                self._progress(n)
+
+    def run(self) -> None:
+        try:
+            small = [i for i in self.plan.items if i.action != "skip" and not self._multipart(i)]
+            futures = [self.pool.submit(self._put, item) for item in small]
+            for item in self.plan.items:
+                if item.action != "skip" and self._multipart(item):
+                    self._upload_multipart(item)
+            for future in futures:
+                future.result()
+        finally:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def _multipart(self, item: PlanItem) -> bool:
+        return item.entry.size > self.part_size or item.upload_id is not None
+
+    def _put(self, item: PlanItem) -> None:
+        body = (self.folder / item.entry.path).read_bytes()
+        self.client.put_object(
+            Bucket=self.plan.bucket,
+            Key=item.key,
+            Body=body,
+            Metadata={_SHA_KEY: item.entry.sha256},
+        )
+        self.sent(len(body))
+
+    def _upload_multipart(self, item: PlanItem) -> None:
+        bucket, key = self.plan.bucket, item.key
+        upload_id = item.upload_id
+        kept: dict[int, str] = {}
+        if upload_id is None:
+            upload_id = self.client.create_multipart_upload(
+                Bucket=bucket, Key=key, Metadata={_SHA_KEY: item.entry.sha256}
+            )["UploadId"]
+        else:
+            kept = self._kept_parts(bucket, key, upload_id)
+        path = self.folder / item.entry.path
+        count = max(1, -(-item.entry.size // self.part_size))
+        futures = {
+            number: self.pool.submit(self._part, path, bucket, key, upload_id, number, kept)
+            for number in range(1, count + 1)
+        }
+        parts = [{"PartNumber": n, "ETag": f.result()} for n, f in futures.items()]
+        self.client.complete_multipart_upload(
+            Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+        )
+
+    def _kept_parts(self, bucket: str, key: str, upload_id: str) -> dict[int, str]:
+        kept: dict[int, str] = {}
+        paginator = self.client.get_paginator("list_parts")
+        for page in paginator.paginate(Bucket=bucket, Key=key, UploadId=upload_id):
+            for part in page.get("Parts", []):
+                kept[part["PartNumber"]] = part["ETag"].strip('"')
+        return kept
+
+    def _part(
+        self, path: Path, bucket: str, key: str, upload_id: str, number: int, kept: dict[int, str]
+    ) -> str:
+        with path.open("rb") as handle:
+            handle.seek((number - 1) * self.part_size)
+            data = handle.read(self.part_size)
+        md5 = hashlib.md5(data, usedforsecurity=False).hexdigest()
+        if kept.get(number) == md5:
+            self.sent(len(data))  # already in S3 from an earlier, interrupted run
+            return f'"{md5}"'
+        response = self.client.upload_part(
+            Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=data
+        )
+        self.sent(len(data))
+        return response["ETag"]
+
+
+def _check_remote(client: Any, plan: PublishPlan) -> None:
+    for item in plan.items:
+        head = _head(client, plan.bucket, item.key)
+        remote_sha = None if head is None else head.get("Metadata", {}).get(_SHA_KEY)
+        size = None if head is None else head["ContentLength"]
+        if (remote_sha, size) != (item.entry.sha256, item.entry.size):
+            raise PublishError(
+                f"checksum mismatch for s3://{plan.bucket}/{item.key} after upload (sha256 "
+                f"{remote_sha}, {size} bytes; expected {item.entry.sha256}, {item.entry.size} "
+                "bytes); the manifest was not written: run publish again"
+            )
+
+
+def publish(
+    client: Any,
+    folder: Path,
+    bucket: str,
+    *,
+    root: str = "models",
+    dry_run: bool = False,
+    workers: int = 8,
+    part_size: int = DEFAULT_PART_SIZE,
+    progress: Progress | None = None,
+    on_plan: Callable[[PublishPlan], None] | None = None,
+) -> PublishPlan:
+    """Publish ``folder`` (a built version) to ``bucket``; returns the plan it carried out."""
+    try:
+        plan = plan_publish(client, folder, bucket, root)
+    except PackageError as exc:
+        raise PublishError(str(exc)) from exc
+    if on_plan is not None:
+        on_plan(plan)
+    if dry_run:
+        return plan
+    for item in plan.items:
+        if item.action != "skip":
+            _check_local(folder, item.entry)
+    _Uploader(client, folder, plan, part_size, workers, progress).run()
+    _check_remote(client, plan)
+    manifest_path = folder / MANIFEST_NAME
+    client.put_object(
+        Bucket=bucket,
+        Key=plan.manifest_key,
+        Body=manifest_path.read_bytes(),
+        Metadata={_SHA_KEY: file_entry(manifest_path, MANIFEST_NAME).sha256},
+        ContentType="application/json",
+    )
+    return plan
+
+
+def run_publish(
+    folder: Path,
+    bucket: str,
+    *,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    dry_run: bool = False,
+    workers: int = 8,
+    part_size: int = DEFAULT_PART_SIZE,
+    echo: Callable[[str], object] = print,
+) -> PublishPlan:
+    """``llm-serving publish``: a boto3 client, the plan printed, a progress bar with throughput."""
+    import contextlib
+
+    import boto3
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region)
+    bar = Progress(
+        "{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )  # fmt: skip
+    task = bar.add_task("upload", total=None)
+
+    def show_plan(plan: PublishPlan) -> None:
+        echo(format_plan(plan))
+        bar.update(task, total=plan.bytes_to_send)
+
+    try:
+        with bar if not dry_run else contextlib.nullcontext():
+            return publish(
+                client,
+                folder,
+                bucket,
+                dry_run=dry_run,
+                workers=workers,
+                part_size=part_size,
+                progress=lambda n: bar.advance(task, n),
+                on_plan=show_plan,
+            )
+    except (BotoCoreError, ClientError) as exc:
+        raise PublishError(
+            f"S3 refused or failed: {exc}; check credentials, the bucket name and the region "
+            "(run again to resume)"
+        ) from exc

@@ -1,0 +1,169 @@
+"""Run the real entrypoint as a process against the tritonserver stand-in, on free ports."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from runtime.package import build_package
+from tests.runtime.wheelmaker import make_source
+
+ROOT = Path(__file__).resolve().parents[2]
+LIGHT_MATRIX = """
+format_version = 1
+default_triton = "26.08"
+
+[[pairs]]
+triton = "26.08"
+vllm = "0.27.1"
+structured_outputs_key = "structured_outputs"
+python = "3.12"
+backend_modules = ["json"]
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_refuses(port: int) -> bool:
+    """True when nothing listens on ``127.0.0.1:port`` (the connection is refused)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return False
+    except ConnectionRefusedError:
+        return True
+
+
+def http_status(port: int, path: str) -> int | None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().status
+    except OSError:
+        return None
+    finally:
+        conn.close()
+
+
+def http_body(port: int, path: str) -> str:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().read().decode()
+    finally:
+        conn.close()
+
+
+def infer(port: int, prompt: str, max_tokens: int = 8, model: str = "toy") -> str:
+    """One unary KServe request through ``port``; returns ``text_output``."""
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        text = grpcclient.InferInput("text_input", [1], "BYTES")
+        text.set_data_from_numpy(np.array([prompt.encode()], dtype=object))
+        params = grpcclient.InferInput("sampling_parameters", [1], "BYTES")
+        params.set_data_from_numpy(
+            np.array([f'{{"max_tokens": {max_tokens}}}'.encode()], dtype=object)
+        )
+        result = client.infer(model, [text, params], client_timeout=60)
+        return b"".join(result.as_numpy("text_output").tolist()).decode()
+    finally:
+        client.close()
+
+
+@dataclass
+class Pod:
+    """A built package and the environment of one entrypoint run."""
+
+    root: Path
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen[str] | None = None
+
+    @classmethod
+    def create(cls, root: Path, *, light_matrix: bool = True, source: Path | None = None) -> Pod:
+        source = source or make_source(root / "src")
+        build_package(source, root / "version")
+        (root / "prom").mkdir()
+        matrix = root / "compat.toml"
+        matrix.write_text(LIGHT_MATRIX)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LLM_SERVING_", "KSERVE_"))}
+        env.update(
+            {
+                "PYTHONPATH": str(ROOT),
+                "LLM_SERVING_PACKAGE_PATH": str(root / "version"),
+                "LLM_SERVING_WORK_DIR": str(root / "work"),
+                "LLM_SERVING_PLUGIN_DIR": str(root / "plugins"),
+                "PROMETHEUS_MULTIPROC_DIR": str(root / "prom"),
+                "LLM_SERVING_TRITON_RELEASE": "26.08",
+                "LLM_SERVING_TRITONSERVER": f"{sys.executable} -m tests.runtime.slow_standin",
+                "LLM_SERVING_PUBLIC_HOST": "127.0.0.1",
+                "LLM_SERVING_HEALTH_HOST": "127.0.0.1",
+                "LLM_SERVING_PUBLIC_GRPC_PORT": str(free_port()),
+                "LLM_SERVING_TRITON_GRPC_PORT": str(free_port()),
+                "LLM_SERVING_TRITON_HTTP_PORT": str(free_port()),
+                "LLM_SERVING_TRITON_METRICS_PORT": str(free_port()),
+                "LLM_SERVING_HEALTH_PORT": str(free_port()),
+                "LLM_SERVING_READY_TIMEOUT_SECONDS": "60",
+                "LLM_SERVING_DRAIN_SECONDS": "10",
+                "KSERVE_STANDIN_LOAD_SECONDS": "0",
+            }
+        )
+        env.pop("PIP_CONSTRAINT", None)
+        if light_matrix:
+            env["LLM_SERVING_COMPAT_MATRIX"] = str(matrix)
+        return cls(root=root, env=env)
+
+    def port(self, name: str) -> int:
+        return int(self.env[f"LLM_SERVING_{name.upper()}_PORT"])
+
+    def start(self) -> Pod:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "runtime.entrypoint"],
+            env=self.env,
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        return self
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while http_status(self.port("health"), "/readyz") != 200:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise AssertionError(
+                    f"entrypoint exited {self.process.returncode}: {self.stderr()}"
+                )
+            if time.monotonic() > deadline:
+                raise AssertionError("entrypoint not ready in time")
+            time.sleep(0.05)
+
+    def run_to_exit(self, timeout: float = 90) -> tuple[int, str]:
+        self.start()
+        assert self.process is not None
+        _, err = self.process.communicate(timeout=timeout)
+        return self.process.returncode, err
+
+    def terminate(self, timeout: float = 60) -> tuple[int, str]:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        _, err = self.process.communicate(timeout=timeout)
+        return self.process.returncode, err
+
+    def stderr(self) -> str:
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.kill()
+        return self.process.communicate()[1]

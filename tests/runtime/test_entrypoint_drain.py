@@ -1,0 +1,82 @@
+"""SIGTERM during traffic: the port closes first, every in-flight request finishes, exit 0."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.runtime.pod import Pod, http_status, infer, port_refuses
+from tests.support.kserve_server import KServeStandIn
+
+PROMPTS = [f"the quick brown fox {i}" for i in range(8)]
+TOKENS = 30
+
+
+@pytest.fixture(scope="module")
+def expected() -> Iterator[dict[str, str]]:
+    standin = KServeStandIn().start()
+    yield {p: infer(standin.port, p, TOKENS) for p in PROMPTS}
+
+
+def _traffic(
+    port: int, results: dict[str, object], finished: dict[str, float]
+) -> list[threading.Thread]:
+    def one(prompt: str) -> None:
+        try:
+            results[prompt] = infer(port, prompt, TOKENS)
+        except Exception as exc:  # recorded: a lost request fails the test
+            results[prompt] = exc
+        finished[prompt] = time.monotonic()
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in PROMPTS]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def test_sigterm_during_traffic_loses_no_request(tmp_path: Path, expected: dict[str, str]) -> None:
+    pod = Pod.create(tmp_path)
+    pod.env["STANDIN_TOKEN_DELAY_SECONDS"] = "0.05"  # ~1.5 s per request
+    pod.start().wait_ready()
+    public = pod.port("public_grpc")
+    results: dict[str, object] = {}
+    finished: dict[str, float] = {}
+    threads = _traffic(public, results, finished)
+    time.sleep(0.6)
+    assert pod.process is not None
+    pod.process.send_signal(15)
+    sigterm_at = time.monotonic()
+    closed_at = None
+    while closed_at is None and time.monotonic() - sigterm_at < 5:
+        if port_refuses(public):
+            closed_at = time.monotonic()
+        time.sleep(0.02)
+    assert closed_at is not None, "the public port stayed open after SIGTERM"
+    assert http_status(pod.port("health"), "/readyz") in (503, None)
+    for thread in threads:
+        thread.join(timeout=30)
+    code, err = pod.terminate()
+    assert results == expected, err
+    # The requests really were in flight: each finished after the port had closed.
+    assert all(t > closed_at for t in finished.values())
+    assert code == 0, err
+    assert "drained: every in-flight request finished" in err
+
+
+def test_drain_deadline_is_reported_with_its_own_exit_code(tmp_path: Path) -> None:
+    pod = Pod.create(tmp_path)
+    pod.env["STANDIN_TOKEN_DELAY_SECONDS"] = "0.5"  # 15 s per request
+    pod.env["LLM_SERVING_DRAIN_SECONDS"] = "1"
+    pod.start().wait_ready()
+    results: dict[str, object] = {}
+    threads = _traffic(pod.port("public_grpc"), results, {})
+    time.sleep(0.5)
+    code, err = pod.terminate()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert code == 21, err
+    assert "drain deadline of 1s reached" in err

@@ -1,0 +1,34 @@
+"""Embedded mode: the entrypoint also starts the OpenAI frontend and waits for it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tests.runtime.pod import Pod, free_port, http_status, infer
+
+
+def test_embedded_mode_starts_the_frontend_pointed_at_triton(tmp_path: Path) -> None:
+    pod = Pod.create(tmp_path)
+    record = tmp_path / "frontend-env.json"
+    frontend_port = free_port()
+    pod.env.update(
+        {
+            "LLM_SERVING_SERVING_MODE": "embedded",
+            "LLM_SERVING_FRONTEND_COMMAND": f"{sys.executable} -m tests.runtime.fake_frontend",
+            "LLM_SERVING_FRONTEND_PORT": str(frontend_port),
+            "FAKE_FRONTEND_RECORD": str(record),
+        }
+    )
+    pod.start().wait_ready()
+    seen = json.loads(record.read_text())
+    assert seen["LLM_SERVING_FRONTEND_TRITON_URL"] == f"127.0.0.1:{pod.port('triton_grpc')}"
+    assert seen["LLM_SERVING_FRONTEND_MODEL_NAME"] == "toy"
+    assert seen["LLM_SERVING_FRONTEND_TOKENIZER_DIR"].endswith("/package/tokenizer")
+    assert seen["LLM_SERVING_FRONTEND_MAX_MODEL_LEN"] == "128"
+    assert http_status(frontend_port, "/health/ready") == 200
+    assert infer(pod.port("public_grpc"), "the fox") != ""
+    code, err = pod.terminate()
+    assert code == 0, err
+    assert "embedded mode: OpenAI frontend" in err

@@ -1,0 +1,76 @@
+"""Rendering the Triton model repository from a manifest (vllm and python backends)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from runtime.entrypoint.render import render_repository
+from runtime.package import build_package
+from runtime.package.tensors import FRONTEND_INPUTS, FRONTEND_OUTPUTS
+from tests.runtime.wheelmaker import make_source
+
+PROCESSOR = "runtime.constraints.processor:ConstraintLogitsProcessor"
+
+
+def test_vllm_backend_repository(tmp_path: Path) -> None:
+    source = make_source(
+        tmp_path / "src",
+        engine_args={"tensor_parallel_size": 2, "max_model_len": 64, "logits_processors": ["a:B"]},
+    )
+    manifest = build_package(source, tmp_path / "v")
+    model = render_repository(
+        manifest, tmp_path / "v", tmp_path / "u", tmp_path / "repo", PROCESSOR
+    )
+    config = (model / "config.pbtxt").read_text()
+    assert 'name: "toy"' in config and 'backend: "vllm"' in config
+    assert "decoupled: true" in config and "max_batch_size: 0" in config
+    assert "kind: KIND_MODEL" in config  # tensor parallel 2
+    for key in ("REPORT_CUSTOM_METRICS", "ENABLE_VLLM_HEALTH_CHECK"):
+        assert f'key: "{key}"\n  value: {{ string_value: "true" }}' in config
+    args = json.loads((model / "1" / "model.json").read_text())
+    assert args["model"] == str(tmp_path / "v" / "weights")
+    assert args["tokenizer"] == str(tmp_path / "u" / "tokenizer")
+    assert args["disable_log_stats"] is False
+    assert args["logits_processors"] == ["a:B", PROCESSOR]
+    assert args["max_model_len"] == 64
+
+
+def test_single_gpu_uses_kind_gpu_and_rerender_replaces(tmp_path: Path) -> None:
+    manifest = build_package(make_source(tmp_path / "src"), tmp_path / "v")
+    repo = tmp_path / "repo"
+    (repo / "stale").mkdir(parents=True)
+    model = render_repository(manifest, tmp_path / "v", tmp_path / "u", repo, PROCESSOR)
+    assert "kind: KIND_GPU" in (model / "config.pbtxt").read_text()
+    assert sorted(p.name for p in repo.iterdir()) == ["toy"]
+
+
+def test_python_backend_repository(tmp_path: Path) -> None:
+    spec = {
+        "inputs": [
+            {"name": t.name, "data_type": t.data_type, "dims": [1], "optional": not t.required}
+            for t in FRONTEND_INPUTS
+        ],
+        "outputs": [
+            {"name": t.name, "data_type": t.data_type, "dims": [-1]} for t in FRONTEND_OUTPUTS
+        ],
+    }
+    source = make_source(tmp_path / "src", backend="python", python_model=spec)
+    (source / "python").mkdir()
+    (source / "python" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+    (source / "python" / "helpers.py").write_text("X = 1\n")
+    manifest = build_package(source, tmp_path / "v")
+    unpacked = tmp_path / "u"
+    unpacked.mkdir()
+    (unpacked / "python").mkdir()
+    for name in ("model.py", "helpers.py"):
+        (unpacked / "python" / name).write_text((source / "python" / name).read_text())
+    model = render_repository(manifest, tmp_path / "v", unpacked, tmp_path / "repo", PROCESSOR)
+    config = (model / "config.pbtxt").read_text()
+    assert 'backend: "python"' in config
+    assert 'name: "text_input"\n    data_type: TYPE_STRING\n    dims: [ 1 ]' in config
+    assert 'name: "stream"\n    data_type: TYPE_BOOL\n    dims: [ 1 ]\n    optional: true' in config
+    assert config.count("data_type:") == len(FRONTEND_INPUTS) + len(FRONTEND_OUTPUTS)
+    assert (model / "1" / "model.py").read_text().startswith("class TritonPythonModel")
+    assert (model / "1" / "helpers.py").is_file()
+    assert json.loads((model / "1" / "model.json").read_text())["disable_log_stats"] is False

@@ -1,0 +1,91 @@
+"""The real entrypoint against the tritonserver stand-in: gate, stages, metrics, health."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from runtime.entrypoint import STAGES
+from tests.runtime.pod import Pod, http_body, http_status, infer, port_refuses
+
+
+def test_port_closed_until_ready_then_serves_and_drains(tmp_path: Path) -> None:
+    pod = Pod.create(tmp_path, light_matrix=False)  # the real matrix: vLLM modules probed
+    stale = [pod.root / "prom" / n for n in ("counter_4242.db", "histogram_4242.db")]
+    for path in stale:
+        path.write_bytes(b"\x00" * 64)
+    pod.env["KSERVE_STANDIN_LOAD_SECONDS"] = "2"
+    pod.start()
+    public = pod.port("public_grpc")
+    saw_closed_while_starting = False
+    deadline = time.monotonic() + 90
+    while http_status(pod.port("health"), "/readyz") != 200:
+        assert pod.process is not None and pod.process.poll() is None, pod.stderr()
+        assert time.monotonic() < deadline, pod.stderr()
+        if http_status(pod.port("health"), "/livez") == 200:
+            assert port_refuses(public)
+            saw_closed_while_starting = True
+        time.sleep(0.05)
+    assert saw_closed_while_starting
+    assert not port_refuses(public)
+    assert infer(public, "the quick brown fox") != ""
+    assert not any(path.exists() for path in stale)
+
+    metrics = http_body(pod.port("health"), "/metrics")
+    for stage in STAGES:
+        assert f'startup_stage_seconds{{stage="{stage}"}}' in metrics
+    # The same gauge reaches the metrics proxy through the multiprocess folder.
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(pod.root / "prom"))
+    samples = {s.labels["stage"] for m in registry.collect() for s in m.samples}
+    assert samples == set(STAGES)
+
+    repository = pod.root / "work" / "model_repository" / "toy"
+    assert 'backend: "vllm"' in (repository / "config.pbtxt").read_text()
+    code, err = pod.terminate()
+    assert code == 0, err
+    for number, stage in enumerate(STAGES, start=1):
+        assert f"stage {number}/8 {stage} done in" in err
+    assert "plugins registered: vllm.logits_processors:toy" in err
+    assert "removed 2 stale entries" in err
+    assert port_refuses(public)
+
+
+def test_readyz_turns_503_and_port_closes_when_triton_dies(tmp_path: Path) -> None:
+    pod = Pod.create(tmp_path).start()
+    pod.wait_ready()
+    import psutil
+
+    assert pod.process is not None
+    (child,) = psutil.Process(pod.process.pid).children()
+    child.kill()
+    code = pod.process.wait(timeout=30)
+    assert code == 20, pod.stderr()
+    assert port_refuses(pod.port("public_grpc"))
+
+
+def test_readyz_follows_the_model_while_serving(tmp_path: Path) -> None:
+    pod = Pod.create(tmp_path)
+    pod.env.update(
+        {
+            "STANDIN_UNREADY_AFTER_SECONDS": "1.5",
+            "STANDIN_READY_AGAIN_AFTER_SECONDS": "3.5",
+            "LLM_SERVING_READINESS_POLL_SECONDS": "0.2",
+        }
+    )
+    pod.start().wait_ready()
+    seen = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and seen[-2:] != [503, 200]:
+        status = http_status(pod.port("health"), "/readyz")
+        if not seen or seen[-1] != status:
+            seen.append(status)
+        time.sleep(0.05)
+    assert seen == [200, 503, 200]
+    assert not port_refuses(pod.port("public_grpc"))  # the gate stays open meanwhile
+    code, err = pod.terminate()
+    assert code == 0, err
+    assert "model toy is no longer ready" in err and "model toy is ready again" in err

@@ -1,0 +1,113 @@
+"""Unpacking writes exactly the manifest's regular files and refuses hostile archives."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from runtime.package import PackageError, UnpackLimits, build_package, unpack_archive
+from runtime.package.manifest import FileEntry
+from tests.runtime.wheelmaker import make_source
+
+SHA = "0" * 64
+
+
+def test_unpack_reproduces_every_file(tmp_path: Path) -> None:
+    source = make_source(tmp_path / "src")
+    manifest = build_package(source, tmp_path / "out")
+    stats = unpack_archive(tmp_path / "out" / "package.tar", manifest.archive_files, tmp_path / "u")
+    assert stats.files == len(manifest.archive_files)
+    for entry in manifest.archive_files:
+        assert (tmp_path / "u" / entry.path).read_bytes() == (source / entry.path).read_bytes()
+
+
+def _tar(path: Path, members: list[tuple[tarfile.TarInfo, bytes]]) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if info.isreg() else None)
+    return path
+
+
+def _file(name: str, data: bytes = b"abc") -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    return info, data
+
+
+def _special(name: str, kind: bytes, linkname: str = "") -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, linkname
+    return info, b""
+
+
+def _entries(*names: str, size: int = 3) -> list[FileEntry]:
+    return [FileEntry(path=n, size=size, sha256=SHA) for n in names]
+
+
+@pytest.mark.parametrize(
+    ("member", "expected"),
+    [
+        (_special("tokenizer/evil", tarfile.SYMTYPE, "/etc/passwd"), "is a link (-> /etc/passwd)"),
+        (_special("tokenizer/hard", tarfile.LNKTYPE, "a.txt"), "is a link (-> a.txt)"),
+        (_special("dev", tarfile.CHRTYPE), "is a device, fifo or other special file"),
+        (_special("fifo", tarfile.FIFOTYPE), "is a device, fifo or other special file"),
+        (_file("/etc/cron.d/x"), "is absolute"),
+        (_file("../outside.txt"), "stay inside the package root"),
+        (_file("a/../../outside.txt"), "stay inside the package root"),
+        (_file("extra.txt"), "extra.txt (3 bytes) is not in the manifest"),
+        (_file("a.txt"), "has a.txt twice"),
+    ],
+)
+def test_hostile_member_is_refused(
+    tmp_path: Path, member: tuple[tarfile.TarInfo, bytes], expected: str
+) -> None:
+    archive = _tar(tmp_path / "p.tar", [_file("a.txt"), member])
+    dest = tmp_path / "dest"
+    with pytest.raises(PackageError) as err:
+        unpack_archive(archive, _entries("a.txt"), dest)
+    assert expected in str(err.value)
+    assert not (tmp_path / "outside.txt").exists()
+    assert not any(p.is_symlink() for p in dest.rglob("*"))
+
+
+def test_member_with_another_size_is_refused(tmp_path: Path) -> None:
+    archive = _tar(tmp_path / "p.tar", [_file("a.txt", b"abcd")])
+    with pytest.raises(PackageError, match=r"a\.txt \(4 bytes\) is not in the manifest with that"):
+        unpack_archive(archive, _entries("a.txt"), tmp_path / "dest")
+
+
+def test_missing_member_is_named(tmp_path: Path) -> None:
+    archive = _tar(tmp_path / "p.tar", [_file("a.txt")])
+    with pytest.raises(PackageError, match=r"lacks b\.txt"):
+        unpack_archive(archive, _entries("a.txt", "b.txt"), tmp_path / "dest")
+
+
+def test_limits_hold_against_the_manifest(tmp_path: Path) -> None:
+    archive = _tar(tmp_path / "p.tar", [_file("a.txt"), _file("b.txt")])
+    with pytest.raises(PackageError, match="over the unpack limits"):
+        unpack_archive(
+            archive, _entries("a.txt", "b.txt"), tmp_path / "d1", UnpackLimits(max_total_bytes=5)
+        )
+    with pytest.raises(PackageError, match="over the unpack limits"):
+        unpack_archive(
+            archive, _entries("a.txt", "b.txt"), tmp_path / "d2", UnpackLimits(max_members=1)
+        )
+
+
+def test_target_must_be_empty(tmp_path: Path) -> None:
+    archive = _tar(tmp_path / "p.tar", [_file("a.txt")])
+    (tmp_path / "dest").mkdir()
+    (tmp_path / "dest" / "a.txt").symlink_to(tmp_path / "victim")
+    with pytest.raises(PackageError, match="is not empty"):
+        unpack_archive(archive, _entries("a.txt"), tmp_path / "dest")
+    assert not (tmp_path / "victim").exists()
+
+
+def test_garbage_is_reported_as_corrupt(tmp_path: Path) -> None:
+    archive = tmp_path / "p.tar"
+    archive.write_bytes(b"\x01" * 2048)
+    with pytest.raises(PackageError, match="is corrupt"):
+        unpack_archive(archive, _entries("a.txt"), tmp_path / "dest")

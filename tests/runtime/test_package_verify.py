@@ -1,0 +1,191 @@
+"""``package verify|inspect`` catch corruption, bad manifests and mismatched python tensors."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from runtime.package import (
+    MANIFEST_NAME,
+    PackageError,
+    build_package,
+    describe,
+    load_manifest,
+    manifest_json_schema,
+    verify_package,
+)
+from runtime.package.manifest import PythonModel, TensorSpec
+from runtime.package.tensors import FRONTEND_INPUTS, FRONTEND_OUTPUTS, check_python_model
+from tests.runtime.wheelmaker import make_source
+
+SCHEMA_FILE = Path(__file__).resolve().parents[2] / "runtime" / "package" / "manifest.schema.json"
+
+
+@pytest.fixture
+def built(tmp_path: Path) -> Path:
+    build_package(make_source(tmp_path / "src"), tmp_path / "out")
+    return tmp_path / "out"
+
+
+def test_fresh_build_verifies_and_inspects(built: Path) -> None:
+    manifest = verify_package(built)
+    summary = describe(built)
+    assert summary["model"] == "toy/v1" and summary["format_version"] == 1
+    assert summary["plugins"] == [f"toy-plugin==1.0 ({manifest.plugins[0].wheel})"]
+    assert summary["weight_bytes"] == sum(e.size for e in manifest.weight_files)
+
+
+def test_flipped_weight_byte_is_a_checksum_mismatch(built: Path) -> None:
+    weights = built / "weights" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[100] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    verify_package(built, full=False)  # sizes still agree
+    with pytest.raises(PackageError, match=r"checksum mismatch for weights/model\.safetensors"):
+        verify_package(built)
+
+
+def test_truncated_archive_is_reported_by_size(built: Path) -> None:
+    archive = built / "package.tar"
+    archive.write_bytes(archive.read_bytes()[:-1024])
+    with pytest.raises(PackageError, match=r"package\.tar is \d+ bytes, the manifest says"):
+        verify_package(built, full=False)
+
+
+def test_missing_weight_file_is_named(built: Path) -> None:
+    (built / "weights" / "config.json").unlink()
+    with pytest.raises(PackageError, match=r"weights/config\.json is missing"):
+        verify_package(built)
+
+
+def test_archive_member_swapped_consistently_is_caught(built: Path) -> None:
+    # Rewrite the archive with another catalog and fix up the archive's own checksum: only the
+    # per-member hashes can tell.
+    manifest = load_manifest(built / MANIFEST_NAME)
+    archive = built / "package.tar"
+    with tarfile.open(archive) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
+    with tarfile.open(archive, "w") as tar:
+        for member, data in members:
+            if member.name == "catalogs/titles.json":
+                data = data.replace(b'"a"', b'"z"')
+            tar.addfile(member, io.BytesIO(data))
+    from runtime.package.build import file_entry
+
+    patched = manifest.model_copy(update={"archive": file_entry(archive, "package.tar")})
+    (built / MANIFEST_NAME).write_text(patched.to_json())
+    with pytest.raises(PackageError, match="checksum mismatch for archive member catalogs/titles"):
+        verify_package(built)
+
+
+def test_future_format_version_asks_for_a_rebuild(built: Path) -> None:
+    path = built / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    data["format_version"] = 2
+    path.write_text(json.dumps(data))
+    with pytest.raises(PackageError, match="format_version 2; this runtime reads format_version 1"):
+        load_manifest(path)
+
+
+def test_manifest_with_duplicate_paths_is_refused(built: Path) -> None:
+    path = built / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    data["weight_files"].append(data["weight_files"][0])
+    path.write_text(json.dumps(data))
+    with pytest.raises(PackageError, match=r"weight_files lists 'weights/[^']+' twice"):
+        load_manifest(path)
+
+
+def test_manifest_with_traversal_path_is_refused(built: Path) -> None:
+    path = built / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    data["weight_files"][0]["path"] = "../../etc/passwd"
+    path.write_text(json.dumps(data))
+    with pytest.raises(PackageError, match=r"field weight_files\.0\.path"):
+        load_manifest(path)
+
+
+def test_exported_schema_is_current_and_validates_manifests(built: Path) -> None:
+    assert json.loads(SCHEMA_FILE.read_text()) == manifest_json_schema()
+    schema = manifest_json_schema()
+    data = json.loads((built / MANIFEST_NAME).read_text())
+    jsonschema.Draft202012Validator(schema).validate(data)
+    data.pop("archive")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft202012Validator(schema).validate(data)
+
+
+def _tensor(name: str, data_type: str, optional: bool) -> TensorSpec:
+    return TensorSpec(name=name, data_type=data_type, dims=[1], optional=optional)  # type: ignore[arg-type]
+
+
+def _frontend_model() -> PythonModel:
+    inputs = [_tensor(t.name, t.data_type, not t.required) for t in FRONTEND_INPUTS]
+    outputs = [_tensor(t.name, t.data_type, False) for t in FRONTEND_OUTPUTS[:1]]
+    return PythonModel(inputs=inputs, outputs=outputs)
+
+
+def test_python_model_matching_the_frontend_passes() -> None:
+    check_python_model(_frontend_model())
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda m: m.inputs.pop(0), "input text_input (TYPE_STRING) is missing"),
+        (
+            lambda m: m.inputs.__setitem__(2, _tensor("sampling_parameters", "TYPE_INT32", True)),
+            "input sampling_parameters is TYPE_INT32, the frontend uses TYPE_STRING",
+        ),
+        (
+            lambda m: m.inputs.append(_tensor("temperature", "TYPE_FP32", False)),
+            "input temperature is required but the frontend never sends it",
+        ),
+        (
+            lambda m: m.inputs.__setitem__(1, _tensor("stream", "TYPE_BOOL", False)),
+            "input stream must be optional",
+        ),
+        (
+            lambda m: m.outputs.__setitem__(0, _tensor("text_output", "TYPE_FP32", False)),
+            "output text_output is TYPE_FP32",
+        ),
+    ],
+)
+def test_python_model_mismatch_is_named(change, expected: str) -> None:  # type: ignore[no-untyped-def]
+    model = _frontend_model()
+    change(model)
+    with pytest.raises(PackageError, match="python_model tensors do not match") as err:
+        check_python_model(model)
+    assert expected in str(err.value)
+
+
+def test_build_refuses_python_model_the_frontend_cannot_call(tmp_path: Path) -> None:
+    source = make_source(
+        tmp_path / "src",
+        backend="python",
+        python_model={
+            "inputs": [{"name": "prompt", "data_type": "TYPE_STRING", "dims": [1]}],
+            "outputs": [{"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]}],
+        },
+    )
+    (source / "python").mkdir()
+    (source / "python" / "model.py").write_text("class TritonPythonModel: ...\n")
+    with pytest.raises(PackageError) as err:
+        build_package(source, tmp_path / "out")
+    assert "input prompt is required" in str(err.value)
+    assert "input text_input (TYPE_STRING) is missing" in str(err.value)
+
+
+def test_python_model_may_leave_out_inputs_of_other_features() -> None:
+    model = _frontend_model()
+    model.inputs[:] = [t for t in model.inputs if t.name not in ("embedding_request",)]
+    model.inputs[:] = [t for t in model.inputs if t.name != "return_cumulative_logprob"]
+    check_python_model(model)
+    model.inputs.append(_tensor("embedding_request", "TYPE_INT32", True))
+    with pytest.raises(PackageError, match="input embedding_request is TYPE_INT32"):
+        check_python_model(model)

@@ -1,0 +1,215 @@
+"""Publishing against moto's S3 server over HTTP: multipart, resume, skip, manifest last."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from runtime.cli import app
+from runtime.package import build_package
+from runtime.publish import PublishError, format_plan, publish
+from tests.runtime.wheelmaker import make_source
+
+PART = 5 << 20
+PREFIX = "models/toy/v1/"
+
+
+class Interrupted(Exception):
+    """Raised from the progress callback to cut an upload short."""
+
+
+class CountingClient:
+    """Passes every call to the real client and counts uploads."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if name in ("put_object", "upload_part", "create_multipart_upload"):
+
+            def counted(*args: Any, **kwargs: Any) -> Any:
+                self.calls[name] = self.calls.get(name, 0) + 1
+                return attr(*args, **kwargs)
+
+            return counted
+        return attr
+
+
+@pytest.fixture
+def version(tmp_path: Path) -> Path:
+    source = make_source(tmp_path / "src")
+    # 12 MiB of distinct bytes: three 5 MiB parts (the last one short).
+    (source / "weights" / "model.safetensors").write_bytes(os.urandom(12 << 20))
+    build_package(source, tmp_path / "out")
+    return tmp_path / "out"
+
+
+def keys(client: Any, bucket: str) -> set[str]:
+    response = client.list_objects_v2(Bucket=bucket)
+    return {o["Key"] for o in response.get("Contents", [])}
+
+
+def test_publish_uploads_everything_and_manifest_last(
+    s3_client: Any, bucket: str, version: Path
+) -> None:
+    sent: list[int] = []
+    order: list[str] = []
+    client = CountingClient(s3_client)
+    real_put = client.__getattr__("put_object")
+
+    def put(**kwargs: Any) -> Any:
+        order.append(kwargs["Key"])
+        return real_put(**kwargs)
+
+    client.put_object = put  # type: ignore[method-assign]
+    plan = publish(client, version, bucket, part_size=PART, progress=sent.append, workers=4)
+    assert {i.action for i in plan.items} == {"upload"}
+    assert order[-1] == PREFIX + "manifest.json"
+    assert client.calls["upload_part"] == 3
+    assert sum(sent) == plan.bytes_to_send
+    assert keys(s3_client, bucket) == {
+        PREFIX + p
+        for p in (
+            "manifest.json",
+            "package.tar",
+            "weights/model.safetensors",
+            "weights/config.json",
+        )
+    }
+    body = s3_client.get_object(Bucket=bucket, Key=PREFIX + "weights/model.safetensors")["Body"]
+    assert body.read() == (version / "weights" / "model.safetensors").read_bytes()
+    manifest = s3_client.get_object(Bucket=bucket, Key=PREFIX + "manifest.json")["Body"].read()
+    assert json.loads(manifest)["model_id"] == "toy"
+
+
+def test_second_publish_skips_files_with_the_same_checksum(
+    s3_client: Any, bucket: str, version: Path
+) -> None:
+    publish(s3_client, version, bucket, part_size=PART)
+    client = CountingClient(s3_client)
+    plan = publish(client, version, bucket, part_size=PART)
+    assert {i.action for i in plan.items} == {"skip"}
+    assert client.calls == {"put_object": 1}  # the manifest, rewritten identically
+
+
+def test_interrupted_upload_resumes_without_resending_parts(
+    s3_client: Any, bucket: str, version: Path
+) -> None:
+    sent = 0
+
+    def cut_after_first_part(n: int) -> None:
+        nonlocal sent
+        sent += n
+        if sent >= PART:
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        publish(
+            s3_client, version, bucket, part_size=PART, workers=1, progress=cut_after_first_part
+        )
+    assert PREFIX + "manifest.json" not in keys(s3_client, bucket)
+    assert PREFIX + "weights/model.safetensors" not in keys(s3_client, bucket)
+    (upload,) = s3_client.list_multipart_uploads(Bucket=bucket)["Uploads"]
+    kept = s3_client.list_parts(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+    kept_parts = len(kept.get("Parts", []))
+    assert 1 <= kept_parts < 3
+
+    client = CountingClient(s3_client)
+    resumed = publish(client, version, bucket, part_size=PART, workers=2)
+    actions = {i.key: i.action for i in resumed.items}
+    assert actions[PREFIX + "weights/model.safetensors"] == "resume"
+    assert client.calls.get("create_multipart_upload", 0) == 0
+    assert client.calls["upload_part"] == 3 - kept_parts  # parts already in S3 are kept
+    body = s3_client.get_object(Bucket=bucket, Key=PREFIX + "weights/model.safetensors")["Body"]
+    assert body.read() == (version / "weights" / "model.safetensors").read_bytes()
+    assert PREFIX + "manifest.json" in keys(s3_client, bucket)
+
+
+def test_local_checksum_mismatch_is_reported_and_nothing_is_visible(
+    s3_client: Any, bucket: str, version: Path
+) -> None:
+    config = version / "weights" / "config.json"
+    config.write_bytes(config.read_bytes().replace(b"Toy", b"Bad"))
+    with pytest.raises(PublishError) as err:
+        publish(s3_client, version, bucket, part_size=PART)
+    assert "checksum mismatch for weights/config.json" in str(err.value)
+    assert keys(s3_client, bucket) == set()
+
+
+def test_remote_checksum_mismatch_after_upload_is_reported(
+    s3_client: Any, bucket: str, version: Path
+) -> None:
+    class DroppingClient(CountingClient):
+        """Loses the checksum metadata of one object, as a broken proxy or bucket policy would."""
+
+        def __getattr__(self, name: str) -> Any:
+            attr = super().__getattr__(name)
+            if name != "put_object":
+                return attr
+
+            def put(**kwargs: Any) -> Any:
+                if kwargs["Key"].endswith("config.json"):
+                    kwargs["Metadata"] = {"sha256": "0" * 64}
+                return attr(**kwargs)
+
+            return put
+
+    with pytest.raises(PublishError) as err:
+        publish(DroppingClient(s3_client), version, bucket, part_size=PART)
+    assert f"checksum mismatch for s3://{bucket}/{PREFIX}weights/config.json" in str(err.value)
+    assert PREFIX + "manifest.json" not in keys(s3_client, bucket)
+    # A clean run replaces the bad object and completes.
+    plan = publish(s3_client, version, bucket, part_size=PART)
+    assert {i.key: i.action for i in plan.items}[PREFIX + "weights/config.json"] == "replace"
+    assert PREFIX + "manifest.json" in keys(s3_client, bucket)
+
+
+def test_published_version_is_immutable(
+    s3_client: Any, bucket: str, version: Path, tmp_path: Path
+) -> None:
+    publish(s3_client, version, bucket, part_size=PART)
+    other = make_source(tmp_path / "src2", engine_args={"max_model_len": 256})
+    build_package(other, tmp_path / "out2")
+    with pytest.raises(PublishError, match=r"already published .* versions are immutable"):
+        publish(s3_client, tmp_path / "out2", bucket)
+
+
+def test_dry_run_prints_the_plan_and_uploads_nothing(
+    s3_client: Any, bucket: str, version: Path
+) -> None:
+    plan = publish(s3_client, version, bucket, dry_run=True)
+    text = format_plan(plan)
+    assert keys(s3_client, bucket) == set()
+    assert text.splitlines()[-2].startswith("manifest")
+    assert f"s3://{bucket}/{PREFIX}weights/model.safetensors" in text
+
+
+def test_cli_publish_dry_run_and_real(
+    s3_env: dict[str, str], s3_client: Any, bucket: str, version: Path
+) -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["publish", str(version), "--bucket", bucket, "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "upload" in result.output and "total to send" in result.output
+    assert keys(s3_client, bucket) == set()
+    result = runner.invoke(
+        app, ["publish", str(version), "--bucket", bucket, "--part-size-mb", "5"]
+    )
+    assert result.exit_code == 0, result.output
+    assert f"published s3://{bucket}/{PREFIX}manifest.json" in result.output
+    assert PREFIX + "manifest.json" in keys(s3_client, bucket)
+
+
+def test_cli_reports_a_missing_bucket_in_one_line(s3_env: dict[str, str], version: Path) -> None:
+    result = CliRunner().invoke(app, ["publish", str(version), "--bucket", "no-such-bucket"])
+    assert result.exit_code == 1
+    # Only the last line: moto's own request log can land in the captured output too.
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("error: S3 refused or failed") and "bucket does not exist" in last

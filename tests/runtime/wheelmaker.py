@@ -1,0 +1,88 @@
+"""Build small, installable plugin wheels and model source trees for the package tests."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import zipfile
+from pathlib import Path
+
+import yaml
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+
+def _record_hash(data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+    return f"sha256={digest.decode()}"
+
+
+def make_wheel(
+    folder: Path,
+    name: str,
+    version: str = "1.0",
+    requires: tuple[str, ...] = (),
+    entry_points: dict[str, dict[str, str]] | None = None,
+    module_source: str = "VALUE = 1\n",
+) -> Path:
+    """Write ``<name>-<version>-py3-none-any.whl`` with one module named after the distribution."""
+    module = name.replace("-", "_")
+    dist_info = f"{module}-{version}.dist-info"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    metadata += "".join(f"Requires-Dist: {r}\n" for r in requires)
+    files = {
+        f"{module}/__init__.py": module_source.encode(),
+        f"{dist_info}/METADATA": metadata.encode(),
+        f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        b"Tag: py3-none-any\n",
+    }
+    if entry_points:
+        text = "".join(
+            f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items())
+            for group, eps in entry_points.items()
+        )
+        files[f"{dist_info}/entry_points.txt"] = text.encode()
+    record = "".join(f"{path},{_record_hash(data)},{len(data)}\n" for path, data in files.items())
+    record += f"{dist_info}/RECORD,,\n"
+    files[f"{dist_info}/RECORD"] = record.encode()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{module}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        for file_name, data in files.items():
+            archive.writestr(file_name, data)
+    return path
+
+
+def save_tokenizer(folder: Path) -> None:
+    """A WordLevel tokenizer built in code (no downloads), saved as ``tokenizer.json``."""
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(["the", "quick", "brown", "fox"])}}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+
+
+def make_source(root: Path, **spec_overrides: object) -> Path:
+    """A model source tree: tokenizer, weights, a catalog, a logits-processor plugin wheel."""
+    save_tokenizer(root / "tokenizer")
+    (root / "weights").mkdir(parents=True, exist_ok=True)
+    (root / "weights" / "model.safetensors").write_bytes(b"\x00" * 4096)
+    (root / "weights" / "config.json").write_text(json.dumps({"architectures": ["Toy"]}))
+    (root / "catalogs").mkdir(exist_ok=True)
+    (root / "catalogs" / "titles.json").write_text(json.dumps(["a", "b"]))
+    make_wheel(
+        root / "plugins",
+        "toy-plugin",
+        requires=("vllm==0.27.1", "numpy>=1"),
+        entry_points={"vllm.logits_processors": {"toy": "toy_plugin:Processor"}},
+    )
+    spec: dict[str, object] = {
+        "model_id": "toy",
+        "model_version": "v1",
+        "engine_args": {"max_model_len": 128},
+        "plugins": ["plugins/toy_plugin-1.0-py3-none-any.whl"],
+        "catalogs": [{"name": "titles", "path": "catalogs/titles.json"}],
+    }
+    spec.update(spec_overrides)
+    (root / "package.yaml").write_text(yaml.safe_dump(spec))
+    return root
