@@ -1,0 +1,204 @@
+"""The per-request constraint language (version 1): pydantic models and one parse function.
+
+A request sends ``{"version": 1, ...}`` with an ``item_list`` over a named catalog or a
+``token_machine`` (not both), optionally intersected with ``banned_tokens``. Only structural
+rules live here; checks that need the catalog or the tokenizer happen when the processor
+validates the request, and raise the same :class:`ConstraintConfigError`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = [
+    "MAX_ALLOW_ITEMS",
+    "ConstraintConfigError",
+    "ConstraintSpec",
+    "ItemListSpec",
+    "TokenMachineSpec",
+    "constraints_json_schema",
+    "parse_constraints",
+]
+
+#: Largest per-request ``allow`` list the engine accepts.
+MAX_ALLOW_ITEMS = 100_000
+#: Largest token state machine a request may send.
+MAX_MACHINE_STATES = 100_000
+MAX_MACHINE_TRANSITIONS = 1_000_000
+_ROOT = "constraints"
+
+
+class ConstraintConfigError(ValueError):
+    """A constraint configuration is invalid; ``field`` is the dotted path of the culprit."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.reason = message
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class ItemListSpec(_Strict):
+    """``prefix item (separator item)* terminator``, then end of sequence, over a catalog."""
+
+    catalog: str = Field(min_length=1, description="Name of a catalog shipped with the model.")
+    prefix: str = Field(default="", description="Text before the first item.")
+    separator: str = Field(default=", ", min_length=1, description="Text between two items.")
+    terminator: str = Field(
+        default="", description="Text after the last item; empty means end of sequence."
+    )
+    min_items: int = Field(default=1, ge=1, description="Fewest items in the list.")
+    max_items: int | None = Field(default=None, ge=1, description="Most items; none = no limit.")
+    unique: bool = Field(default=False, description="No item may appear twice.")
+    allow: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_ALLOW_ITEMS,
+        description="Only these catalog item ids may appear (1 to 100,000 ids).",
+    )
+    deny: list[str] = Field(default_factory=list, description="These item ids never appear.")
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> ItemListSpec:
+        if self.max_items is not None and self.min_items > self.max_items:
+            raise _FieldError(
+                ("max_items",),
+                f"min_items ({self.min_items}) must not exceed max_items ({self.max_items})",
+            )
+        return self
+
+
+class TokenMachineSpec(_Strict):
+    """A deterministic automaton over token ids; end of sequence is allowed in accepting states."""
+
+    num_states: int = Field(ge=1, le=MAX_MACHINE_STATES, description="States are 0..num_states-1.")
+    initial_state: int = Field(default=0, ge=0, description="State before the first token.")
+    accepting_states: list[int] = Field(
+        min_length=1, description="States in which the output may end."
+    )
+    transitions: list[tuple[int, int, int]] = Field(
+        max_length=MAX_MACHINE_TRANSITIONS,
+        description="[state, token_id, next_state] triples; at most one per (state, token_id).",
+    )
+
+    @model_validator(mode="after")
+    def _check_table(self) -> TokenMachineSpec:
+        n = self.num_states
+        if self.initial_state >= n:
+            raise _FieldError(
+                ("initial_state",), f"state {self.initial_state} is not below num_states ({n})"
+            )
+        for i, state in enumerate(self.accepting_states):
+            if not 0 <= state < n:
+                raise _FieldError(
+                    ("accepting_states", i), f"state {state} is not in 0..{n - 1} (num_states={n})"
+                )
+        seen: set[tuple[int, int]] = set()
+        for i, (state, token, target) in enumerate(self.transitions):
+            if not 0 <= state < n or not 0 <= target < n:
+                raise _FieldError(
+                    ("transitions", i),
+                    f"states must be in 0..{n - 1} (num_states={n}), got [{state}, {token}, "
+                    f"{target}]",
+                )
+            if token < 0:
+                raise _FieldError(("transitions", i), f"token id must be >= 0, got {token}")
+            if (state, token) in seen:
+                raise _FieldError(
+                    ("transitions", i),
+                    f"state {state} already has a transition on token {token}; the machine "
+                    "must be deterministic",
+                )
+            seen.add((state, token))
+        return self
+
+
+class ConstraintSpec(_Strict):
+    """Version 1 of the constraint language: one rule, optionally minus banned tokens."""
+
+    version: Literal[1] = Field(description="Version of the constraint language; must be 1.")
+    item_list: ItemListSpec | None = None
+    token_machine: TokenMachineSpec | None = None
+    banned_tokens: list[int] | None = Field(
+        default=None, description="Token ids never allowed, alone or intersected with the rule."
+    )
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> ConstraintSpec:
+        if self.item_list is not None and self.token_machine is not None:
+            raise _FieldError(
+                ("token_machine",), "give either item_list or token_machine, not both"
+            )
+        if self.item_list is None and self.token_machine is None and self.banned_tokens is None:
+            raise _FieldError((), "give at least one of item_list, token_machine, banned_tokens")
+        for i, token in enumerate(self.banned_tokens or ()):
+            if token < 0:
+                raise _FieldError(("banned_tokens", i), f"token id must be >= 0, got {token}")
+        return self
+
+
+class _FieldError(ValueError):
+    """Raised inside validators to carry a location relative to the model being validated."""
+
+    def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+        self.message = message
+
+
+def _dotted(loc: tuple[str | int, ...]) -> str:
+    path = _ROOT
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return path
+
+
+def _first_error(exc: ValidationError) -> ConstraintConfigError:
+    error = exc.errors(include_url=False)[0]
+    loc = tuple(error["loc"])
+    # Pydantic names the union branch or wraps model validators; a _FieldError carries its own
+    # location relative to the model that raised it.
+    cause = error.get("ctx", {}).get("error")
+    if isinstance(cause, _FieldError):
+        return ConstraintConfigError(_dotted(loc + cause.loc), cause.message)
+    message = error["msg"]
+    if error["type"] == "extra_forbidden":
+        message = "unknown field"
+    return ConstraintConfigError(_dotted(loc), message)
+
+
+def parse_constraints(value: object) -> ConstraintSpec:
+    """Validate a constraint configuration (a mapping or its JSON text) structurally."""
+    if isinstance(value, str | bytes):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ConstraintConfigError(_ROOT, f"not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ConstraintConfigError(_ROOT, f"expected a JSON object, got {type(value).__name__}")
+    if "version" not in value:
+        raise ConstraintConfigError(f"{_ROOT}.version", "missing; the only version is 1")
+    try:
+        # JSON has no tuples: transitions arrive as lists, so strict mode is relaxed for them.
+        return ConstraintSpec.model_validate(_tuples(value))
+    except ValidationError as exc:
+        raise _first_error(exc) from None
+
+
+def _tuples(value: dict[str, Any]) -> dict[str, Any]:
+    machine = value.get("token_machine")
+    if isinstance(machine, dict) and isinstance(machine.get("transitions"), list):
+        rows = [tuple(r) if isinstance(r, list) else r for r in machine["transitions"]]
+        value = {**value, "token_machine": {**machine, "transitions": rows}}
+    return value
+
+
+def constraints_json_schema() -> dict[str, Any]:
+    """JSON Schema of the constraint language, for OpenAPI and the docs."""
+    return ConstraintSpec.model_json_schema()
