@@ -141,10 +141,16 @@ class ConstraintBatch:
             slot.consumed += known
         slot.waiting = known < len(new)
 
-    def start_fill(self) -> None:
-        """Consume new tokens and start filling the rows whose tokens are all known."""
+    def start_fill(self, only: np.ndarray | None = None) -> None:
+        """Consume new tokens and start filling the rows whose tokens are all known.
+
+        ``only`` limits the step to these slots (Model Runner V2 keeps idle requests in
+        their slots); by default every constrained slot is filled.
+        """
         n = 0
-        for index, slot in enumerate(self._slots):
+        indices = range(len(self._slots)) if only is None else only.tolist()
+        for index in indices:
+            slot = self._slots[index]
             if slot is None:
                 continue
             self._sync(index, slot)
