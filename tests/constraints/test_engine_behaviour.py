@@ -16,7 +16,7 @@ from runtime.constraints.catalog import (
     tokenizer_encoder,
 )
 from runtime.constraints.engine import ConstraintEngine, compile_catalog, compile_plan
-from runtime.constraints.plan import resolve_constraints
+from runtime.constraints.plan import ConstraintPlan, ItemListPlan, resolve_constraints
 from runtime.constraints.reference import ReferenceConstraint, words_per_row
 from runtime.constraints.schema import parse_constraints
 from tests.constraints.conftest import WORDS
@@ -122,3 +122,28 @@ def test_one_and_many_threads_fill_the_same_masks() -> None:
         rng = np.random.default_rng(3)
     np.testing.assert_array_equal(masks[0], masks[1])
     assert (masks[0] != 0).any(axis=1).all()
+
+
+def test_engine_matches_reference_at_full_vocabulary_size() -> None:
+    vocab, eos, sep, term = 128_256, 2, 10, 11
+    tokenized = _random_catalog(5_000, 4_000, seed=4)  # tokens < 4,000: shared prefixes
+    native = compile_catalog(tokenized, vocab)
+    rng = random.Random(5)
+    engine = ConstraintEngine(8, vocab, 2)
+    refs = []
+    for slot in range(8):
+        allowed = tuple(sorted(rng.sample(range(native.num_items), 300)))
+        item_list = ItemListPlan(tokenized, (12,), (sep,), (term,), 2, 4, True, allowed)
+        plan = ConstraintPlan(vocab, eos, item_list, None, (7,))
+        engine.add(slot, compile_plan(plan, native))
+        refs.append(ReferenceConstraint(plan))
+    mask = np.zeros((8, engine.words), np.int32)
+    expected = np.zeros(engine.words, np.int32)
+    for step in range(40):
+        engine.fill(mask, np.arange(8, dtype=np.int32))
+        for slot, ref in enumerate(refs):
+            ref.fill_row(expected)
+            np.testing.assert_array_equal(mask[slot], expected, err_msg=f"step {step} {slot}")
+            token = rng.choice(_allowed(expected))
+            ref.advance(token)
+            engine.advance(slot, [token])
