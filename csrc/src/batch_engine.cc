@@ -10,8 +10,10 @@
 namespace llm_serving {
 namespace {
 
-// Rows per chunk: several chunks per thread so a slow row does not idle the others.
+// Rows per chunk: several chunks per thread so a slow row does not idle the others, but never
+// so few rows that handing a chunk to another thread costs more than filling it.
 constexpr std::size_t kChunksPerThread = 4;
+constexpr std::size_t kMinRowsPerChunk = 16;
 
 }  // namespace
 
@@ -133,17 +135,23 @@ void BatchEngine::Stage(int32_t* bitmask, std::size_t num_rows, const int32_t* r
   num_fill_rows_ = kept;
 }
 
+void BatchEngine::Launch(bool wake_workers) {
+  const std::size_t chunks = pool_.num_threads() * kChunksPerThread;
+  const std::size_t chunk = std::max((num_fill_rows_ + chunks - 1) / chunks, kMinRowsPerChunk);
+  pool_.Submit(this, num_fill_rows_, chunk, wake_workers);
+}
+
 void BatchEngine::Fill(int32_t* bitmask, std::size_t num_rows, const int32_t* rows,
                        std::size_t count) {
-  FillAsync(bitmask, num_rows, rows, count);
+  Stage(bitmask, num_rows, rows, count);
+  Launch(/*wake_workers=*/false);
   pool_.Wait();
 }
 
 void BatchEngine::FillAsync(int32_t* bitmask, std::size_t num_rows, const int32_t* rows,
                             std::size_t count) {
   Stage(bitmask, num_rows, rows, count);
-  const std::size_t chunks = pool_.num_threads() * kChunksPerThread;
-  pool_.Submit(this, num_fill_rows_, (num_fill_rows_ + chunks - 1) / chunks);
+  Launch(/*wake_workers=*/true);
 }
 
 void BatchEngine::Wait() { pool_.Wait(); }

@@ -20,7 +20,8 @@ WorkerPool::~WorkerPool() {
   for (auto& worker : workers_) worker.join();
 }
 
-void WorkerPool::Submit(ChunkedTask* task, std::size_t size, std::size_t chunk) {
+void WorkerPool::Submit(ChunkedTask* task, std::size_t size, std::size_t chunk,
+                        bool wake_workers) {
   if (busy()) Wait();
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -32,7 +33,9 @@ void WorkerPool::Submit(ChunkedTask* task, std::size_t size, std::size_t chunk) 
     finished_chunks_ = 0;
     ++generation_;
   }
-  if (!workers_.empty() && num_chunks_ > 0) start_.notify_all();
+  if (!workers_.empty() && num_chunks_ > 0 && (wake_workers || num_chunks_ > 1)) {
+    start_.notify_all();
+  }
 }
 
 std::size_t WorkerPool::Drain() {

@@ -49,6 +49,7 @@ class BatchEngine : private ChunkedTask {
   void CheckSlot(std::size_t slot, const char* what) const;
   SlotState& Active(std::size_t slot);
   void Stage(int32_t* bitmask, std::size_t num_rows, const int32_t* rows, std::size_t count);
+  void Launch(bool wake_workers);
 
   int32_t vocab_size_;
   std::size_t words_;

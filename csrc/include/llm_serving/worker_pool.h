@@ -25,8 +25,10 @@ class WorkerPool {
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
 
-  // Hands `task` to the workers and returns; the task must outlive the next Wait().
-  void Submit(ChunkedTask* task, std::size_t size, std::size_t chunk);
+  // Hands `task` to the workers and returns; the task must outlive the next Wait(). With
+  // wake_workers false a single-chunk task is left to the thread that calls Wait(), which
+  // saves a wake-up when the work is smaller than a context switch.
+  void Submit(ChunkedTask* task, std::size_t size, std::size_t chunk, bool wake_workers = true);
   // Runs remaining chunks on the calling thread, then blocks until every chunk is done.
   void Wait();
   bool busy() const { return task_ != nullptr; }
