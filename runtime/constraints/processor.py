@@ -7,6 +7,7 @@ Registered through the ``vllm.logits_processors`` entry point. A request opts in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,7 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from runtime.constraints.batch import ConstraintBatch
-from runtime.constraints.catalog import catalog_dir_from_env, tokenizer_encoder
+from runtime.constraints.catalog import Encoder, catalog_dir_from_env, tokenizer_encoder
 from runtime.constraints.masking import apply_bitmask_inplace
 from runtime.constraints.plan import check_catalog_fields
 from runtime.constraints.registry import CatalogRegistry
@@ -25,7 +26,13 @@ from runtime.constraints.schema import parse_constraints
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-__all__ = ["EXTRA_ARGS_KEY", "ConstraintLogitsProcessor", "load_tokenizer", "model_eos_token_id"]
+__all__ = [
+    "EXTRA_ARGS_KEY",
+    "ConstraintLogitsProcessor",
+    "LazyEncoder",
+    "load_tokenizer",
+    "model_eos_token_id",
+]
 
 #: Key of ``SamplingParams.extra_args`` that carries a request's constraint configuration.
 EXTRA_ARGS_KEY = "constraints"
@@ -41,6 +48,24 @@ def load_tokenizer(name_or_path: str) -> Tokenizer:
             "(model_config.tokenizer must be a local directory)"
         )
     return Tokenizer.from_file(str(candidate))
+
+
+class LazyEncoder:
+    """Loads the tokenizer on the first constrained request, not at engine start.
+
+    The entry point puts the processor into every vLLM engine of the image, so a model that
+    never sees a constraint must start even without a ``tokenizer.json``; a constrained
+    request then fails closed with the loading error.
+    """
+
+    def __init__(self, name_or_path: str) -> None:
+        self._name_or_path = name_or_path
+        self._encode: Encoder | None = None
+
+    def __call__(self, texts: Sequence[str]) -> list[list[int]]:
+        if self._encode is None:
+            self._encode = tokenizer_encoder(load_tokenizer(self._name_or_path))
+        return self._encode(texts)
 
 
 def model_eos_token_id(vllm_config: Any) -> int | None:
@@ -69,8 +94,9 @@ class ConstraintLogitsProcessor(LogitsProcessor):
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
         model_config = vllm_config.model_config
         vocab_size = model_config.get_vocab_size()
-        tokenizer = load_tokenizer(model_config.tokenizer)
-        registry = CatalogRegistry(catalog_dir_from_env(), tokenizer_encoder(tokenizer), vocab_size)
+        registry = CatalogRegistry(
+            catalog_dir_from_env(), LazyEncoder(model_config.tokenizer), vocab_size
+        )
         self.batch = ConstraintBatch(
             max_batch=vllm_config.scheduler_config.max_num_seqs,
             vocab_size=vocab_size,

@@ -16,12 +16,12 @@ import numpy as np
 import torch
 
 from runtime.constraints.batch import ConstraintBatch
-from runtime.constraints.catalog import catalog_dir_from_env, tokenizer_encoder
+from runtime.constraints.catalog import catalog_dir_from_env
 from runtime.constraints.masking import apply_bitmask_inplace
 from runtime.constraints.processor import (
     EXTRA_ARGS_KEY,
     ConstraintLogitsProcessor,
-    load_tokenizer,
+    LazyEncoder,
     model_eos_token_id,
 )
 from runtime.constraints.registry import CatalogRegistry
@@ -38,9 +38,7 @@ class ConstraintLogitsProcessorV2:
         model_config = vllm_config.model_config
         vocab_size = model_config.get_vocab_size()
         registry = CatalogRegistry(
-            catalog_dir_from_env(),
-            tokenizer_encoder(load_tokenizer(model_config.tokenizer)),
-            vocab_size,
+            catalog_dir_from_env(), LazyEncoder(model_config.tokenizer), vocab_size
         )
         self.req_states = req_states
         self.batch = ConstraintBatch(

@@ -302,3 +302,23 @@ def test_config_failing_only_with_the_tokenizer_ends_the_request(toy_dir: Path) 
     assert proc.batch.rejected_requests == 1
     assert not proc.is_argmax_invariant()
     assert json.dumps(good)  # the configuration is plain JSON
+
+
+def test_engine_starts_without_a_tokenizer_and_fails_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every vLLM engine of the image loads the processor; only catalog requests need the
+    # tokenizer, and without one they end instead of crashing the engine.
+    write_catalog(tmp_path, "films", [("f1", "red")])
+    monkeypatch.setenv("LLM_SERVING_CATALOG_DIR", str(tmp_path))
+    proc = ConstraintLogitsProcessor(vllm_config(tmp_path, VOCAB, 2), torch.device("cpu"), False)
+    added = [
+        (0, _params(_item_list()), [1], []),
+        (1, _params({"version": 1, "banned_tokens": [3]}), [1], []),
+    ]
+    proc.update_state(BatchUpdate(batch_size=2, removed=[], moved=[], added=added))
+    logits = torch.zeros((2, VOCAB))
+    proc.apply(logits)
+    assert proc.batch.rejected_requests == 1
+    assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [0]
+    assert torch.isinf(logits[1]).nonzero().flatten().tolist() == [3]
