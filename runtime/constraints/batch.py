@@ -76,7 +76,6 @@ class ConstraintBatch:
         self._bitmask_np = self.bitmask.numpy()
         self._slots: list[_Slot | None] = [None] * max_batch
         self._ready = np.zeros(max_batch, dtype=np.int32)
-        self._num_ready = 0
         #: Requests whose configuration failed at add time; they may only end (fail closed).
         self.rejected_requests = 0
 
@@ -157,7 +156,6 @@ class ConstraintBatch:
             if not slot.waiting:
                 self._ready[n] = index
                 n += 1
-        self._num_ready = n
         if n:
             self.engine.fill(self._bitmask_np, self._ready[:n], wait=False)
 

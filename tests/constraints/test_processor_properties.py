@@ -98,7 +98,6 @@ class _Request:
     prefill_steps: int
     reference: ReferenceConstraint
     finished: bool = False
-    preempted: bool = False
     pending: list[int] = field(default_factory=list)
 
 
@@ -143,6 +142,7 @@ def _check_item_list(req: _Request, plan: Any, tokenizer: Any) -> None:
 
 def _run_history(items: list[tuple[str, str]], configs: list[dict], seed: int, vocab: int) -> None:
     rng = random.Random(seed)
+    requests: dict[int, _Request] = {}
     words = ITEM_WORDS + PUNCT
     tokenizer = word_tokenizer(words)
     with tempfile.TemporaryDirectory() as tmp:
@@ -198,7 +198,6 @@ def _run_history(items: list[tuple[str, str]], configs: list[dict], seed: int, v
                         if req.finished:
                             done.append(req)
                         else:
-                            req.preempted = True
                             waiting.insert(0, req.rid)
                 # Additions fill the lowest free slots first, as vLLM's input batch does.
                 while waiting and rng.random() < 0.6:
@@ -213,7 +212,6 @@ def _run_history(items: list[tuple[str, str]], configs: list[dict], seed: int, v
                     else:
                         # Preempted: re-added with every token so far in a new list object.
                         req.output = list(req.output)
-                        req.preempted = False
                         req.reference = ReferenceConstraint(plans[rid])
                         for token in req.output:
                             req.reference.advance(token)
@@ -284,9 +282,6 @@ def _run_history(items: list[tuple[str, str]], configs: list[dict], seed: int, v
                     _check_item_list(req, plan, tokenizer)
 
 
-requests: dict[int, _Request] = {}
-
-
 @settings(
     max_examples=60,
     deadline=None,
@@ -297,5 +292,4 @@ def test_engine_matches_reference_over_batch_histories(data: Any, seed: int, pad
     items = data.draw(catalogs())
     vocab = 2 + len(ITEM_WORDS) + len(PUNCT) + pad
     configs = data.draw(st.lists(constraint_configs(items, vocab), min_size=1, max_size=12))
-    requests.clear()
     _run_history(items, configs, seed, vocab)
