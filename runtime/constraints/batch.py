@@ -122,7 +122,8 @@ class ConstraintBatch:
         self.engine.swap(a, b)
         self._slots[a], self._slots[b] = self._slots[b], self._slots[a]
 
-    def _sync(self, index: int, slot: _Slot) -> None:
+    def _sync(self, index: int, slot: _Slot, slots: list[int], tokens: list[int]) -> None:
+        """Queue the slot's new known tokens (in order) for one batched advance."""
         output = slot.output
         if len(output) < slot.consumed:
             self.engine.reset(index)
@@ -136,9 +137,14 @@ class ConstraintBatch:
         except ValueError:
             known = len(new)
         if known:
-            self.engine.advance(index, new[:known])
+            slots.extend([index] * known)
+            tokens.extend(new[:known])
             slot.consumed += known
         slot.waiting = known < len(new)
+
+    def _advance(self, slots: list[int], tokens: list[int]) -> None:
+        if tokens:
+            self.engine.advance_batch(np.asarray(slots, np.int32), np.asarray(tokens, np.int32))
 
     def start_fill(self, only: np.ndarray | None = None) -> None:
         """Consume new tokens and start filling the rows whose tokens are all known.
@@ -148,14 +154,17 @@ class ConstraintBatch:
         """
         n = 0
         indices = range(len(self._slots)) if only is None else only.tolist()
+        slots: list[int] = []
+        tokens: list[int] = []
         for index in indices:
             slot = self._slots[index]
             if slot is None:
                 continue
-            self._sync(index, slot)
+            self._sync(index, slot, slots, tokens)
             if not slot.waiting:
                 self._ready[n] = index
                 n += 1
+        self._advance(slots, tokens)
         if n:
             self.engine.fill(self._bitmask_np, self._ready[:n], wait=False)
 
@@ -163,10 +172,13 @@ class ConstraintBatch:
         """Wait for the fill, complete rows that waited on placeholders; return all rows."""
         self.engine.wait()
         late = []
+        slots: list[int] = []
+        tokens: list[int] = []
         for index, slot in enumerate(self._slots):
             if slot is not None and slot.waiting:
-                self._sync(index, slot)
+                self._sync(index, slot, slots, tokens)
                 late.append(index)
+        self._advance(slots, tokens)
         if late:
             self.engine.fill(self._bitmask_np, np.asarray(late, np.int32))
         return self.constrained_rows()

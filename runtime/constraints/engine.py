@@ -123,6 +123,13 @@ class ConstraintEngine:
     def advance(self, slot: int, tokens: list[int]) -> None:
         self._native.advance(slot, tokens)
 
+    def advance_batch(self, slots: Any, tokens: Any) -> None:
+        """Advance ``slots[i]`` by ``tokens[i]`` for every i, in order (int32 arrays)."""
+        self._native.advance_batch(
+            np.ascontiguousarray(_as_int32(slots, "slots")),
+            np.ascontiguousarray(_as_int32(tokens, "tokens")),
+        )
+
     def active(self, slot: int) -> bool:
         return self._native.active(slot)
 

@@ -265,6 +265,12 @@ def test_engine_boundary_errors() -> None:
     with pytest.raises(EngineConfigError, match="the engine has 40"):
         engine.add(0, _engine.Constraint.banned(0, [], 64))
     engine.add(0, constraint)
+    with pytest.raises(EngineConfigError, match="same length, got 2 and 1"):
+        engine.advance_batch(np.asarray([0, 0], np.int32), np.asarray([1], np.int32))
+    with pytest.raises(EngineStateError, match="slot 1 holds no constraint"):
+        engine.advance_batch(np.asarray([0, 1], np.int32), np.asarray([1, 1], np.int32))
+    with pytest.raises(ValueError, match="tokens must be int32, got int64"):
+        engine.advance_batch(np.asarray([0], np.int32), np.asarray([1], np.int64))
     rows = np.asarray([0], np.int32)
     with pytest.raises(ValueError, match="bitmask must be int32, got float32"):
         engine.fill(np.zeros((2, 2), np.float32), rows)
