@@ -322,6 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = run(args.quick)
     _print(rows)
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=1))
 
 
