@@ -1,9 +1,205 @@
-// Python bindings for the constraint engine; declarations only, glue lives in free functions.
+// Python bindings for the constraint engine: buffer checks and GIL handling in small glue
+// functions, then declarations only.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "llm_serving/batch_engine.h"
+#include "llm_serving/catalog_trie.h"
+#include "llm_serving/constraint.h"
+#include "llm_serving/errors.h"
 #include "llm_serving/parallelism.h"
 
 namespace py = pybind11;
+using llm_serving::BatchEngine;
+using llm_serving::CatalogTrie;
+using llm_serving::ConfigError;
+using llm_serving::Constraint;
+
+namespace {
+
+struct CatalogHandle {
+  std::shared_ptr<const CatalogTrie> trie;
+};
+
+struct ConstraintHandle {
+  std::shared_ptr<const Constraint> constraint;
+};
+
+template <typename T>
+const char* TypeName() {
+  return sizeof(T) == 8 ? "int64" : "int32";
+}
+
+// A checked view of a C-contiguous buffer of T with `ndim` dimensions.
+template <typename T>
+py::buffer_info Checked(const py::buffer& buffer, const char* name, int ndim, bool writable) {
+  py::buffer_info info = buffer.request(writable);
+  if (!info.item_type_is_equivalent_to<T>()) {
+    throw ConfigError(std::string(name) + " must be " + TypeName<T>() + ", got format '" +
+                      info.format + "'");
+  }
+  if (info.ndim != ndim) {
+    throw ConfigError(std::string(name) + " must have " + std::to_string(ndim) +
+                      " dimension(s), got " + std::to_string(info.ndim));
+  }
+  py::ssize_t expected = static_cast<py::ssize_t>(sizeof(T));
+  for (int d = ndim - 1; d >= 0; --d) {
+    if (info.shape[d] > 1 && info.strides[d] != expected) {
+      throw ConfigError(std::string(name) + " must be C-contiguous");
+    }
+    expected *= info.shape[d];
+  }
+  return info;
+}
+
+CatalogHandle Catalog_Init(const py::buffer& tokens, const py::buffer& offsets,
+                           int32_t vocab_size) {
+  auto t = Checked<int32_t>(tokens, "tokens", 1, false);
+  auto o = Checked<int64_t>(offsets, "offsets", 1, false);
+  if (o.shape[0] < 2) throw ConfigError("offsets needs at least two entries (one item)");
+  const auto* token_ptr = static_cast<const int32_t*>(t.ptr);
+  const auto* offset_ptr = static_cast<const int64_t*>(o.ptr);
+  const auto num_tokens = static_cast<std::size_t>(t.shape[0]);
+  const auto num_items = static_cast<std::size_t>(o.shape[0] - 1);
+  py::gil_scoped_release release;
+  return {CatalogTrie::Build(token_ptr, num_tokens, offset_ptr, num_items, vocab_size)};
+}
+
+ConstraintHandle Constraint_ItemList(const CatalogHandle& catalog, std::vector<int32_t> prefix,
+                                     std::vector<int32_t> separator,
+                                     std::vector<int32_t> terminator, uint32_t min_items,
+                                     std::optional<uint32_t> max_items, bool unique,
+                                     const std::optional<py::buffer>& allowed,
+                                     int32_t eos_token_id, const std::vector<int32_t>& banned,
+                                     int32_t vocab_size) {
+  if (max_items.has_value() && *max_items == 0) throw ConfigError("max_items must be >= 1");
+  std::optional<py::buffer_info> info;
+  if (allowed.has_value()) info = Checked<int32_t>(*allowed, "allowed", 1, false);
+  const auto* ptr = info ? static_cast<const int32_t*>(info->ptr) : nullptr;
+  const std::size_t count = info ? static_cast<std::size_t>(info->shape[0]) : 0;
+  py::gil_scoped_release release;
+  return {llm_serving::MakeItemListConstraint(
+      catalog.trie, std::move(prefix), std::move(separator), std::move(terminator), min_items,
+      max_items.value_or(0), unique, ptr, count, !info.has_value(), eos_token_id, banned,
+      vocab_size)};
+}
+
+ConstraintHandle Constraint_Machine(uint32_t num_states, uint32_t initial_state,
+                                    const std::vector<uint32_t>& accepting,
+                                    const py::buffer& transitions, int32_t eos_token_id,
+                                    const std::vector<int32_t>& banned, int32_t vocab_size) {
+  auto info = Checked<int32_t>(transitions, "transitions", 2, false);
+  if (info.shape[1] != 3 && info.shape[0] > 0) {
+    throw ConfigError("transitions must have 3 columns (state, token, next_state)");
+  }
+  const auto* ptr = static_cast<const int32_t*>(info.ptr);
+  const auto count = static_cast<std::size_t>(info.shape[0]);
+  py::gil_scoped_release release;
+  return {llm_serving::MakeMachineConstraint(num_states, initial_state, accepting, ptr, count,
+                                             eos_token_id, banned, vocab_size)};
+}
+
+ConstraintHandle Constraint_Banned(int32_t eos_token_id, const std::vector<int32_t>& banned,
+                                   int32_t vocab_size) {
+  return {llm_serving::MakeBannedConstraint(eos_token_id, banned, vocab_size)};
+}
+
+std::size_t CheckedSlot(py::ssize_t slot) {
+  if (slot < 0) throw ConfigError("slot " + std::to_string(slot) + " is negative");
+  return static_cast<std::size_t>(slot);
+}
+
+void Engine_Add(BatchEngine& engine, py::ssize_t slot, const ConstraintHandle& constraint) {
+  py::gil_scoped_release release;
+  engine.Add(CheckedSlot(slot), constraint.constraint);
+}
+
+void Engine_Advance(BatchEngine& engine, py::ssize_t slot, const std::vector<int32_t>& tokens) {
+  py::gil_scoped_release release;
+  engine.Advance(CheckedSlot(slot), tokens.data(), tokens.size());
+}
+
+void Engine_AdvanceBatch(BatchEngine& engine, const py::buffer& slots, const py::buffer& tokens) {
+  auto s = Checked<int32_t>(slots, "slots", 1, false);
+  auto t = Checked<int32_t>(tokens, "tokens", 1, false);
+  if (s.shape[0] != t.shape[0]) {
+    throw ConfigError("slots and tokens must have the same length, got " +
+                      std::to_string(s.shape[0]) + " and " + std::to_string(t.shape[0]));
+  }
+  py::gil_scoped_release release;
+  engine.AdvanceBatch(static_cast<const int32_t*>(s.ptr), static_cast<const int32_t*>(t.ptr),
+                      static_cast<std::size_t>(s.shape[0]));
+}
+
+void Engine_Fill(BatchEngine& engine, const py::buffer& bitmask, const py::buffer& rows,
+                 bool wait) {
+  auto b = Checked<int32_t>(bitmask, "bitmask", 2, true);
+  auto r = Checked<int32_t>(rows, "rows", 1, false);
+  if (static_cast<std::size_t>(b.shape[1]) != engine.words()) {
+    throw ConfigError("bitmask must have " + std::to_string(engine.words()) +
+                      " int32 words per row (ceil(vocab_size / 32)), got " +
+                      std::to_string(b.shape[1]));
+  }
+  auto* ptr = static_cast<int32_t*>(b.ptr);
+  const auto num_rows = static_cast<std::size_t>(b.shape[0]);
+  const auto* row_ptr = static_cast<const int32_t*>(r.ptr);
+  const auto count = static_cast<std::size_t>(r.shape[0]);
+  py::gil_scoped_release release;
+  if (wait) {
+    engine.Fill(ptr, num_rows, row_ptr, count);
+  } else {
+    engine.FillAsync(ptr, num_rows, row_ptr, count);
+  }
+}
+
+void Engine_Wait(BatchEngine& engine) {
+  py::gil_scoped_release release;
+  engine.Wait();
+}
+
+py::dict Engine_SlotInfo(BatchEngine& engine, py::ssize_t slot) {
+  Engine_Wait(engine);
+  const auto& state = engine.state(CheckedSlot(slot));
+  py::dict info;
+  info["dead_ends"] = state.dead_ends();
+  info["rejected_tokens"] = state.rejected_tokens();
+  info["finished"] = state.phase() == llm_serving::Phase::kDone ||
+                     state.phase() == llm_serving::Phase::kFailed;
+  return info;
+}
+
+uint64_t Engine_TotalDeadEnds(BatchEngine& engine) {
+  Engine_Wait(engine);
+  return engine.total_dead_ends();
+}
+
+template <void (BatchEngine::*Method)(std::size_t)>
+void Engine_SlotCall(BatchEngine& engine, py::ssize_t slot) {
+  py::gil_scoped_release release;
+  (engine.*Method)(CheckedSlot(slot));
+}
+
+template <void (BatchEngine::*Method)(std::size_t, std::size_t)>
+void Engine_PairCall(BatchEngine& engine, py::ssize_t a, py::ssize_t b) {
+  py::gil_scoped_release release;
+  (engine.*Method)(CheckedSlot(a), CheckedSlot(b));
+}
+
+std::unique_ptr<BatchEngine> Engine_Init(py::ssize_t max_batch, int32_t vocab_size,
+                                         py::ssize_t num_threads) {
+  if (max_batch <= 0) throw ConfigError("max_batch must be at least 1");
+  if (num_threads <= 0) throw ConfigError("num_threads must be at least 1");
+  return std::make_unique<BatchEngine>(static_cast<std::size_t>(max_batch), vocab_size,
+                                       static_cast<std::size_t>(num_threads));
+}
+
+}  // namespace
 
 PYBIND11_MODULE(_engine, m) {
   m.doc() = "Native constraint engine of llm-serving.";
@@ -11,4 +207,49 @@ PYBIND11_MODULE(_engine, m) {
   m.attr("THREADS_ENV_VAR") = llm_serving::kThreadsEnvVar;
   m.def("default_num_threads", &llm_serving::DefaultNumThreads,
         "Worker threads the engine uses: LLM_SERVING_ENGINE_THREADS, else the core count.");
+
+  py::register_exception<llm_serving::ConfigError>(m, "EngineConfigError", PyExc_ValueError);
+  py::register_exception<llm_serving::StateError>(m, "EngineStateError", PyExc_RuntimeError);
+
+  py::class_<CatalogHandle>(m, "Catalog", "An immutable compiled catalog trie.")
+      .def(py::init(&Catalog_Init), py::arg("tokens"), py::arg("offsets"), py::arg("vocab_size"))
+      .def_property_readonly("num_items", [](const CatalogHandle& c) { return c.trie->num_items(); })
+      .def_property_readonly("num_tokens",
+                             [](const CatalogHandle& c) { return c.trie->num_tokens(); })
+      .def_property_readonly("num_nodes", [](const CatalogHandle& c) { return c.trie->num_nodes(); })
+      .def_property_readonly("vocab_size",
+                             [](const CatalogHandle& c) { return c.trie->vocab_size(); })
+      .def_property_readonly("memory_bytes",
+                             [](const CatalogHandle& c) { return c.trie->MemoryBytes(); });
+
+  py::class_<ConstraintHandle>(m, "Constraint", "One request's compiled constraint.")
+      .def_static("item_list", &Constraint_ItemList, py::arg("catalog"), py::arg("prefix"),
+                  py::arg("separator"), py::arg("terminator"), py::arg("min_items"),
+                  py::arg("max_items"), py::arg("unique"), py::arg("allowed"),
+                  py::arg("eos_token_id"), py::arg("banned"), py::arg("vocab_size"))
+      .def_static("token_machine", &Constraint_Machine, py::arg("num_states"),
+                  py::arg("initial_state"), py::arg("accepting"), py::arg("transitions"),
+                  py::arg("eos_token_id"), py::arg("banned"), py::arg("vocab_size"))
+      .def_static("banned", &Constraint_Banned, py::arg("eos_token_id"), py::arg("banned"),
+                  py::arg("vocab_size"));
+
+  py::class_<BatchEngine>(m, "Engine", "Request slots and the batched bitmask fill.")
+      .def(py::init(&Engine_Init), py::arg("max_batch"), py::arg("vocab_size"),
+           py::arg("num_threads"))
+      .def_property_readonly("max_batch", &BatchEngine::max_batch)
+      .def_property_readonly("vocab_size", &BatchEngine::vocab_size)
+      .def_property_readonly("words", &BatchEngine::words)
+      .def_property_readonly("num_threads", &BatchEngine::num_threads)
+      .def("add", &Engine_Add, py::arg("slot"), py::arg("constraint"))
+      .def("remove", &Engine_SlotCall<&BatchEngine::Remove>, py::arg("slot"))
+      .def("reset", &Engine_SlotCall<&BatchEngine::Reset>, py::arg("slot"))
+      .def("move", &Engine_PairCall<&BatchEngine::Move>, py::arg("source"), py::arg("target"))
+      .def("swap", &Engine_PairCall<&BatchEngine::Swap>, py::arg("a"), py::arg("b"))
+      .def("advance", &Engine_Advance, py::arg("slot"), py::arg("tokens"))
+      .def("advance_batch", &Engine_AdvanceBatch, py::arg("slots"), py::arg("tokens"))
+      .def("fill", &Engine_Fill, py::arg("bitmask"), py::arg("rows"), py::arg("wait") = true)
+      .def("wait", &Engine_Wait)
+      .def("active", &BatchEngine::active, py::arg("slot"))
+      .def("slot_info", &Engine_SlotInfo, py::arg("slot"))
+      .def_property_readonly("total_dead_ends", &Engine_TotalDeadEnds);
 }

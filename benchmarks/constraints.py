@@ -1,0 +1,330 @@
+"""Per-step cost of catalog item-list constraints: Python reference, the engine, xgrammar.
+
+Workload (synthetic, built in code): a vocabulary of 128,256 tokens, a catalog of 100,000
+items of 2-7 tokens, per-request allow lists of 2,000 and 50,000 items, ``unique``, 1 to 10
+items per output. Every request replays a valid output token by token; a step is advancing
+each request by its next token and filling the whole batch's next-token bitmask. xgrammar
+runs the same kind of output over a 10,000-item catalog written as an EBNF alternation (it
+has no per-request allow lists and cannot forbid repeats).
+
+    python -m benchmarks.constraints [--quick] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from runtime.constraints import _engine
+from runtime.constraints.catalog import Catalog, TokenizedCatalog
+from runtime.constraints.engine import ConstraintEngine, compile_catalog, compile_plan
+from runtime.constraints.plan import ConstraintPlan, ItemListPlan
+from runtime.constraints.reference import ReferenceConstraint, _build_trie
+
+VOCAB = 128_256
+EOS, SEP, TERM, PREFIX = 2, 10, 11, 12
+FIRST_ITEM_TOKEN = 1000
+MAX_ITEMS = 10
+
+
+@dataclass(frozen=True)
+class Workload:
+    catalog: TokenizedCatalog
+    native: _engine.Catalog
+    compile_s: float
+
+
+def _vocab_strings() -> list[str]:
+    """Token strings for xgrammar: punctuation for the structure, syllable words for items."""
+    strings = [f"<ctl{i}>" for i in range(FIRST_ITEM_TOKEN)]
+    strings[SEP], strings[TERM], strings[PREFIX], strings[EOS] = ",", "]", "[", "</s>"
+    syllables = [c + v for c in "bcdfghjklmnprstvz" for v in "aeiou"]
+    words: list[str] = []
+    for a in syllables:
+        words.append(a)
+        for b in syllables:
+            words.append(a + b)
+            for c in syllables:
+                words.append(a + b + c)
+                if len(words) >= VOCAB:
+                    break
+    words = [(" " if i % 2 else "") + w for i, w in enumerate(words)]
+    return strings + words[: VOCAB - FIRST_ITEM_TOKEN]
+
+
+def _catalog(num_items: int, seed: int) -> TokenizedCatalog:
+    rng = random.Random(seed)
+    # Titles share first tokens the way natural text does: a few thousand common openers.
+    openers = [rng.randrange(FIRST_ITEM_TOKEN, VOCAB) for _ in range(3000)]
+    seqs: dict[tuple[int, ...], None] = {}
+    while len(seqs) < num_items:
+        length = rng.randint(2, 7)
+        first = openers[min(int(rng.expovariate(1 / 400)), len(openers) - 1)]
+        rest = tuple(rng.randrange(FIRST_ITEM_TOKEN, VOCAB) for _ in range(length - 1))
+        seqs[(first, *rest)] = None
+    ids = tuple(f"i{k}" for k in range(num_items))
+    catalog = Catalog("bench", ids, ids, {i: k for k, i in enumerate(ids)})
+    return TokenizedCatalog(catalog, tuple(seqs), {}, frozenset())
+
+
+def _plan(catalog: TokenizedCatalog, allowed: tuple[int, ...]) -> ConstraintPlan:
+    item_list = ItemListPlan(
+        catalog=catalog,
+        prefix=(PREFIX,),
+        separator=(SEP,),
+        terminator=(TERM,),
+        min_items=1,
+        max_items=MAX_ITEMS,
+        unique=True,
+        allowed=allowed,
+    )
+    return ConstraintPlan(VOCAB, EOS, item_list, None, ())
+
+
+def _trajectory(catalog: TokenizedCatalog, allowed: tuple[int, ...], rng: random.Random):
+    items = rng.sample(allowed, rng.randint(1, MAX_ITEMS))
+    tokens = [PREFIX]
+    for k, item in enumerate(items):
+        if k:
+            tokens.append(SEP)
+        tokens.extend(catalog.tokens[item])
+    return [*tokens, TERM, EOS]
+
+
+@dataclass
+class _Requests:
+    plans: list[ConstraintPlan]
+    paths: list[list[int]]
+    positions: list[int]
+
+
+def _requests(
+    catalog: TokenizedCatalog, batch: int, allow: int, seed: int, universe: int | None = None
+) -> _Requests:
+    rng = random.Random(seed)
+    pick = np.random.default_rng(seed)
+    n = universe or len(catalog.tokens)
+    plans, paths, positions = [], [], []
+    for _ in range(batch):
+        allowed = tuple(np.sort(pick.choice(n, allow, replace=False)).tolist())
+        plans.append(_plan(catalog, allowed))
+        path = _trajectory(catalog, allowed, rng)
+        paths.append(path)
+        positions.append(rng.randrange(len(path) - 1))  # a mix of states at the first step
+    return _Requests(plans, paths, positions)
+
+
+def _copy(reqs: _Requests) -> _Requests:
+    return _Requests(reqs.plans, list(reqs.paths), list(reqs.positions))
+
+
+def _stats(samples: list[float], batch: int) -> dict[str, float]:
+    ordered = sorted(samples)
+    median = statistics.median(ordered) * 1e6
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))] * 1e6
+    return {"median_us": median, "p99_us": p99, "per_request_us": median / batch}
+
+
+def _next_tokens(reqs: _Requests, restart: Callable[[int], None]) -> list[int]:
+    """The token each request emits this step; finished requests start over (untimed)."""
+    tokens = []
+    for i, path in enumerate(reqs.paths):
+        if reqs.positions[i] >= len(path):
+            reqs.positions[i] = 0
+            restart(i)
+        tokens.append(path[reqs.positions[i]])
+        reqs.positions[i] += 1
+    return tokens
+
+
+def bench_engine(w: Workload, reqs: _Requests, threads: int, steps: int) -> dict[str, float]:
+    batch = len(reqs.plans)
+    engine = ConstraintEngine(batch, VOCAB, threads)
+    constraints = [compile_plan(p, w.native) for p in reqs.plans]
+    for slot, constraint in enumerate(constraints):
+        engine.add(slot, constraint)
+        engine.advance(slot, reqs.paths[slot][: reqs.positions[slot]])
+    mask = np.zeros((batch, engine.words), dtype=np.int32)
+    rows = np.arange(batch, dtype=np.int32)
+    slots = rows.copy()
+    samples = []
+    for _ in range(steps + 3):
+        tokens = np.asarray(_next_tokens(reqs, engine.reset), dtype=np.int32)
+        start = time.perf_counter()
+        engine.native.advance_batch(slots, tokens)
+        engine.fill(mask, rows)
+        samples.append(time.perf_counter() - start)
+    return _stats(samples[3:], batch)
+
+
+def bench_reference(reqs: _Requests, steps: int) -> dict[str, float]:
+    batch = len(reqs.plans)
+    refs = [ReferenceConstraint(p) for p in reqs.plans]
+    for ref, path, pos in zip(refs, reqs.paths, reqs.positions, strict=True):
+        for token in path[:pos]:
+            ref.advance(token)
+    mask = np.zeros((batch, (VOCAB + 31) // 32), dtype=np.int32)
+    samples = []
+    for _ in range(steps + 1):
+        tokens = _next_tokens(reqs, lambda i: refs[i].reset())
+        start = time.perf_counter()
+        for i, ref in enumerate(refs):
+            ref.advance(tokens[i])
+            ref.fill_row(mask[i])
+        samples.append(time.perf_counter() - start)
+    return _stats(samples[1:], batch)
+
+
+class _Xgrammar:
+    """xgrammar over the first 10,000 catalog items as one EBNF alternation."""
+
+    def __init__(self, catalog: TokenizedCatalog, num_items: int) -> None:
+        import xgrammar as xgr
+
+        self.xgr = xgr
+        vocab = _vocab_strings()
+        texts = ["".join(vocab[t] for t in catalog.tokens[k]) for k in range(num_items)]
+        alternation = " | ".join(json.dumps(t) for t in texts)
+        ebnf = f'root ::= "[" item ("," item){{0,{MAX_ITEMS - 1}}} "]"\nitem ::= {alternation}\n'
+        info = xgr.TokenizerInfo(vocab, vocab_size=VOCAB, stop_token_ids=[EOS])
+        compiler = xgr.GrammarCompiler(info, cache_enabled=False)
+        start = time.perf_counter()
+        self.compiled = compiler.compile_grammar(ebnf)
+        self.compile_s = time.perf_counter() - start
+        self.num_tokens = sum(len(catalog.tokens[k]) for k in range(num_items))
+
+    def bench(self, reqs: _Requests, steps: int) -> dict[str, float]:
+        xgr = self.xgr
+        batch = len(reqs.plans)
+        # A matcher that accepted end of sequence refuses to fill: restart at the terminator.
+        reqs.paths = [path[:-1] for path in reqs.paths]
+        reqs.positions = [
+            min(p, len(path) - 1) for p, path in zip(reqs.positions, reqs.paths, strict=True)
+        ]
+        matchers = [xgr.GrammarMatcher(self.compiled) for _ in range(batch)]
+        for matcher, path, pos in zip(matchers, reqs.paths, reqs.positions, strict=True):
+            for token in path[:pos]:
+                assert matcher.accept_token(token)
+        batcher = xgr.BatchGrammarMatcher("auto")
+        mask = xgr.allocate_token_bitmask(batch, VOCAB)
+        samples = []
+        for _ in range(steps + 2):
+            tokens = _next_tokens(reqs, lambda i: matchers[i].reset())
+            start = time.perf_counter()
+            accepted = xgr.BatchGrammarMatcher.batch_accept_token(matchers, tokens)
+            batcher.batch_fill_next_token_bitmask(matchers, mask)
+            samples.append(time.perf_counter() - start)
+            assert all(accepted)
+        return _stats(samples[2:], batch)
+
+
+def _python_trie_footprint(catalog: TokenizedCatalog) -> tuple[float, float]:
+    spec = _plan(catalog, tuple(range(len(catalog.tokens)))).item_list
+    assert spec is not None
+    tracemalloc.start()
+    start = time.perf_counter()
+    trie = _build_trie(spec)
+    elapsed = time.perf_counter() - start
+    size, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    del trie
+    return elapsed, size / catalog.num_tokens
+
+
+def run(quick: bool) -> list[dict[str, Any]]:
+    catalog = _catalog(100_000, seed=7)
+    start = time.perf_counter()
+    native = compile_catalog(catalog, VOCAB)
+    w = Workload(catalog, native, time.perf_counter() - start)
+    threads = _engine.default_num_threads()
+    batches = [8, 256] if quick else [1, 8, 64, 256, 512]
+    steps = 15 if quick else 100
+    rows: list[dict[str, Any]] = []
+    compile_rows: list[dict[str, Any]] = []
+    per_token = native.memory_bytes / native.num_tokens
+    for impl in ("engine_1_thread", "engine_all_threads"):
+        compile_rows.append(
+            {"impl": impl, "compile_s": w.compile_s, "bytes_per_token": per_token, "items": 100_000}
+        )
+    if not quick:  # tracing every allocation of a 100,000-item Python trie takes a while
+        ref_s, ref_bytes = _python_trie_footprint(catalog)
+        compile_rows.append(
+            {
+                "impl": "python_reference",
+                "compile_s": ref_s,
+                "bytes_per_token": ref_bytes,
+                "items": 100_000,
+            }
+        )
+    xg = _Xgrammar(catalog, 10_000)
+    compile_rows.append(
+        {
+            "impl": "xgrammar",
+            "compile_s": xg.compile_s,
+            "bytes_per_token": xg.compiled.memory_size_bytes / xg.num_tokens,
+            "items": 10_000,
+        }
+    )
+    for allow in (2_000, 50_000):
+        for batch in batches:
+            seed = batch * 7 + allow
+            reqs = _requests(catalog, batch, allow, seed)
+            measured: dict[str, Callable[[], dict[str, float]]] = {
+                "engine_1_thread": partial(bench_engine, w, _copy(reqs), 1, steps),
+                "engine_all_threads": partial(bench_engine, w, _copy(reqs), threads, steps),
+            }
+            # The reference builds a Python trie per request: 50,000-item lists only up to 64.
+            if allow == 2_000 or batch <= (8 if quick else 64):
+                measured["python_reference"] = partial(
+                    bench_reference, _copy(reqs), max(3, steps // 10)
+                )
+            if allow == 2_000:
+                measured["xgrammar"] = partial(
+                    xg.bench, _requests(catalog, batch, allow, seed, universe=10_000), steps
+                )
+            for impl, fn in measured.items():
+                rows.append({"impl": impl, "batch": batch, "allow_size": allow, **fn()})
+    return rows + compile_rows
+
+
+def _print(rows: list[dict[str, Any]]) -> None:
+    print(f"{'impl':<20}{'allow':>8}{'batch':>7}{'median_us':>12}{'p99_us':>12}{'us/request':>12}")
+    for r in rows:
+        if "batch" in r:
+            print(
+                f"{r['impl']:<20}{r['allow_size']:>8}{r['batch']:>7}{r['median_us']:>12.1f}"
+                f"{r['p99_us']:>12.1f}{r['per_request_us']:>12.2f}"
+            )
+    print(f"\n{'impl':<20}{'items':>8}{'compile_s':>12}{'bytes/token':>13}")
+    for r in rows:
+        if "compile_s" in r:
+            print(
+                f"{r['impl']:<20}{r['items']:>8}{r['compile_s']:>12.3f}{r['bytes_per_token']:>13.1f}"
+            )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="B=8 and 256, fewer steps")
+    parser.add_argument("--json", type=Path, help="write the rows as a JSON list here")
+    args = parser.parse_args(argv)
+    rows = run(args.quick)
+    _print(rows)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

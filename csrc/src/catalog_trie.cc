@@ -1,0 +1,126 @@
+#include "llm_serving/catalog_trie.h"
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+
+#include "llm_serving/errors.h"
+
+namespace llm_serving {
+
+std::shared_ptr<const CatalogTrie> CatalogTrie::Build(const int32_t* tokens,
+                                                      std::size_t num_tokens,
+                                                      const int64_t* offsets,
+                                                      std::size_t num_items, int32_t vocab_size) {
+  if (vocab_size <= 0) throw ConfigError("vocab_size must be positive");
+  if (num_items == 0) throw ConfigError("a catalog needs at least one item");
+  if (num_items >= kNone / 2) throw ConfigError("too many catalog items");
+  if (offsets[0] != 0 || static_cast<std::size_t>(offsets[num_items]) != num_tokens) {
+    throw ConfigError("offsets must start at 0 and end at the number of tokens");
+  }
+  for (std::size_t i = 0; i < num_items; ++i) {
+    if (offsets[i + 1] <= offsets[i]) {
+      throw ConfigError("catalog item " + std::to_string(i) + " has no tokens");
+    }
+  }
+  for (std::size_t t = 0; t < num_tokens; ++t) {
+    if (tokens[t] < 0 || tokens[t] >= vocab_size) {
+      throw ConfigError("catalog token " + std::to_string(tokens[t]) +
+                        " is outside the vocabulary of " + std::to_string(vocab_size));
+    }
+  }
+  auto begin_of = [&](uint32_t item) { return tokens + offsets[item]; };
+  auto end_of = [&](uint32_t item) { return tokens + offsets[item + 1]; };
+  std::vector<uint32_t> order(num_items);
+  std::iota(order.begin(), order.end(), 0u);
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    return std::lexicographical_compare(begin_of(a), end_of(a), begin_of(b), end_of(b));
+  });
+
+  std::shared_ptr<CatalogTrie> trie(new CatalogTrie());
+  trie->num_tokens_ = num_tokens;
+  trie->vocab_size_ = vocab_size;
+  trie->rank_of_item_.resize(num_items);
+  auto& nodes = trie->nodes_;
+  nodes.reserve(num_tokens + 1);
+  std::vector<uint32_t> parent;
+  parent.reserve(num_tokens + 1);
+  nodes.push_back({0, static_cast<uint32_t>(num_items), 0, 0, -1, -1});
+  parent.push_back(kNone);
+  std::vector<uint32_t> path{kRoot};  // path[d] is the node at depth d
+  const int32_t* prev_begin = nullptr;
+  const int32_t* prev_end = nullptr;
+  for (uint32_t rank = 0; rank < num_items; ++rank) {
+    const uint32_t item = order[rank];
+    trie->rank_of_item_[item] = rank;
+    const int32_t* seq = begin_of(item);
+    const std::size_t len = static_cast<std::size_t>(end_of(item) - seq);
+    std::size_t common = 0;
+    if (prev_begin != nullptr) {
+      const auto mismatch = std::mismatch(prev_begin, prev_end, seq, seq + len);
+      common = static_cast<std::size_t>(mismatch.first - prev_begin);
+      if (mismatch.first == prev_end && common == len) {
+        throw ConfigError("catalog items " + std::to_string(order[rank - 1]) + " and " +
+                          std::to_string(item) + " have the same token sequence");
+      }
+    }
+    while (path.size() > common + 1) {
+      nodes[path.back()].hi = rank;
+      path.pop_back();
+    }
+    for (std::size_t d = common; d < len; ++d) {
+      parent.push_back(path.back());
+      path.push_back(static_cast<uint32_t>(nodes.size()));
+      nodes.push_back({rank, 0, 0, 0, seq[d], -1});
+    }
+    nodes[path.back()].item_rank = static_cast<int32_t>(rank);
+    prev_begin = seq;
+    prev_end = seq + len;
+  }
+  while (path.size() > 1) {
+    nodes[path.back()].hi = static_cast<uint32_t>(num_items);
+    path.pop_back();
+  }
+  // Nodes were created in depth-first order with siblings in token order, so grouping them by
+  // parent in creation order keeps each child list sorted by token and by rank range.
+  for (std::size_t i = 1; i < nodes.size(); ++i) ++nodes[parent[i]].num_children;
+  uint32_t next = 0;
+  for (auto& node : nodes) {
+    node.first_child = next;
+    next += node.num_children;
+  }
+  trie->children_.resize(next);
+  std::vector<uint32_t> filled(nodes.size(), 0);
+  for (std::size_t i = 1; i < nodes.size(); ++i) {
+    TrieNode& p = nodes[parent[i]];
+    trie->children_[p.first_child + filled[parent[i]]++] = static_cast<uint32_t>(i);
+  }
+  nodes.shrink_to_fit();
+  return trie;
+}
+
+uint32_t CatalogTrie::Child(uint32_t node, int32_t token) const {
+  const TrieNode& n = nodes_[node];
+  const uint32_t* first = children_.data() + n.first_child;
+  const uint32_t* last = first + n.num_children;
+  const uint32_t* it = std::lower_bound(
+      first, last, token, [this](uint32_t child, int32_t t) { return nodes_[child].token < t; });
+  return (it != last && nodes_[*it].token == token) ? *it : kNone;
+}
+
+uint32_t CatalogTrie::ChildContaining(uint32_t node, uint32_t rank) const {
+  const TrieNode& n = nodes_[node];
+  const uint32_t* first = children_.data() + n.first_child;
+  const uint32_t* last = first + n.num_children;
+  // The first child whose range ends after `rank`.
+  const uint32_t* it = std::upper_bound(
+      first, last, rank, [this](uint32_t r, uint32_t child) { return r < nodes_[child].hi; });
+  return it == last ? kNone : *it;
+}
+
+std::size_t CatalogTrie::MemoryBytes() const {
+  return sizeof(*this) + nodes_.capacity() * sizeof(TrieNode) +
+         children_.capacity() * sizeof(uint32_t) + rank_of_item_.capacity() * sizeof(uint32_t);
+}
+
+}  // namespace llm_serving

@@ -1,0 +1,262 @@
+#include "llm_serving/slot_state.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "llm_serving/bits.h"
+
+namespace llm_serving {
+
+SlotState::SlotState(std::shared_ptr<const Constraint> constraint)
+    : constraint_(std::move(constraint)) {
+  const ItemListRule& rule = constraint_->item_list;
+  if (constraint_->kind == RuleKind::kItemList && rule.unique) {
+    available_.resize(rule.available.size());
+    root_mask_.resize(rule.root_mask.size());
+  }
+  Reset();
+}
+
+void SlotState::Reset() {
+  const Constraint& c = *constraint_;
+  pos_ = count_ = 0;
+  node_ = CatalogTrie::kRoot;
+  switch (c.kind) {
+    case RuleKind::kItemList:
+      phase_ = c.item_list.prefix.empty() ? Phase::kItem : Phase::kPrefix;
+      num_available_ = c.item_list.num_available;
+      if (c.item_list.unique) {
+        std::copy(c.item_list.available.begin(), c.item_list.available.end(), available_.begin());
+        std::copy(c.item_list.root_mask.begin(), c.item_list.root_mask.end(), root_mask_.begin());
+      }
+      break;
+    case RuleKind::kMachine:
+      phase_ = Phase::kMachine;
+      state_ = c.machine.initial_state;
+      break;
+    case RuleKind::kFree:
+      phase_ = Phase::kFree;
+      break;
+  }
+}
+
+const uint64_t* SlotState::available() const {
+  return constraint_->item_list.unique ? available_.data() : constraint_->item_list.available.data();
+}
+
+bool SlotState::AnyAvailable(uint32_t lo, uint32_t hi) const {
+  return NextSetBit(available(), lo, hi) < hi;
+}
+
+int32_t SlotState::TerminatorFirst() const {
+  const auto& terminator = constraint_->item_list.terminator;
+  return terminator.empty() ? constraint_->eos_token_id : terminator[0];
+}
+
+SlotState::AfterItem SlotState::After() const {
+  const ItemListRule& rule = constraint_->item_list;
+  const TrieNode& node = rule.trie->node(node_);
+  AfterItem after{};
+  const bool terminal = node.item_rank >= 0;
+  after.has_children = node_ == CatalogTrie::kRoot
+                           ? num_available_ > 0
+                           : AnyAvailable(node.lo + (terminal ? 1u : 0u), node.hi);
+  after.complete = terminal && TestBit(available(), static_cast<uint32_t>(node.item_rank));
+  if (after.complete) {
+    const uint32_t k = count_ + 1;
+    const uint32_t remaining = num_available_ - (rule.unique ? 1u : 0u);
+    after.can_separate = (rule.max_items == 0 || k < rule.max_items) && remaining > 0;
+    after.can_terminate = k >= rule.min_items;
+  }
+  return after;
+}
+
+bool SlotState::FillItemRow(uint32_t* row) const {
+  const Constraint& c = *constraint_;
+  const ItemListRule& rule = c.item_list;
+  const CatalogTrie& trie = *rule.trie;
+  if (node_ == CatalogTrie::kRoot) {
+    const auto& mask = rule.unique ? root_mask_ : rule.root_mask;
+    std::memcpy(row, mask.data(), c.words * sizeof(uint32_t));
+  } else {
+    std::memset(row, 0, c.words * sizeof(uint32_t));
+    const TrieNode& node = trie.node(node_);
+    const uint64_t* bits = available();
+    uint32_t r = NextSetBit(bits, node.lo + (node.item_rank >= 0 ? 1u : 0u), node.hi);
+    while (r < node.hi) {
+      const TrieNode& child = trie.node(trie.ChildContaining(node_, r));
+      SetBit(row, child.token);
+      r = NextSetBit(bits, child.hi, node.hi);
+    }
+  }
+  const AfterItem after = After();
+  if (after.can_separate) SetBit(row, rule.separator[0]);
+  if (after.can_terminate) SetBit(row, TerminatorFirst());
+  if (!after.has_children && !after.can_separate && !after.can_terminate) {
+    SetBit(row, TerminatorFirst());
+    return true;
+  }
+  return false;
+}
+
+void SlotState::FillRow(uint32_t* row) {
+  const Constraint& c = *constraint_;
+  const std::size_t words = c.words;
+  bool forced = false;
+  switch (phase_) {
+    case Phase::kItem:
+      forced = FillItemRow(row);
+      break;
+    case Phase::kPrefix:
+    case Phase::kSeparator:
+    case Phase::kTerminator: {
+      const ItemListRule& rule = c.item_list;
+      const auto& piece = phase_ == Phase::kPrefix      ? rule.prefix
+                          : phase_ == Phase::kSeparator ? rule.separator
+                                                        : rule.terminator;
+      std::memset(row, 0, words * sizeof(uint32_t));
+      SetBit(row, piece[pos_]);
+      break;
+    }
+    case Phase::kMachine: {
+      const MachineRule& m = c.machine;
+      std::memset(row, 0, words * sizeof(uint32_t));
+      for (uint32_t k = m.offsets[state_]; k < m.offsets[state_ + 1]; ++k) SetBit(row, m.tokens[k]);
+      const bool accepting = m.accepting[state_] != 0;
+      if (accepting) SetBit(row, c.eos_token_id);
+      if (!accepting && m.offsets[state_] == m.offsets[state_ + 1]) {
+        SetBit(row, c.eos_token_id);
+        forced = true;
+      }
+      break;
+    }
+    case Phase::kFree: {
+      std::memset(row, 0xff, words * sizeof(uint32_t));
+      const uint32_t tail = static_cast<uint32_t>(c.vocab_size) & 31u;
+      if (tail != 0) row[words - 1] = (1u << tail) - 1;
+      break;
+    }
+    case Phase::kEnd:
+    case Phase::kDone:
+    case Phase::kFailed:
+      std::memset(row, 0, words * sizeof(uint32_t));
+      SetBit(row, c.eos_token_id);
+      break;
+  }
+  if (!c.not_banned.empty()) {
+    uint32_t any = 0;
+    const uint32_t* keep = c.not_banned.data();
+    for (std::size_t w = 0; w < words; ++w) any |= (row[w] &= keep[w]);
+    if (any == 0) {
+      SetBit(row, c.eos_token_id);
+      forced = true;
+    }
+  }
+  if (forced) ++dead_ends_;
+}
+
+void SlotState::Fail() {
+  phase_ = Phase::kFailed;
+  ++rejected_tokens_;
+}
+
+void SlotState::StepPiece(const std::vector<int32_t>& piece, int32_t token, Phase then) {
+  if (token != piece[pos_]) return Fail();
+  if (++pos_ == piece.size()) {
+    pos_ = 0;
+    phase_ = then;
+    node_ = CatalogTrie::kRoot;
+  }
+}
+
+void SlotState::Complete(uint32_t rank) {
+  ++count_;
+  const ItemListRule& rule = constraint_->item_list;
+  if (!rule.unique) return;
+  available_[rank >> 6] &= ~(uint64_t{1} << (rank & 63u));
+  --num_available_;
+  const CatalogTrie& trie = *rule.trie;
+  const TrieNode& first = trie.node(trie.ChildContaining(CatalogTrie::kRoot, rank));
+  if (!AnyAvailable(first.lo, first.hi)) ClearBit(root_mask_.data(), first.token);
+}
+
+void SlotState::AdvanceItem(int32_t token) {
+  const ItemListRule& rule = constraint_->item_list;
+  const CatalogTrie& trie = *rule.trie;
+  const uint32_t child = trie.Child(node_, token);
+  if (child != CatalogTrie::kNone && AnyAvailable(trie.node(child).lo, trie.node(child).hi)) {
+    node_ = child;
+    return;
+  }
+  const AfterItem after = After();
+  const int32_t term_first = TerminatorFirst();
+  const bool forced = !after.has_children && !after.can_separate && !after.can_terminate;
+  if (token == rule.separator[0] && after.can_separate) {
+    Complete(static_cast<uint32_t>(trie.node(node_).item_rank));
+    phase_ = Phase::kSeparator;
+    pos_ = 1;
+    if (rule.separator.size() == 1) {
+      phase_ = Phase::kItem;
+      pos_ = 0;
+      node_ = CatalogTrie::kRoot;
+    }
+  } else if (token == term_first && (after.can_terminate || forced)) {
+    if (token == constraint_->eos_token_id) {
+      phase_ = Phase::kDone;
+      return;
+    }
+    if (after.complete) Complete(static_cast<uint32_t>(trie.node(node_).item_rank));
+    phase_ = Phase::kTerminator;
+    pos_ = 1;
+    if (rule.terminator.size() == 1) {
+      phase_ = Phase::kEnd;
+      pos_ = 0;
+    }
+  } else {
+    Fail();
+  }
+}
+
+void SlotState::Advance(int32_t token) {
+  const Constraint& c = *constraint_;
+  if (token < 0 || token >= c.vocab_size) return Fail();
+  switch (phase_) {
+    case Phase::kItem:
+      return AdvanceItem(token);
+    case Phase::kPrefix:
+      return StepPiece(c.item_list.prefix, token, Phase::kItem);
+    case Phase::kSeparator:
+      return StepPiece(c.item_list.separator, token, Phase::kItem);
+    case Phase::kTerminator:
+      return StepPiece(c.item_list.terminator, token, Phase::kEnd);
+    case Phase::kMachine: {
+      const MachineRule& m = c.machine;
+      const auto first = m.tokens.begin() + m.offsets[state_];
+      const auto last = m.tokens.begin() + m.offsets[state_ + 1];
+      const auto it = std::lower_bound(first, last, token);
+      if (it != last && *it == token) {
+        state_ = m.next_states[static_cast<std::size_t>(it - m.tokens.begin())];
+      } else if (token == c.eos_token_id && (m.accepting[state_] != 0 || first == last)) {
+        phase_ = Phase::kDone;
+      } else {
+        Fail();
+      }
+      return;
+    }
+    case Phase::kFree:
+      if (token == c.eos_token_id) phase_ = Phase::kDone;
+      return;
+    case Phase::kEnd:
+    case Phase::kDone:
+    case Phase::kFailed:
+      if (token == c.eos_token_id) {
+        if (phase_ == Phase::kEnd) phase_ = Phase::kDone;
+        return;
+      }
+      return Fail();
+  }
+}
+
+}  // namespace llm_serving
+

@@ -1,0 +1,181 @@
+"""Catalogs: named JSONL files of ``{"id", "text"}`` items, tokenized once per process.
+
+A catalog named ``films`` is the file ``films.jsonl`` in the catalog directory, which the
+serving image points to with ``LLM_SERVING_CATALOG_DIR`` (the model package's ``catalogs/``
+folder). Versions are part of the name (``films-2026-06``), so a new version is a new file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CATALOG_DIR_ENV",
+    "Catalog",
+    "CatalogError",
+    "TokenizedCatalog",
+    "catalog_dir_from_env",
+    "load_catalog",
+    "load_catalog_cached",
+    "tokenize_catalog",
+    "tokenizer_encoder",
+]
+
+#: Environment variable naming the directory that holds ``<name>.jsonl`` catalogs.
+CATALOG_DIR_ENV = "LLM_SERVING_CATALOG_DIR"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")
+
+#: Turns texts into token ids, the canonical tokenization of each text on its own.
+Encoder = Callable[[Sequence[str]], list[list[int]]]
+
+
+class CatalogError(ValueError):
+    """A catalog file is missing or malformed; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The items of one catalog file, in file order."""
+
+    name: str
+    ids: tuple[str, ...]
+    texts: tuple[str, ...]
+    index: dict[str, int] = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class TokenizedCatalog:
+    """A catalog with the canonical token ids of every item (same order as ``catalog.ids``)."""
+
+    catalog: Catalog
+    tokens: tuple[tuple[int, ...], ...]
+    #: Tokens that continue some item after another item is complete, with that item's id:
+    #: a separator or terminator starting with one of them would make the list ambiguous.
+    continuations: dict[int, str] = field(repr=False, compare=False)
+    #: Every token id that occurs in some item.
+    vocabulary: frozenset[int] = field(repr=False, compare=False)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+
+def catalog_dir_from_env() -> Path | None:
+    """The catalog directory from ``LLM_SERVING_CATALOG_DIR``, or None when unset."""
+    value = os.environ.get(CATALOG_DIR_ENV)
+    return Path(value) if value else None
+
+
+def load_catalog(directory: Path, name: str) -> Catalog:
+    """Read ``<directory>/<name>.jsonl``; ids must be unique strings and texts non-empty."""
+    if not _NAME.match(name):
+        raise CatalogError(
+            f"catalog name {name!r} must use letters, digits, '.', '_', '@' or '-' only"
+        )
+    path = directory / f"{name}.jsonl"
+    if not path.is_file():
+        available = sorted(p.stem for p in directory.glob("*.jsonl")) if directory.is_dir() else []
+        raise CatalogError(
+            f"unknown catalog {name!r}: no file {path}; available: {', '.join(available) or 'none'}"
+        )
+    ids: list[str] = []
+    texts: list[str] = []
+    index: dict[str, int] = {}
+    seen_texts: dict[str, str] = {}
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            item_id, text = _parse_line(path, number, line)
+            if item_id in index:
+                raise CatalogError(f"{path}:{number}: duplicate id {item_id!r}")
+            if text in seen_texts:
+                raise CatalogError(
+                    f"{path}:{number}: item {item_id!r} has the same text as {seen_texts[text]!r}"
+                )
+            index[item_id] = len(ids)
+            seen_texts[text] = item_id
+            ids.append(item_id)
+            texts.append(text)
+    if not ids:
+        raise CatalogError(f"{path}: the catalog has no items")
+    return Catalog(name=name, ids=tuple(ids), texts=tuple(texts), index=index)
+
+
+def _parse_line(path: Path, number: int, line: str) -> tuple[str, str]:
+    try:
+        row: Any = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise CatalogError(f"{path}:{number}: not valid JSON: {exc}") from None
+    if not isinstance(row, dict) or set(row) != {"id", "text"}:
+        raise CatalogError(f'{path}:{number}: expected an object with keys "id" and "text"')
+    item_id, text = row["id"], row["text"]
+    if not isinstance(item_id, str) or not item_id:
+        raise CatalogError(f"{path}:{number}: id must be a non-empty string")
+    if not isinstance(text, str) or not text:
+        raise CatalogError(f"{path}:{number}: text of {item_id!r} must be a non-empty string")
+    return item_id, text
+
+
+@lru_cache(maxsize=64)
+def _load_cached(directory: Path, name: str, mtime_ns: int) -> Catalog:
+    return load_catalog(directory, name)
+
+
+def load_catalog_cached(directory: Path, name: str) -> Catalog:
+    """``load_catalog`` cached per process; a rewritten file (new mtime) is read again."""
+    try:
+        mtime = (directory / f"{name}.jsonl").stat().st_mtime_ns
+    except OSError:
+        mtime = -1
+    return _load_cached(directory, name, mtime)
+
+
+def tokenizer_encoder(tokenizer: Any) -> Encoder:
+    """An encoder over a ``tokenizers.Tokenizer`` or a Hugging Face tokenizer, no special tokens."""
+    if hasattr(tokenizer, "encode_batch"):
+
+        def encode_fast(texts: Sequence[str]) -> list[list[int]]:
+            encoded = tokenizer.encode_batch(list(texts), add_special_tokens=False)
+            return [list(e.ids) for e in encoded]
+
+        return encode_fast
+    if hasattr(tokenizer, "encode"):
+
+        def encode_hf(texts: Sequence[str]) -> list[list[int]]:
+            return [list(tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+
+        return encode_hf
+    raise TypeError(f"cannot tokenize with {type(tokenizer).__name__}: it has no encode method")
+
+
+def tokenize_catalog(catalog: Catalog, encode: Encoder) -> TokenizedCatalog:
+    """Tokenize every item on its own (the canonical tokenization) and find continuations."""
+    tokens = tuple(tuple(ids) for ids in encode(catalog.texts))
+    by_tokens: dict[tuple[int, ...], str] = {}
+    for item_id, seq in zip(catalog.ids, tokens, strict=True):
+        if not seq:
+            raise CatalogError(f"catalog {catalog.name!r}: item {item_id!r} tokenizes to nothing")
+        if seq in by_tokens:
+            raise CatalogError(
+                f"catalog {catalog.name!r}: items {by_tokens[seq]!r} and {item_id!r} tokenize "
+                "to the same tokens"
+            )
+        by_tokens[seq] = item_id
+    continuations: dict[int, str] = {}
+    for seq in tokens:
+        for cut in range(1, len(seq)):
+            owner = by_tokens.get(seq[:cut])
+            if owner is not None:
+                continuations.setdefault(seq[cut], owner)
+    vocabulary = frozenset(t for seq in tokens for t in seq)
+    return TokenizedCatalog(
+        catalog=catalog, tokens=tokens, continuations=continuations, vocabulary=vocabulary
+    )

@@ -1,0 +1,156 @@
+"""Python face of the native engine: compiles plans and checks arrays before each native call."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from runtime.constraints import _engine
+from runtime.constraints.catalog import TokenizedCatalog
+from runtime.constraints.plan import ConstraintPlan
+
+__all__ = [
+    "ConstraintEngine",
+    "EngineConfigError",
+    "EngineStateError",
+    "compile_catalog",
+    "compile_plan",
+]
+
+EngineConfigError = _engine.EngineConfigError
+EngineStateError = _engine.EngineStateError
+
+
+def compile_catalog(tokenized: TokenizedCatalog, vocab_size: int) -> _engine.Catalog:
+    """Compile a tokenized catalog into the engine's immutable trie."""
+    lengths = np.fromiter((len(t) for t in tokenized.tokens), dtype=np.int64)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = np.fromiter(
+        (t for seq in tokenized.tokens for t in seq), dtype=np.int32, count=int(offsets[-1])
+    )
+    return _engine.Catalog(tokens, offsets, vocab_size)
+
+
+def compile_plan(plan: ConstraintPlan, catalog: _engine.Catalog | None) -> _engine.Constraint:
+    """Build the engine's constraint for ``plan``; ``catalog`` is needed for item lists."""
+    banned = list(plan.banned)
+    if plan.item_list is not None:
+        spec = plan.item_list
+        if catalog is None:
+            raise ValueError("an item-list plan needs its compiled catalog")
+        allowed = None if spec.allowed is None else np.asarray(spec.allowed, dtype=np.int32)
+        return _engine.Constraint.item_list(
+            catalog,
+            list(spec.prefix),
+            list(spec.separator),
+            list(spec.terminator),
+            spec.min_items,
+            spec.max_items,
+            spec.unique,
+            allowed,
+            plan.eos_token_id,
+            banned,
+            plan.vocab_size,
+        )
+    if plan.machine is not None:
+        m = plan.machine
+        rows = [(s, t, n) for s, table in enumerate(m.transitions) for t, n in table.items()]
+        transitions = np.asarray(rows, dtype=np.int32).reshape(-1, 3)
+        return _engine.Constraint.token_machine(
+            m.num_states,
+            m.initial_state,
+            sorted(m.accepting),
+            transitions,
+            plan.eos_token_id,
+            banned,
+            plan.vocab_size,
+        )
+    return _engine.Constraint.banned(plan.eos_token_id, banned, plan.vocab_size)
+
+
+def _as_int32(array: Any, name: str) -> np.ndarray:
+    if hasattr(array, "numpy"):  # a torch tensor: share its memory, never copy
+        if array.device.type != "cpu":
+            raise ValueError(f"{name} must be on the CPU, got {array.device}")
+        array = array.numpy()
+    array = np.asarray(array)
+    if array.dtype != np.int32:
+        raise ValueError(f"{name} must be int32, got {array.dtype}")
+    return array
+
+
+class ConstraintEngine:
+    """Slots ``0..max_batch-1`` of request constraints and the batched bitmask fill."""
+
+    def __init__(self, max_batch: int, vocab_size: int, num_threads: int | None = None) -> None:
+        threads = _engine.default_num_threads() if num_threads is None else num_threads
+        self._native = _engine.Engine(max_batch, vocab_size, threads)
+        self._pending: tuple[np.ndarray, np.ndarray] | None = None
+
+    @property
+    def native(self) -> _engine.Engine:
+        return self._native
+
+    @property
+    def max_batch(self) -> int:
+        return self._native.max_batch
+
+    @property
+    def words(self) -> int:
+        return self._native.words
+
+    @property
+    def num_threads(self) -> int:
+        return self._native.num_threads
+
+    def add(self, slot: int, constraint: _engine.Constraint) -> None:
+        self._native.add(slot, constraint)
+
+    def remove(self, slot: int) -> None:
+        self._native.remove(slot)
+
+    def move(self, source: int, target: int) -> None:
+        self._native.move(source, target)
+
+    def swap(self, a: int, b: int) -> None:
+        self._native.swap(a, b)
+
+    def reset(self, slot: int) -> None:
+        self._native.reset(slot)
+
+    def advance(self, slot: int, tokens: list[int]) -> None:
+        self._native.advance(slot, tokens)
+
+    def advance_batch(self, slots: Any, tokens: Any) -> None:
+        """Advance ``slots[i]`` by ``tokens[i]`` for every i, in order (int32 arrays)."""
+        self._native.advance_batch(
+            np.ascontiguousarray(_as_int32(slots, "slots")),
+            np.ascontiguousarray(_as_int32(tokens, "tokens")),
+        )
+
+    def active(self, slot: int) -> bool:
+        return self._native.active(slot)
+
+    def fill(self, bitmask: Any, rows: Any, *, wait: bool = True) -> None:
+        """Write the rows' bitmasks into ``bitmask`` (int32 ``[n, words]``, CPU).
+
+        With ``wait=False`` the fill runs on the engine's threads; the arrays stay referenced
+        here until :meth:`wait`, which must be called before reading ``bitmask``.
+        """
+        mask = _as_int32(bitmask, "bitmask")
+        row_array = np.ascontiguousarray(_as_int32(rows, "rows"))
+        self._native.fill(mask, row_array, wait)
+        self._pending = None if wait else (mask, row_array)
+
+    def wait(self) -> None:
+        self._native.wait()
+        self._pending = None
+
+    def slot_info(self, slot: int) -> dict[str, Any]:
+        return self._native.slot_info(slot)
+
+    @property
+    def total_dead_ends(self) -> int:
+        return self._native.total_dead_ends

@@ -1,0 +1,154 @@
+"""vLLM V1-interface logits processor running catalog / state-machine / banned-token constraints.
+
+Registered through the ``vllm.logits_processors`` entry point. A request opts in with
+``SamplingParams(extra_args={"constraints": {...}})`` (the language of
+:mod:`runtime.constraints.schema`); catalogs come from ``LLM_SERVING_CATALOG_DIR``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tokenizers import Tokenizer
+from vllm import SamplingParams
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+
+from runtime.constraints.batch import ConstraintBatch
+from runtime.constraints.catalog import Encoder, catalog_dir_from_env, tokenizer_encoder
+from runtime.constraints.masking import apply_bitmask_inplace
+from runtime.constraints.plan import check_catalog_fields
+from runtime.constraints.registry import CatalogRegistry
+from runtime.constraints.schema import parse_constraints
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+__all__ = [
+    "EXTRA_ARGS_KEY",
+    "ConstraintLogitsProcessor",
+    "LazyEncoder",
+    "load_tokenizer",
+    "model_eos_token_id",
+]
+
+#: Key of ``SamplingParams.extra_args`` that carries a request's constraint configuration.
+EXTRA_ARGS_KEY = "constraints"
+
+
+def load_tokenizer(name_or_path: str) -> Tokenizer:
+    """The model's fast tokenizer from ``tokenizer.json`` in its directory (no downloads)."""
+    path = Path(name_or_path)
+    candidate = path / "tokenizer.json" if path.is_dir() else path
+    if not candidate.is_file():
+        raise ValueError(
+            f"constraints need the model's tokenizer.json; none found at {candidate} "
+            "(model_config.tokenizer must be a local directory)"
+        )
+    return Tokenizer.from_file(str(candidate))
+
+
+class LazyEncoder:
+    """Loads the tokenizer on the first constrained request, not at engine start.
+
+    The entry point puts the processor into every vLLM engine of the image, so a model that
+    never sees a constraint must start even without a ``tokenizer.json``; a constrained
+    request then fails closed with the loading error.
+    """
+
+    def __init__(self, name_or_path: str) -> None:
+        self._name_or_path = name_or_path
+        self._encode: Encoder | None = None
+
+    def __call__(self, texts: Sequence[str]) -> list[list[int]]:
+        if self._encode is None:
+            self._encode = tokenizer_encoder(load_tokenizer(self._name_or_path))
+        return self._encode(texts)
+
+
+def model_eos_token_id(vllm_config: Any) -> int | None:
+    """The model's first end-of-sequence id from its Hugging Face config, if any."""
+    eos = getattr(getattr(vllm_config.model_config, "hf_config", None), "eos_token_id", None)
+    if isinstance(eos, list | tuple):
+        eos = eos[0] if eos else None
+    return eos if isinstance(eos, int) else None
+
+
+def _config_of(params: SamplingParams) -> object | None:
+    return (params.extra_args or {}).get(EXTRA_ARGS_KEY)
+
+
+class ConstraintLogitsProcessor(LogitsProcessor):
+    """Batch-level processor: masks run on the engine's threads between update and apply."""
+
+    @classmethod
+    def validate_params(cls, sampling_params: SamplingParams) -> None:
+        """Reject a bad configuration (schema, unknown catalog, unknown item ids) up front."""
+        config = _config_of(sampling_params)
+        if config is None:
+            return
+        check_catalog_fields(parse_constraints(config), catalog_dir_from_env())
+
+    def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
+        model_config = vllm_config.model_config
+        vocab_size = model_config.get_vocab_size()
+        registry = CatalogRegistry(
+            catalog_dir_from_env(), LazyEncoder(model_config.tokenizer), vocab_size
+        )
+        self.batch = ConstraintBatch(
+            max_batch=vllm_config.scheduler_config.max_num_seqs,
+            vocab_size=vocab_size,
+            registry=registry,
+            default_eos_token_id=model_eos_token_id(vllm_config),
+            pin_memory=is_pin_memory and device.type == "cuda",
+        )
+        self.device = device
+        self._device_bitmask: torch.Tensor | None = None
+        self._copy_done: torch.cuda.Event | None = None
+        if device.type != "cpu":
+            self._device_bitmask = torch.empty_like(self.batch.bitmask, device=device)
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        """Apply removed, added, moved (vLLM's order), then start this step's fill."""
+        if batch_update is not None:
+            for index in batch_update.removed:
+                self.batch.remove(index)
+            for index, params, _prompt, output in batch_update.added:
+                self.batch.add(index, _config_of(params), output, params.eos_token_id)
+            for a, b, direction in batch_update.moved:
+                if direction == MoveDirectionality.SWAP:
+                    self.batch.swap(a, b)
+                else:
+                    self.batch.move(a, b)
+        if self._copy_done is not None:
+            # The previous step's host-to-device copy reads the buffer the fill writes.
+            self._copy_done.synchronize()
+        self.batch.start_fill()
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        rows = self.batch.finish_fill()
+        rows = rows[rows < logits.shape[0]]
+        if rows.size == 0:
+            return logits
+        host = self.batch.bitmask
+        index = torch.from_numpy(rows).to(torch.int64)
+        if self._device_bitmask is None:
+            apply_bitmask_inplace(logits, host, index)
+            return logits
+        n = logits.shape[0]
+        self._device_bitmask[:n].copy_(host[:n], non_blocking=True)
+        if self.device.type == "cuda":
+            self._copy_done = torch.cuda.Event()
+            self._copy_done.record()
+        apply_bitmask_inplace(logits, self._device_bitmask, index.to(self.device))
+        return logits
+
+    @property
+    def dead_ends(self) -> int:
+        """Steps at which a constraint had nothing left and forced its terminator or EOS."""
+        return self.batch.total_dead_ends
