@@ -10,6 +10,7 @@ revision's program (``llm-serving plan --against``) from that revision's own che
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import runpy
@@ -217,6 +218,9 @@ def run_program(
     from pulumi.runtime.stack import run_pulumi_func
     from pulumi.runtime.sync_await import _sync_await
 
+    # Pulumi's synchronous helpers run on the thread's current event loop, and an earlier
+    # asyncio.run() in the same process leaves none set: give every run a fresh one.
+    asyncio.set_event_loop(asyncio.new_event_loop())
     ROOT.set(None)
     monitor = _RecordingMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=preview, monitor=monitor)
