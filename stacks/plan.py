@@ -170,6 +170,9 @@ def kubernetes_objects(run: ProgramRun) -> Iterator[tuple[RecordedResource, dict
             continue
         head = ("apiVersion", "kind", "metadata")
         manifest = {k: resource.inputs[k] for k in head if k in resource.inputs}
+        metadata = manifest.get("metadata")
+        if isinstance(metadata, dict) and "name" not in metadata:
+            manifest["metadata"] = {**metadata, "name": mock_engine.auto_name(resource.name)}
         manifest.update({k: v for k, v in resource.inputs.items() if k not in {*head, "status"}})
         yield resource, manifest
 
