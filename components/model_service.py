@@ -193,10 +193,11 @@ class ModelService(pulumi.ComponentResource):
         args = self._args
         # A rollout component's workload (named args.name) is declared after this component.
         api_version, kind = ("apps/v1", "Deployment") if workload else args.external_workload
-        query = (
-            f'sum(vllm:num_requests_waiting{{model_id="{args.model_id}",'
-            f'model_version="{args.version}"}})'
-        )
+        # A Rollout's replicas serve both colours, and so both versions, during a rollout.
+        labels = f'model_id="{args.model_id}"'
+        if workload is not None:
+            labels += f',model_version="{args.version}"'
+        query = f"sum(vllm:num_requests_waiting{{{labels}}})"
         k8s.apiextensions.CustomResource(
             f"{self._name}-scaler",
             api_version="keda.sh/v1alpha1",

@@ -207,6 +207,7 @@ class RegionPlatform(pulumi.ComponentResource):
             version,
             site,
             service_name=dns_label(model.id),
+            strategy="red-black",
             create_workload=False,
             create_service=False,
         )
