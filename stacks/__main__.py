@@ -43,6 +43,8 @@ if isinstance(config, GlobalStackConfig):
     pulumi.export("image_repository_urls", shared.image_repository_urls)
     pulumi.export("model_buckets", shared.model_buckets)
 else:
+    # Before anything is declared: an unknown Triton release fails naming the key.
+    vllm_version = vllm_version_for(config, stack)
     shared_outputs = pulumi.StackReference(config.global_stack)
     platform = RegionPlatform(
         stack,
@@ -52,7 +54,7 @@ else:
                 config.region
             ],
             bucket_name=shared_outputs.require_output("model_buckets")[config.region],
-            vllm_version=vllm_version_for(config, stack),
+            vllm_version=vllm_version,
             dashboard=load_dashboard(),
             alert_groups=load_alert_groups(),
         ),
