@@ -18,26 +18,22 @@ from components.cluster_addons import ClusterAddons, ClusterAddonsArgs
 from components.eks_cluster import ClusterHandles, adopt_cluster, create_cluster, kubeconfig
 from components.gpu_node_group import DEVICE_PLUGIN_NODES, GpuNodeGroup, GpuNodeGroupArgs
 from components.model_cache import ModelCache, ModelCacheArgs
-from components.model_service import (
-    ModelService,
-    ModelServiceArgs,
-    build_pod_template,
-    serving_mode_from_manifest,
+from components.model_strategies import (
+    ModelEndpoints,
+    ModelSite,
+    red_black_model,
+    versioned_model,
 )
-from components.naming import dns_label
 from components.observability import Observability, ObservabilityArgs
-from components.red_black import GatewayRef, RedBlackArgs, RedBlackRollout
-from components.versioned import VersionedArgs, VersionedModel, VersionSpec, age_annotations
+from components.red_black import GatewayRef
 from runtime.metrics_proxy.assets import rollout_queries, rollout_success_conditions
-from stacks.config import ModelConfig, ModelVersionConfig, RegionStackConfig
+from stacks.config import RegionStackConfig
 
 __all__ = ["DEFAULT_TOOLS_IMAGE", "Endpoints", "RegionPlatform", "RegionPlatformArgs"]
 
 # The FSx CSI driver's image carries the Lustre client (``lfs``) that materialize jobs run.
 DEFAULT_TOOLS_IMAGE = "public.ecr.aws/fsx-csi-driver/aws-fsx-csi-driver:v1.4.0"
 
-ModelEndpoints = pulumi.Output[dict[str, str | None]]
-"""``grpc``, ``openai`` (``None`` for standalone packages) and ``metrics`` of one version."""
 Endpoints = dict[str, dict[str, ModelEndpoints]]
 
 
@@ -65,19 +61,6 @@ class RegionPlatformArgs:
         default_factory=rollout_success_conditions
     )
     """Absolute success condition of the new colour for each analysis query."""
-
-
-@dataclass(frozen=True)
-class _Site:
-    """What every model of the region is built on."""
-
-    args: RegionPlatformArgs
-    cache: ModelCache
-    cluster: ClusterHandles
-    image: pulumi.Output[str]
-    after: list[pulumi.Resource]
-    gateway: GatewayRef
-    opts: pulumi.ResourceOptions
 
 
 class RegionPlatform(pulumi.ComponentResource):
@@ -160,11 +143,14 @@ class RegionPlatform(pulumi.ComponentResource):
             opts=on_cluster,
         )
         image = pulumi.Output.concat(args.image_repository_url, ":", config.image.tag)
-        site = _Site(
-            args=args,
-            cache=cache,
-            cluster=cluster,
+        site = ModelSite(
+            prefix=name,
+            parent=self,
+            config=config,
             image=image,
+            bucket_name=args.bucket_name,
+            cluster=cluster,
+            cache=cache,
             after=[namespace, addons, *groups],
             gateway=GatewayRef(
                 name=addons.gateway_name,
@@ -173,12 +159,13 @@ class RegionPlatform(pulumi.ComponentResource):
                 tls=False,
             ),
             opts=on_cluster,
+            vllm_version=args.vllm_version,
+            analysis_queries=args.analysis_queries,
+            analysis_success_conditions=args.analysis_success_conditions,
         )
         self.endpoints = {
-            model.id: (
-                self._red_black(model, site)
-                if model.strategy == "red-black"
-                else self._versioned(model, site)
+            model.id: (red_black_model if model.strategy == "red-black" else versioned_model)(
+                site, model
             )
             for model in config.models
         }
@@ -195,137 +182,6 @@ class RegionPlatform(pulumi.ComponentResource):
             )
         self.cluster_name = cluster.name
         self.register_outputs({"cluster_name": self.cluster_name, "endpoints": self.endpoints})
-
-    def _red_black(self, model: ModelConfig, site: _Site) -> dict[str, ModelEndpoints]:
-        """One ModelService (role, PDB, scraping, KEDA) around one Rollout for the last version;
-        changing the version rolls the same resources out."""
-        version = model.versions[-1]
-        previous = model.versions[-2].version if len(model.versions) > 1 else None
-        # The Rollout brings the workload and the stable/canary Services the routes need.
-        service_args = self._service_args(
-            model,
-            version,
-            site,
-            service_name=dns_label(model.id),
-            strategy="red-black",
-            create_workload=False,
-            create_service=False,
-        )
-        service = ModelService(f"{self._name}-{service_args.name}", service_args, opts=site.opts)
-        rollout = RedBlackRollout(
-            f"{self._name}-{service_args.name}",
-            RedBlackArgs(
-                model_id=model.id,
-                version=version.version,
-                previous_version=previous,
-                pod_template=build_pod_template(service_args),
-                namespace=self._config.namespace,
-                gateway=site.gateway,
-                queries=site.args.analysis_queries,
-                success_conditions=site.args.analysis_success_conditions,
-                prometheus_address=service_args.prometheus_url,
-                replicas=service_args.replicas,
-                hostnames=(f"{dns_label(model.id)}.{self._config.domain}",),
-                name=service_args.name,
-                scaled_externally=model.max_replicas is not None,
-                depends_on=[
-                    site.cache.materialize_jobs[(model.id, version.version)],
-                    service,
-                    *site.after,
-                ],
-            ),
-            opts=site.opts,
-        )
-        return {version.version: _with_serving_mode(rollout.endpoints, service_args)}
-
-    def _versioned(self, model: ModelConfig, site: _Site) -> dict[str, ModelEndpoints]:
-        """One ModelService (Deployment, Service, ...) per listed version, and a VersionedModel
-        adding each version's routes and the weighted shared routes."""
-        newest = model.versions[-1].version
-        specs, services, service_args_list = [], [], []
-        for version in model.versions:
-            spec = VersionSpec(
-                version=version.version,
-                service_name=dns_label(model.id, version.version),
-                route_weight=version.route_weight,
-                created_at=None if version.created_at is None else version.created_at.isoformat(),
-            )
-            service_args = self._service_args(
-                model,
-                version,
-                site,
-                service_name=spec.service_name,
-                strategy="versioned",
-                service_annotations=age_annotations(spec, version.version == newest),
-                depends_on=[site.cache.materialize_jobs[(model.id, version.version)]],
-            )
-            specs.append(spec)
-            service_args_list.append(service_args)
-            services.append(
-                ModelService(f"{self._name}-{service_args.name}", service_args, opts=site.opts)
-            )
-        versioned = VersionedModel(
-            f"{self._name}-{dns_label(model.id)}",
-            VersionedArgs(
-                model_id=model.id,
-                versions=tuple(specs),
-                namespace=self._config.namespace,
-                gateway=site.gateway,
-                domain=self._config.domain,
-                depends_on=[*services, *site.after],
-            ),
-            opts=site.opts,
-        )
-        return {
-            version: _with_serving_mode(urls, service_args)
-            for (version, urls), service_args in zip(
-                versioned.endpoints.items(), service_args_list, strict=True
-            )
-        }
-
-    def _service_args(
-        self,
-        model: ModelConfig,
-        version: ModelVersionConfig,
-        site: _Site,
-        *,
-        service_name: str,
-        depends_on: Sequence[pulumi.Resource] | None = None,
-        **overrides: Any,
-    ) -> ModelServiceArgs:
-        args = site.args
-        manifest = aws.s3.get_object_output(
-            bucket=args.bucket_name,
-            key=f"models/{model.id}/{version.version}/manifest.json",
-            opts=pulumi.InvokeOutputOptions(parent=self),
-        )
-        replicas = version.replicas if version.replicas is not None else model.replicas
-        if depends_on is None:
-            depends_on = [site.cache.materialize_jobs[(model.id, version.version)]]
-        return ModelServiceArgs(
-            model_id=model.id,
-            version=version.version,
-            namespace=args.config.namespace,
-            image=site.image,
-            serving_mode=manifest.body.apply(serving_mode_from_manifest),
-            bucket_name=args.bucket_name,
-            oidc_provider_arn=site.cluster.oidc_provider_arn,
-            oidc_issuer=site.cluster.oidc_issuer,
-            cache_claim_name=site.cache.claim_name,
-            node_group=f"{self._name}-{model.node_group}",
-            gpus=model.gpus,
-            cpu=model.cpu,
-            memory_gib=model.memory_gib,
-            shm_gib=model.shm_gib,
-            replicas=replicas,
-            max_replicas=model.max_replicas,
-            queue_target=model.queue_target,
-            service_name=service_name,
-            triton_release=args.config.image.triton_release,
-            vllm_version=args.vllm_version,
-            depends_on=[*depends_on, *site.after],
-            **overrides,
-        )
 
     def _node_security_group(self, cluster: ClusterHandles) -> pulumi.Input[str]:
         network = self._config.network
@@ -354,13 +210,3 @@ class RegionPlatform(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=group),
         )
         return group.id
-
-
-def _with_serving_mode(urls: pulumi.Input[Any], args: ModelServiceArgs) -> ModelEndpoints:
-    """The route's endpoints, without ``openai`` for packages that serve no OpenAI frontend."""
-    return pulumi.Output.all(urls, args.serving_mode).apply(
-        lambda values: {
-            **values[0],
-            "openai": values[0]["openai"] if values[1] == "embedded" else None,
-        }
-    )
