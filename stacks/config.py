@@ -101,6 +101,10 @@ class ModelConfig(_Strict):
             raise ValueError(f"versions listed twice: {', '.join(duplicates)}")
         if self.max_replicas is not None and self.max_replicas < self.replicas:
             raise ValueError("max_replicas must be at least replicas")
+        last = self.versions[-1]
+        served = last.replicas if last.replicas is not None else self.replicas
+        if self.strategy == "red-black" and served < 1:
+            raise ValueError("replicas must be at least 1 for a red-black model (a Rollout)")
         return self
 
     @property

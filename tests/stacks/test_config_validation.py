@@ -117,6 +117,11 @@ def test_served_versions_follow_strategy() -> None:
         ),
         (lambda c: c.pop("llm-serving:domain"), "llm-serving:domain", "missing required key"),
         (
+            lambda c: c["llm-serving:models"][0].update(strategy="red-black", replicas=0),
+            "llm-serving:models[0]",
+            "at least 1 for a red-black model",
+        ),
+        (
             lambda c: c.update({"llm-serving:domain": "Models_Example"}),
             "llm-serving:domain",
             "should match pattern",
