@@ -153,12 +153,12 @@ class ModelService(pulumi.ComponentResource):
             assume_role_policy=trust,
             opts=pulumi.ResourceOptions(parent=self),
         )
-        prefix = f"models/{args.model_id}/{args.version}/"
+        prefixes = [f"models/{args.model_id}/{v}/" for v in (args.version, *args.also_reads)]
         aws.iam.RolePolicy(
             f"{self._name}-read-model",
             role=role.id,
             policy=pulumi.Output.from_input(args.bucket_name).apply(
-                lambda bucket: json.dumps(_read_prefix_policy(bucket, prefix))
+                lambda bucket: json.dumps(_read_prefix_policy(bucket, prefixes))
             ),
             opts=pulumi.ResourceOptions(parent=role),
         )
@@ -237,7 +237,7 @@ def _service_ports(mode: str) -> list[dict[str, Any]]:
     return ports
 
 
-def _read_prefix_policy(bucket: str, prefix: str) -> dict[str, Any]:
+def _read_prefix_policy(bucket: str, prefixes: list[str]) -> dict[str, Any]:
     return {
         "Version": "2012-10-17",
         "Statement": [
@@ -245,14 +245,14 @@ def _read_prefix_policy(bucket: str, prefix: str) -> dict[str, Any]:
                 "Sid": "ReadModelVersion",
                 "Effect": "Allow",
                 "Action": ["s3:GetObject"],
-                "Resource": [f"arn:aws:s3:::{bucket}/{prefix}*"],
+                "Resource": [f"arn:aws:s3:::{bucket}/{prefix}*" for prefix in prefixes],
             },
             {
                 "Sid": "ListModelVersion",
                 "Effect": "Allow",
                 "Action": ["s3:ListBucket"],
                 "Resource": [f"arn:aws:s3:::{bucket}"],
-                "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}},
+                "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*" for prefix in prefixes]}},
             },
         ],
     }

@@ -80,6 +80,7 @@ def red_black_model(site: ModelSite, model: ModelConfig) -> dict[str, ModelEndpo
         strategy="red-black",
         create_workload=False,
         create_service=False,
+        also_reads=() if previous is None else (previous,),
     )
     service = ModelService(f"{site.prefix}-{service_args.name}", service_args, opts=site.opts)
     rollout = RedBlackRollout(

@@ -121,6 +121,9 @@ class ModelServiceArgs:
     """Rollout strategy (``red-black``, ``versioned``), labelled ``llm-serving/strategy``."""
     service_annotations: Mapping[str, str] = field(default_factory=dict)
     """Extra annotations of the Service (the Versioned age policy reads them there)."""
+    also_reads: Sequence[str] = ()
+    """Further versions the IRSA role may read: during a Red-Black rollout the previous
+    colour's pods still serve (and may restart into) the previous version."""
     depends_on: Sequence[pulumi.Resource] = ()
     """What must exist or finish first: the namespace and the version's materialize Job."""
     prometheus_url: str = "http://kube-prometheus-stack-prometheus.monitoring.svc:9090"

@@ -4,6 +4,7 @@ pod template, a Versioned model one ModelService per version behind a VersionedM
 
 from __future__ import annotations
 
+import json
 from functools import cache
 from typing import Any
 
@@ -248,3 +249,17 @@ def test_rollout_pod_template_validates_as_a_pod_template() -> None:
         assert validate_object(as_deployment) == (True, None)
     checked = [validate_object(m) for _, m in kubernetes_objects(run)]
     assert [c for c in checked if c[1] is not None] == []
+
+
+def test_red_black_role_reads_the_served_and_the_previous_version_only() -> None:
+    run = _prod()
+    (policy,) = [
+        json.loads(r.inputs["policy"])
+        for r in run.resources
+        if r.type == "aws:iam/rolePolicy:RolePolicy" and LLAMA in r.name
+    ]
+    objects = next(s for s in policy["Statement"] if s["Action"] == ["s3:GetObject"])
+    assert sorted(objects["Resource"]) == [
+        f"arn:aws:s3:::b/models/{LLAMA}/2026-10-01/*",
+        f"arn:aws:s3:::b/models/{LLAMA}/2026-11-15/*",
+    ]
