@@ -35,6 +35,7 @@ ROLLOUTS_API = "argoproj.io/v1alpha1"
 GATEWAY_API = "gateway.networking.k8s.io/v1"
 COLOUR_ENV = "LLM_SERVING_COLOUR"
 POD_HASH_LABEL = "rollouts-pod-template-hash"
+COLOUR_LABEL = "llm-serving/colour"
 # pulumi-kubernetes >= 4.24 evaluates RFC 9535 JSONPath: wait until the controller settles the
 # rollout either way; a Degraded (aborted) rollout then fails the update in check_rollout_status.
 WAIT_FOR_SETTLED = "jsonpath={.status[?@ == 'Healthy' || @ == 'Degraded']}"
@@ -268,7 +269,9 @@ class RedBlackRollout(pulumi.ComponentResource):
         }
         template = with_colour_env(args.pod_template)
         metadata = template.setdefault("metadata", {})
-        metadata["labels"] = {**(metadata.get("labels") or {}), **self._labels}
+        # The colour is the pod-template hash; a fixed colour label would mislabel one side.
+        labels = {k: v for k, v in (metadata.get("labels") or {}).items() if k != COLOUR_LABEL}
+        metadata["labels"] = {**labels, **self._labels}
         # Only labels that never change between versions: a Rollout's selector must not move.
         self._selector = dict(self._labels)
 

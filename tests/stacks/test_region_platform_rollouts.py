@@ -77,6 +77,7 @@ def test_red_black_model_is_one_rollout_and_no_deployment() -> None:
     assert env["LLM_SERVING_MODEL_VERSION"]["value"] == "2026-11-15"
     # The colour comes from the ReplicaSet's pod-template hash, not the static "stable".
     assert "fieldRef" in env["LLM_SERVING_COLOUR"]["valueFrom"]
+    assert "llm-serving/colour" not in template["metadata"]["labels"]
     assert template["metadata"]["annotations"] == {
         "llm-serving/triton-release": "26.08",
         "llm-serving/vllm-version": "0.27.1",
