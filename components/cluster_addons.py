@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +12,9 @@ import pulumi_kubernetes as k8s
 from components.gpu_node_group import GPU_RESOURCE, gpu_tolerations
 
 __all__ = [
+    "GATEWAY_API_PLUGIN",
     "GATEWAY_CLASS",
+    "GATEWAY_PORT",
     "ChartPin",
     "ClusterAddons",
     "ClusterAddonsArgs",
@@ -21,6 +22,22 @@ __all__ = [
 
 GATEWAY_CLASS = "envoy-gateway"
 GATEWAY_API_PLUGIN = "argoproj-labs/gatewayAPI"
+# The shared Gateway's one listener: plain HTTP, which carries gRPC as h2c too.
+GATEWAY_PORT = 80
+# What the Gateway API plugin changes: route weights, and its own state in a ConfigMap of the
+# rollout's namespace. The chart's controller role grants neither.
+GATEWAY_PLUGIN_RULES = [
+    {
+        "apiGroups": ["gateway.networking.k8s.io"],
+        "resources": ["httproutes", "grpcroutes"],
+        "verbs": ["get", "list", "watch", "update", "patch"],
+    },
+    {
+        "apiGroups": [""],
+        "resources": ["configmaps"],
+        "verbs": ["get", "list", "watch", "create", "update", "patch"],
+    },
+]
 
 
 @dataclass(frozen=True)
@@ -98,6 +115,7 @@ class ClusterAddons(pulumi.ComponentResource):
     releases: dict[str, k8s.helm.v3.Release]
     gateway_name: str
     gateway_namespace: str
+    gateway_port: int
 
     def __init__(
         self, name: str, args: ClusterAddonsArgs, opts: pulumi.ResourceOptions | None = None
@@ -117,12 +135,12 @@ class ClusterAddons(pulumi.ComponentResource):
                     "tolerations": gpu_tolerations(),
                 },
             )
+        # The chart renders controller.trafficRouterPlugins (a list) into argo-rollouts-config.
         plugins = [{"name": GATEWAY_API_PLUGIN, "location": args.gateway_api_plugin_url}]
-        self._release(
-            "argo-rollouts",
-            args.argo_rollouts,
-            {"controller": {"trafficRouterPlugins": {"trafficRouterPlugins": json.dumps(plugins)}}},
+        rollouts = self._release(
+            "argo-rollouts", args.argo_rollouts, {"controller": {"trafficRouterPlugins": plugins}}
         )
+        self._grant_gateway_plugin(rollouts)
         envoy = self._release("envoy-gateway", args.envoy_gateway, {})
         self._release("keda", args.keda, {})
         self._release(
@@ -141,6 +159,7 @@ class ClusterAddons(pulumi.ComponentResource):
             },
         )
         self.gateway_name, self.gateway_namespace = self._create_gateway(envoy)
+        self.gateway_port = GATEWAY_PORT
         self.register_outputs(
             {
                 "releases": {k: r.status for k, r in self.releases.items()},
@@ -168,6 +187,33 @@ class ClusterAddons(pulumi.ComponentResource):
         self.releases[release] = resource
         return resource
 
+    def _grant_gateway_plugin(self, rollouts: k8s.helm.v3.Release) -> None:
+        """Let the Argo Rollouts controller, which runs the plugin, set the routes' weights."""
+        role = k8s.rbac.v1.ClusterRole(
+            f"{self._name}-argo-rollouts-gateway-api",
+            metadata={"name": "argo-rollouts-gateway-api-plugin"},
+            rules=GATEWAY_PLUGIN_RULES,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        k8s.rbac.v1.ClusterRoleBinding(
+            f"{self._name}-argo-rollouts-gateway-api",
+            metadata={"name": "argo-rollouts-gateway-api-plugin"},
+            role_ref={
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": role.metadata.name,
+            },
+            # The chart's controller service account is named after the release.
+            subjects=[
+                {
+                    "kind": "ServiceAccount",
+                    "name": rollouts.name,
+                    "namespace": self._args.argo_rollouts.namespace,
+                }
+            ],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[rollouts]),
+        )
+
     def _create_gateway(self, envoy: k8s.helm.v3.Release) -> tuple[str, str]:
         # Children do not inherit a component's dependencies: each names them itself.
         after_envoy = pulumi.ResourceOptions(
@@ -193,7 +239,7 @@ class ClusterAddons(pulumi.ComponentResource):
                     {
                         "name": "http",
                         "protocol": "HTTP",
-                        "port": 80,
+                        "port": GATEWAY_PORT,
                         "allowedRoutes": {"namespaces": {"from": "Same"}},
                     }
                 ],

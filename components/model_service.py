@@ -1,8 +1,9 @@
 """``ModelService``: Triton + vLLM serving one model version, with its sidecar, IRSA and scaling.
 
 The pod itself (contract 5) is :func:`components.serving_pod.build_pod_template`; this module
-adds what surrounds it: the workload, Service, PodDisruptionBudget, ServiceMonitor, the IRSA
-role and the optional KEDA scaler.
+adds what surrounds it: the workload, Service, PodDisruptionBudget, scrape configuration, the
+IRSA role and the optional KEDA scaler. A rollout component may bring the workload and the
+Services instead (``create_workload``, ``create_service``).
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ __all__ = ["ModelService", "ModelServiceArgs", "build_pod_template", "serving_mo
 class ModelService(pulumi.ComponentResource):
     """Serving pods, Service, PDB, scrape config, IRSA role and optional KEDA scaling."""
 
-    grpc_endpoint: pulumi.Output[str]
-    openai_endpoint: pulumi.Output[str | None]
-    metrics_endpoint: pulumi.Output[str]
+    service_name: str | None
+    grpc_endpoint: pulumi.Output[str] | None
+    openai_endpoint: pulumi.Output[str | None] | None
+    metrics_endpoint: pulumi.Output[str] | None
     role_arn: pulumi.Output[str]
 
     def __init__(
@@ -84,34 +86,43 @@ class ModelService(pulumi.ComponentResource):
             spec={"maxUnavailable": 1, "selector": {"matchLabels": pod_selector(args)}},
             opts=child,
         )
+        self.service_name = None
+        self.grpc_endpoint = self.openai_endpoint = self.metrics_endpoint = None
+        if args.create_service:
+            self._create_service(metadata, child)
+        self._create_scrape_config(metadata)
+        if args.max_replicas is not None:
+            self._create_scaler(metadata, workload)
+        self.role_arn = role.arn
+        self.register_outputs(
+            {
+                "service_name": self.service_name,
+                "grpc_endpoint": self.grpc_endpoint,
+                "openai_endpoint": self.openai_endpoint,
+                "metrics_endpoint": self.metrics_endpoint,
+                "role_arn": self.role_arn,
+            }
+        )
+
+    def _create_service(self, metadata: dict[str, Any], opts: pulumi.ResourceOptions) -> None:
+        args = self._args
         service = k8s.core.v1.Service(
-            f"{name}-service",
-            metadata=metadata,
+            f"{self._name}-service",
+            metadata={**metadata, "annotations": dict(args.service_annotations)},
             spec={
                 "selector": pod_selector(args),
                 "ports": pulumi.Output.from_input(args.serving_mode).apply(_service_ports),
             },
-            opts=child,
+            opts=opts,
         )
-        self._create_scrape_config(metadata)
-        if args.max_replicas is not None and workload is not None:
-            self._create_scaler(metadata, workload)
         host = f"{args.name}.{args.namespace}.svc.cluster.local"
+        self.service_name = args.name
         self.grpc_endpoint = service.metadata.apply(lambda _: f"{host}:{GRPC_PORT}")
         self.openai_endpoint = pulumi.Output.from_input(args.serving_mode).apply(
             lambda mode: f"http://{host}:{OPENAI_PORT}/v1" if mode == "embedded" else None
         )
         self.metrics_endpoint = service.metadata.apply(
             lambda _: f"http://{host}:{METRICS_PORT}/metrics"
-        )
-        self.role_arn = role.arn
-        self.register_outputs(
-            {
-                "grpc_endpoint": self.grpc_endpoint,
-                "openai_endpoint": self.openai_endpoint,
-                "metrics_endpoint": self.metrics_endpoint,
-                "role_arn": self.role_arn,
-            }
         )
 
     def _create_role(self) -> aws.iam.Role:
@@ -142,48 +153,58 @@ class ModelService(pulumi.ComponentResource):
             assume_role_policy=trust,
             opts=pulumi.ResourceOptions(parent=self),
         )
-        prefix = f"models/{args.model_id}/{args.version}/"
+        prefixes = [f"models/{args.model_id}/{v}/" for v in (args.version, *args.also_reads)]
         aws.iam.RolePolicy(
             f"{self._name}-read-model",
             role=role.id,
             policy=pulumi.Output.from_input(args.bucket_name).apply(
-                lambda bucket: json.dumps(_read_prefix_policy(bucket, prefix))
+                lambda bucket: json.dumps(_read_prefix_policy(bucket, prefixes))
             ),
             opts=pulumi.ResourceOptions(parent=role),
         )
         return role
 
     def _create_scrape_config(self, metadata: dict[str, Any]) -> None:
+        args = self._args
+        endpoint = {"port": "metrics", "path": "/metrics", "interval": "15s"}
+        # Without our Service, the rollout's stable and canary Services select the same pods
+        # between rollouts: scraping them would count every series twice, so scrape the pods.
+        kind, role, endpoints = (
+            ("ServiceMonitor", "service-monitor", "endpoints")
+            if args.create_service
+            else ("PodMonitor", "pod-monitor", "podMetricsEndpoints")
+        )
         k8s.apiextensions.CustomResource(
-            f"{self._name}-service-monitor",
+            f"{self._name}-{role}",
             api_version="monitoring.coreos.com/v1",
-            kind="ServiceMonitor",
+            kind=kind,
             metadata=metadata,
             spec={
-                "selector": {"matchLabels": pod_selector(self._args)},
-                "namespaceSelector": {"matchNames": [self._args.namespace]},
-                "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
+                "selector": {"matchLabels": pod_selector(args)},
+                "namespaceSelector": {"matchNames": [args.namespace]},
+                endpoints: [endpoint],
             },
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(self._args.depends_on)),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)),
         )
 
-    def _create_scaler(self, metadata: dict[str, Any], workload: k8s.apps.v1.Deployment) -> None:
+    def _create_scaler(
+        self, metadata: dict[str, Any], workload: k8s.apps.v1.Deployment | None
+    ) -> None:
         args = self._args
-        query = (
-            f'sum(vllm:num_requests_waiting{{model_id="{args.model_id}",'
-            f'model_version="{args.version}"}})'
-        )
+        # A rollout component's workload (named args.name) is declared after this component.
+        api_version, kind = ("apps/v1", "Deployment") if workload else args.external_workload
+        # A Rollout's replicas serve both colours, and so both versions, during a rollout.
+        labels = f'model_id="{args.model_id}"'
+        if workload is not None:
+            labels += f',model_version="{args.version}"'
+        query = f"sum(vllm:num_requests_waiting{{{labels}}})"
         k8s.apiextensions.CustomResource(
             f"{self._name}-scaler",
             api_version="keda.sh/v1alpha1",
             kind="ScaledObject",
             metadata=metadata,
             spec={
-                "scaleTargetRef": {
-                    "apiVersion": "apps/v1",
-                    "kind": "Deployment",
-                    "name": args.name,
-                },
+                "scaleTargetRef": {"apiVersion": api_version, "kind": kind, "name": args.name},
                 "minReplicaCount": args.replicas,
                 "maxReplicaCount": args.max_replicas,
                 # GPU pods take minutes to start: scale down slowly.
@@ -200,7 +221,9 @@ class ModelService(pulumi.ComponentResource):
                     }
                 ],
             },
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[workload]),
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[workload] if workload else list(args.depends_on)
+            ),
         )
 
 
@@ -214,7 +237,7 @@ def _service_ports(mode: str) -> list[dict[str, Any]]:
     return ports
 
 
-def _read_prefix_policy(bucket: str, prefix: str) -> dict[str, Any]:
+def _read_prefix_policy(bucket: str, prefixes: list[str]) -> dict[str, Any]:
     return {
         "Version": "2012-10-17",
         "Statement": [
@@ -222,14 +245,14 @@ def _read_prefix_policy(bucket: str, prefix: str) -> dict[str, Any]:
                 "Sid": "ReadModelVersion",
                 "Effect": "Allow",
                 "Action": ["s3:GetObject"],
-                "Resource": [f"arn:aws:s3:::{bucket}/{prefix}*"],
+                "Resource": [f"arn:aws:s3:::{bucket}/{prefix}*" for prefix in prefixes],
             },
             {
                 "Sid": "ListModelVersion",
                 "Effect": "Allow",
                 "Action": ["s3:ListBucket"],
                 "Resource": [f"arn:aws:s3:::{bucket}"],
-                "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}},
+                "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*" for prefix in prefixes]}},
             },
         ],
     }

@@ -8,7 +8,7 @@ the analysis reads the stable and canary hashes from Argo (``podTemplateHashValu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import version as dist_version
 from typing import Any
@@ -35,6 +35,7 @@ ROLLOUTS_API = "argoproj.io/v1alpha1"
 GATEWAY_API = "gateway.networking.k8s.io/v1"
 COLOUR_ENV = "LLM_SERVING_COLOUR"
 POD_HASH_LABEL = "rollouts-pod-template-hash"
+COLOUR_LABEL = "llm-serving/colour"
 # pulumi-kubernetes >= 4.24 evaluates RFC 9535 JSONPath: wait until the controller settles the
 # rollout either way; a Degraded (aborted) rollout then fails the update in check_rollout_status.
 WAIT_FOR_SETTLED = "jsonpath={.status[?@ == 'Healthy' || @ == 'Degraded']}"
@@ -61,6 +62,20 @@ class GatewayRef:
     """Listener for gRPC (KServe v2), ``None`` for any listener."""
     http_section: str | None = None
     """Listener for the OpenAI HTTP API, ``None`` for any listener."""
+    port: int = 443
+    """Port clients reach the listeners on."""
+    tls: bool = True
+    """Whether the listeners terminate TLS (``https``) or serve plain HTTP and h2c."""
+
+    def grpc_address(self, host: str) -> str:
+        """Where gRPC clients connect for ``host``."""
+        return f"{host}:{self.port}"
+
+    def http_url(self, host: str, path: str = "") -> str:
+        """The URL of ``path`` on ``host`` through this Gateway."""
+        scheme, default = ("https", 443) if self.tls else ("http", 80)
+        netloc = host if self.port == default else f"{host}:{self.port}"
+        return f"{scheme}://{netloc}{path}"
 
 
 @dataclass(frozen=True)
@@ -116,6 +131,14 @@ class RedBlackArgs:
     """How long ``pulumi up`` waits for the rollout to settle."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """Extra labels for every object."""
+    name: str | None = None
+    """``metadata.name`` of the Rollout (auto-named when ``None``); name it when something
+    else refers to it, such as a KEDA ScaledObject."""
+    scaled_externally: bool = False
+    """An autoscaler owns ``spec.replicas`` after creation; Pulumi then leaves it alone."""
+    depends_on: Sequence[pulumi.Resource] = ()
+    """What every object waits for: the namespace, the Gateway API and Argo CRDs, and for the
+    Rollout the version's materialize Job and its service account."""
 
 
 def _validate(args: RedBlackArgs) -> None:
@@ -237,7 +260,8 @@ class RedBlackRollout(pulumi.ComponentResource):
         _validate(args)
         super().__init__("llm-serving:red_black:RedBlackRollout", name, None, opts)
         self._name, self._args = name, args
-        child = pulumi.ResourceOptions(parent=self)
+        # Children do not inherit a component's dependencies: each names them itself.
+        child = pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on))
         self._labels = {
             **args.labels,
             "llm-serving/model-id": args.model_id,
@@ -245,7 +269,9 @@ class RedBlackRollout(pulumi.ComponentResource):
         }
         template = with_colour_env(args.pod_template)
         metadata = template.setdefault("metadata", {})
-        metadata["labels"] = {**(metadata.get("labels") or {}), **self._labels}
+        # The colour is the pod-template hash; a fixed colour label would mislabel one side.
+        labels = {k: v for k, v in (metadata.get("labels") or {}).items() if k != COLOUR_LABEL}
+        metadata["labels"] = {**labels, **self._labels}
         # Only labels that never change between versions: a Rollout's selector must not move.
         self._selector = dict(self._labels)
 
@@ -280,9 +306,12 @@ class RedBlackRollout(pulumi.ComponentResource):
         def render(values: list[str]) -> dict[str, str]:
             # Without a hostname the routes answer on the Gateway's address for any host.
             service = f"{values[0]}.{values[1]}.svc"
+            gateway = args.gateway
             return {
-                "grpc": f"{host}:443" if host else f"{service}:{args.grpc_port}",
-                "openai": f"https://{host}/v1" if host else f"http://{service}:{args.http_port}/v1",
+                "grpc": gateway.grpc_address(host) if host else f"{service}:{args.grpc_port}",
+                "openai": gateway.http_url(host, "/v1")
+                if host
+                else f"http://{service}:{args.http_port}/v1",
                 "metrics": f"http://{service}:{args.metrics_port}/metrics",
             }
 
@@ -448,11 +477,18 @@ class RedBlackRollout(pulumi.ComponentResource):
                 }
             },
         }
+        metadata = self._meta(annotations=annotations)
+        if args.name is not None:
+            metadata["name"] = args.name
         return _Rollout(
             self._name,
-            metadata=self._meta(annotations=annotations),
+            metadata=metadata,
             spec=spec,
             opts=pulumi.ResourceOptions.merge(
-                opts, pulumi.ResourceOptions(depends_on=[*templates, grpc_route, http_route])
+                opts,
+                pulumi.ResourceOptions(
+                    depends_on=[*args.depends_on, *templates, grpc_route, http_route],
+                    ignore_changes=["spec.replicas"] if args.scaled_externally else None,
+                ),
             ),
         )

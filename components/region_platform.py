@@ -1,9 +1,13 @@
-"""``RegionPlatform``: one region's cluster, GPU nodes, model cache and model services."""
+"""``RegionPlatform``: one region's cluster, GPU nodes, model cache and model services.
+
+Red-Black models run as one ``RedBlackRollout`` wrapping ``ModelService``'s pod template;
+Versioned models as one ``ModelService`` per version behind a ``VersionedModel``'s routes.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
@@ -14,17 +18,23 @@ from components.cluster_addons import ClusterAddons, ClusterAddonsArgs
 from components.eks_cluster import ClusterHandles, adopt_cluster, create_cluster, kubeconfig
 from components.gpu_node_group import DEVICE_PLUGIN_NODES, GpuNodeGroup, GpuNodeGroupArgs
 from components.model_cache import ModelCache, ModelCacheArgs
-from components.model_service import ModelService, ModelServiceArgs, serving_mode_from_manifest
-from components.naming import dns_label
+from components.model_strategies import (
+    ModelEndpoints,
+    ModelSite,
+    red_black_model,
+    versioned_model,
+)
 from components.observability import Observability, ObservabilityArgs
-from stacks.config import ModelConfig, ModelVersionConfig, RegionStackConfig
+from components.red_black import GatewayRef
+from runtime.metrics_proxy.assets import rollout_queries, rollout_success_conditions
+from stacks.config import RegionStackConfig
 
 __all__ = ["DEFAULT_TOOLS_IMAGE", "Endpoints", "RegionPlatform", "RegionPlatformArgs"]
 
 # The FSx CSI driver's image carries the Lustre client (``lfs``) that materialize jobs run.
 DEFAULT_TOOLS_IMAGE = "public.ecr.aws/fsx-csi-driver/aws-fsx-csi-driver:v1.4.0"
 
-Endpoints = dict[str, dict[str, dict[str, pulumi.Output[Any]]]]
+Endpoints = dict[str, dict[str, ModelEndpoints]]
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,12 @@ class RegionPlatformArgs:
     """Image with the Lustre client tools for materialize jobs."""
     vllm_version: str | None = None
     """vLLM of the image's Triton release (the compatibility matrix), annotated on pods."""
+    analysis_queries: Mapping[str, str] = field(default_factory=rollout_queries)
+    """Red-Black analysis PromQL (the metrics proxy's ``rollout_analysis.yaml``)."""
+    analysis_success_conditions: Mapping[str, str] = field(
+        default_factory=rollout_success_conditions
+    )
+    """Absolute success condition of the new colour for each analysis query."""
 
 
 class RegionPlatform(pulumi.ComponentResource):
@@ -127,23 +143,32 @@ class RegionPlatform(pulumi.ComponentResource):
             opts=on_cluster,
         )
         image = pulumi.Output.concat(args.image_repository_url, ":", config.image.tag)
-        self.endpoints = {}
-        for model, version in served:
-            service = self._model_service(
-                model,
-                version,
-                args,
-                cache,
-                cluster,
-                image,
-                [namespace, addons, *groups],
-                on_cluster,
+        site = ModelSite(
+            prefix=name,
+            parent=self,
+            config=config,
+            image=image,
+            bucket_name=args.bucket_name,
+            cluster=cluster,
+            cache=cache,
+            after=[namespace, addons, *groups],
+            gateway=GatewayRef(
+                name=addons.gateway_name,
+                namespace=addons.gateway_namespace,
+                port=addons.gateway_port,
+                tls=False,
+            ),
+            opts=on_cluster,
+            vllm_version=args.vllm_version,
+            analysis_queries=args.analysis_queries,
+            analysis_success_conditions=args.analysis_success_conditions,
+        )
+        self.endpoints = {
+            model.id: (red_black_model if model.strategy == "red-black" else versioned_model)(
+                site, model
             )
-            self.endpoints.setdefault(model.id, {})[version.version] = {
-                "grpc": service.grpc_endpoint,
-                "openai": service.openai_endpoint,
-                "metrics": service.metrics_endpoint,
-            }
+            for model in config.models
+        }
         if args.dashboard is not None and args.alert_groups is not None:
             Observability(
                 f"{name}-observability",
@@ -157,51 +182,6 @@ class RegionPlatform(pulumi.ComponentResource):
             )
         self.cluster_name = cluster.name
         self.register_outputs({"cluster_name": self.cluster_name, "endpoints": self.endpoints})
-
-    def _model_service(
-        self,
-        model: ModelConfig,
-        version: ModelVersionConfig,
-        args: RegionPlatformArgs,
-        cache: ModelCache,
-        cluster: ClusterHandles,
-        image: pulumi.Output[str],
-        after: list[pulumi.Resource],
-        opts: pulumi.ResourceOptions,
-    ) -> ModelService:
-        manifest = aws.s3.get_object_output(
-            bucket=args.bucket_name,
-            key=f"models/{model.id}/{version.version}/manifest.json",
-            opts=pulumi.InvokeOutputOptions(parent=self),
-        )
-        # Red-Black keeps one Service per model across versions; Versioned one per version.
-        service_name = dns_label(model.id) if model.strategy == "red-black" else None
-        replicas = version.replicas if version.replicas is not None else model.replicas
-        service_args = ModelServiceArgs(
-            model_id=model.id,
-            version=version.version,
-            namespace=args.config.namespace,
-            image=image,
-            serving_mode=manifest.body.apply(serving_mode_from_manifest),
-            bucket_name=args.bucket_name,
-            oidc_provider_arn=cluster.oidc_provider_arn,
-            oidc_issuer=cluster.oidc_issuer,
-            cache_claim_name=cache.claim_name,
-            node_group=f"{self._name}-{model.node_group}",
-            gpus=model.gpus,
-            cpu=model.cpu,
-            memory_gib=model.memory_gib,
-            shm_gib=model.shm_gib,
-            replicas=replicas,
-            max_replicas=model.max_replicas,
-            queue_target=model.queue_target,
-            service_name=service_name,
-            triton_release=args.config.image.triton_release,
-            vllm_version=args.vllm_version,
-            depends_on=[cache.materialize_jobs[(model.id, version.version)], *after],
-        )
-        # Named like its Service, so a Red-Black version change updates the same resources.
-        return ModelService(f"{self._name}-{service_args.name}", service_args, opts=opts)
 
     def _node_security_group(self, cluster: ClusterHandles) -> pulumi.Input[str]:
         network = self._config.network

@@ -9,8 +9,8 @@ two containers share. :func:`build_pod_template` is pure so the rollout componen
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
@@ -110,7 +110,20 @@ class ModelServiceArgs:
     startup_timeout_s: int = 1800
     """How long a cold start (package unpack, weights into GPU memory) may take."""
     create_workload: bool = True
-    """``False`` when a rollout component wraps :func:`build_pod_template` itself."""
+    """``False`` when a rollout component wraps :func:`build_pod_template` itself; that
+    workload must be named :attr:`name` and be of ``external_workload`` (KEDA scales it)."""
+    external_workload: tuple[str, str] = ("argoproj.io/v1alpha1", "Rollout")
+    """``apiVersion`` and ``kind`` of the workload a rollout component creates instead."""
+    create_service: bool = True
+    """``False`` when a rollout component brings its own Services (Red-Black's stable and
+    canary); the pods are then scraped through a PodMonitor, each exactly once."""
+    strategy: str | None = None
+    """Rollout strategy (``red-black``, ``versioned``), labelled ``llm-serving/strategy``."""
+    service_annotations: Mapping[str, str] = field(default_factory=dict)
+    """Extra annotations of the Service (the Versioned age policy reads them there)."""
+    also_reads: Sequence[str] = ()
+    """Further versions the IRSA role may read: during a Red-Black rollout the previous
+    colour's pods still serve (and may restart into) the previous version."""
     depends_on: Sequence[pulumi.Resource] = ()
     """What must exist or finish first: the namespace and the version's materialize Job."""
     prometheus_url: str = "http://kube-prometheus-stack-prometheus.monitoring.svc:9090"
@@ -135,13 +148,16 @@ class ModelServiceArgs:
     @property
     def labels(self) -> dict[str, str]:
         """Labels of the pods (see :func:`pod_selector` for the ones that select them)."""
-        return {
+        labels = {
             "app.kubernetes.io/name": "llm-serving",
             "app.kubernetes.io/instance": self.name,
             "llm-serving/model-id": dns_label(self.model_id),
             "llm-serving/model-version": dns_label(self.version),
             "llm-serving/colour": self.colour,
         }
+        if self.strategy is not None:
+            labels["llm-serving/strategy"] = self.strategy
+        return labels
 
 
 def pod_selector(args: ModelServiceArgs) -> dict[str, str]:

@@ -200,10 +200,12 @@ def _replication_policy(source: str, destinations: Sequence[str]) -> dict[str, o
     return {
         "Version": "2012-10-17",
         "Statement": [
+            {"Effect": "Allow", "Action": ["s3:GetReplicationConfiguration"], "Resource": [source]},
             {
                 "Effect": "Allow",
-                "Action": ["s3:GetReplicationConfiguration", "s3:ListBucket"],
+                "Action": ["s3:ListBucket"],
                 "Resource": [source],
+                "Condition": {"StringLike": {"s3:prefix": [f"{MODEL_PREFIX}*"]}},
             },
             {
                 "Effect": "Allow",

@@ -9,7 +9,7 @@ the stack configuration removes exactly its resources (their names embed the ver
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,8 +23,8 @@ __all__ = [
     "VersionedArgs",
     "VersionedConfigError",
     "VersionedModel",
+    "age_annotations",
     "dns_label",
-    "version_output_name",
 ]
 
 GATEWAY_API = "gateway.networking.k8s.io/v1"
@@ -51,7 +51,8 @@ class VersionSpec:
     route_weight: int | None = None
     """Share of the model's shared hostname, or ``None`` to serve only on its own hostname."""
     created_at: str | None = None
-    """ISO 8601 time the version was first deployed (read by the advisory age policy)."""
+    """ISO 8601 date or time the version was first deployed (read by the advisory age
+    policy)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,9 @@ class VersionedArgs:
     """Metrics proxy port."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """Extra labels for every object."""
+    depends_on: Sequence[pulumi.Resource] = ()
+    """What every object waits for: the namespace, the Gateway API CRDs, the workloads of
+    versions given by ``service_name``."""
 
 
 def dns_label(value: str) -> str:
@@ -87,9 +91,12 @@ def dns_label(value: str) -> str:
     return label
 
 
-def version_output_name(model_id: str, version: str) -> str:
-    """Stack output key holding one version's endpoints: ``model/<id>/<version>``."""
-    return f"model/{model_id}/{version}"
+def age_annotations(spec: VersionSpec, newest: bool) -> dict[str, str]:
+    """Annotations of a version's Service that the advisory age policy reads."""
+    annotations = {"llm-serving/newest": "true" if newest else "false"}
+    if spec.created_at is not None:
+        annotations["llm-serving/created-at"] = spec.created_at
+    return annotations
 
 
 def _validate(args: VersionedArgs) -> None:
@@ -132,7 +139,8 @@ class VersionedModel(pulumi.ComponentResource):
         _validate(args)
         super().__init__("llm-serving:versioned:VersionedModel", name, None, opts)
         self._name, self._args = name, args
-        self._child = pulumi.ResourceOptions(parent=self)
+        # Children do not inherit a component's dependencies: each names them itself.
+        self._child = pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on))
         newest = args.versions[-1].version
         services: dict[str, pulumi.Input[str]] = {}
         self.endpoints = {}
@@ -146,9 +154,7 @@ class VersionedModel(pulumi.ComponentResource):
             self._create_routes(
                 f"{name}-shared", host, [(services[s.version], s.route_weight) for s in weighted]
             )
-        self.register_outputs(
-            {version_output_name(args.model_id, v): e for v, e in self.endpoints.items()}
-        )
+        self.register_outputs({"endpoints": self.endpoints})
 
     def _meta(self, version: str, **extra: Any) -> dict[str, Any]:
         labels = {
@@ -181,12 +187,9 @@ class VersionedModel(pulumi.ComponentResource):
             },
             opts=self._child,
         )
-        annotations = {"llm-serving/newest": "true" if newest else "false"}
-        if spec.created_at is not None:
-            annotations["llm-serving/created-at"] = spec.created_at
         service = k8s.core.v1.Service(
             f"{prefix}-service",
-            metadata=self._meta(spec.version, annotations=annotations),
+            metadata=self._meta(spec.version, annotations=age_annotations(spec, newest)),
             spec={
                 "selector": selector,
                 "ports": [
@@ -242,8 +245,8 @@ class VersionedModel(pulumi.ComponentResource):
         args = self._args
         return pulumi.Output.all(service_name, args.namespace).apply(
             lambda values: {
-                "grpc": f"{host}:443",
-                "openai": f"https://{host}/v1",
+                "grpc": args.gateway.grpc_address(host),
+                "openai": args.gateway.http_url(host, "/v1"),
                 "metrics": f"http://{values[0]}.{values[1]}.svc:{args.metrics_port}/metrics",
             }
         )

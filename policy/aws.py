@@ -11,6 +11,7 @@ from typing import Any
 from policy.findings import GPU_RESOURCE, Props
 
 __all__ = [
+    "BUCKET_CONFIGURATION_READS",
     "LUSTRE_PORTS",
     "check_fsx_encrypted",
     "check_gpu_node_group_tainted",
@@ -33,6 +34,10 @@ POLICY_DOCUMENT_TYPES = ("aws:iam/rolePolicy:RolePolicy", "aws:iam/policy:Policy
 # Lustre's LNet port and the range its clients and servers use (AWS FSx for Lustre docs).
 LUSTRE_PORTS: tuple[tuple[int, int], ...] = ((988, 988), (1018, 1023))
 PUBLIC_CIDRS = frozenset({"0.0.0.0/0", "::/0"})
+# Bucket-level reads of configuration, not of objects: nothing to scope to a prefix.
+BUCKET_CONFIGURATION_READS = frozenset(
+    {"s3:GetBucketLocation", "s3:GetBucketVersioning", "s3:GetReplicationConfiguration"}
+)
 _GPU_INSTANCE = re.compile(r"^(p\d|g\d|gr\d)[a-z0-9-]*\.", re.IGNORECASE)
 
 
@@ -203,6 +208,8 @@ def check_s3_access_scoped_to_prefix(resource_type: str, props: Props) -> list[s
             conditions = statement.get("Condition") or {}
             has_prefix = any("s3:prefix" in (c or {}) for c in conditions.values())
             if bucket_only and actions == ["s3:ListBucket"] and has_prefix:
+                continue
+            if bucket_only and set(actions) <= BUCKET_CONFIGURATION_READS:
                 continue
             messages.append(
                 f"S3 access {actions} on {resource!r} is not scoped to a key prefix; use "

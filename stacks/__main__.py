@@ -10,7 +10,14 @@ import pulumi
 
 from components.region_platform import RegionPlatform, RegionPlatformArgs
 from components.shared_artifacts import SharedArtifacts, SharedArtifactsArgs
-from stacks.config import GLOBAL_STACK, NAMESPACE, GlobalStackConfig, load_stack_config
+from runtime.metrics_proxy.assets import load_alert_groups, load_dashboard
+from stacks.config import (
+    GLOBAL_STACK,
+    NAMESPACE,
+    GlobalStackConfig,
+    load_stack_config,
+    vllm_version_for,
+)
 
 stack = pulumi.get_stack()
 settings = pulumi.Config(NAMESPACE)
@@ -36,6 +43,8 @@ if isinstance(config, GlobalStackConfig):
     pulumi.export("image_repository_urls", shared.image_repository_urls)
     pulumi.export("model_buckets", shared.model_buckets)
 else:
+    # Before anything is declared: an unknown Triton release fails naming the key.
+    vllm_version = vllm_version_for(config, stack)
     shared_outputs = pulumi.StackReference(config.global_stack)
     platform = RegionPlatform(
         stack,
@@ -45,6 +54,9 @@ else:
                 config.region
             ],
             bucket_name=shared_outputs.require_output("model_buckets")[config.region],
+            vllm_version=vllm_version,
+            dashboard=load_dashboard(),
+            alert_groups=load_alert_groups(),
         ),
     )
     pulumi.export("cluster_name", platform.cluster_name)

@@ -11,11 +11,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
+from datetime import date
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from runtime.compat import CompatError, load_matrix
 
 __all__ = [
     "GLOBAL_STACK",
@@ -37,6 +40,7 @@ __all__ = [
     "load_stack_config",
     "read_stack_file",
     "stack_file",
+    "vllm_version_for",
 ]
 
 NAMESPACE = "llm-serving"
@@ -69,6 +73,9 @@ class ModelVersionConfig(_Strict):
     version: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
     route_weight: int | None = Field(default=None, ge=0, le=100)
     replicas: int | None = Field(default=None, ge=0, description="overrides the model's replicas")
+    created_at: date | None = Field(
+        default=None, description="first deployed (Versioned: the advisory age policy reads it)"
+    )
 
 
 class ModelConfig(_Strict):
@@ -94,6 +101,10 @@ class ModelConfig(_Strict):
             raise ValueError(f"versions listed twice: {', '.join(duplicates)}")
         if self.max_replicas is not None and self.max_replicas < self.replicas:
             raise ValueError("max_replicas must be at least replicas")
+        last = self.versions[-1]
+        served = last.replicas if last.replicas is not None else self.replicas
+        if self.strategy == "red-black" and served < 1:
+            raise ValueError("replicas must be at least 1 for a red-black model (a Rollout)")
         return self
 
     @property
@@ -193,6 +204,10 @@ class RegionStackConfig(_Strict):
     model_cache: ModelCacheConfig = ModelCacheConfig()
     image: ImageConfig
     namespace: Name = "llm-serving"
+    domain: str = Field(
+        pattern=r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$",
+        description="models answer on <model>.<domain> (and <version>.<model>.<domain>)",
+    )
     models: list[ModelConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -326,3 +341,16 @@ def _config_error(exc: ValidationError, keys: Mapping[str, str], path: Path) -> 
         return StackConfigError(keys.get(field, f"{NAMESPACE}:*"), path, problem)
     suffix = "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in location[1:])
     return StackConfigError(f"{keys[location[0]]}{suffix}", path, problem)
+
+
+def vllm_version_for(config: RegionStackConfig, stack: str, stacks_dir: Path = STACKS_DIR) -> str:
+    """The vLLM version that the stack's Triton release ships (``images/compat.toml``).
+
+    Raises :class:`StackConfigError` naming ``llm-serving:image`` and the supported releases.
+    """
+    try:
+        return load_matrix().for_triton(config.image.triton_release).vllm
+    except CompatError as exc:
+        raise StackConfigError(
+            f"{NAMESPACE}:image.triton_release", stack_file(stack, stacks_dir), str(exc)
+        ) from None

@@ -32,6 +32,7 @@ __all__ = [
     "PlanMocks",
     "ProgramRun",
     "RecordedResource",
+    "auto_name",
     "run_program",
     "stack_config_strings",
 ]
@@ -143,6 +144,13 @@ class PlanMocks(pulumi_mocks.Mocks):
         outputs = dict(args.inputs)
         if args.typ == STACK_REFERENCE:
             return args.name, {**outputs, "outputs": self.global_outputs}
+        metadata = outputs.get("metadata")
+        if (
+            args.typ.startswith("kubernetes:")
+            and isinstance(metadata, dict)
+            and "name" not in metadata
+        ):
+            outputs["metadata"] = {**metadata, "name": auto_name(args.name)}
         return "", outputs
 
     def call(self, args: pulumi_mocks.MockCallArgs) -> dict:
@@ -165,6 +173,13 @@ class PlanMocks(pulumi_mocks.Mocks):
                 "key": args.args.get("key"),
             }
         return {}
+
+
+def auto_name(resource_name: str) -> str:
+    """The ``metadata.name`` pulumi-kubernetes gives an object declared without one (already
+    in a preview): the resource name and a suffix, random there, derived from the name here so
+    that two plans compare."""
+    return f"{resource_name}-{hashlib.sha256(resource_name.encode()).hexdigest()[:8]}"
 
 
 def _cluster_outputs(name: str) -> dict[str, Any]:
@@ -197,7 +212,9 @@ def stack_config_strings(stack_file: Path) -> dict[str, str]:
     document = yaml.safe_load(stack_file.read_text()) if stack_file.is_file() else None
     config = (document or {}).get("config") or {}
     return {
-        key: value if isinstance(value, str) else json.dumps(value) for key, value in config.items()
+        # default=str: YAML reads an unquoted 2026-10-01 as a date, which Pulumi passes as text.
+        key: value if isinstance(value, str) else json.dumps(value, default=str)
+        for key, value in config.items()
     }
 
 

@@ -31,6 +31,7 @@ from stacks.config import (
     StackConfigError,
     load_stack_config,
     stack_file,
+    vllm_version_for,
 )
 from stacks.mock_engine import COMPUTED, MOCK_ACCOUNT, PlanMocks, ProgramRun, RecordedResource
 
@@ -93,13 +94,32 @@ KEY_PROPERTIES: dict[str, tuple[str, ...]] = {
         "spec.template.spec.containers[].image",
         "spec.template.spec.containers[].resources.limits",
         "spec.template.spec.nodeSelector",
+        "spec.template.metadata.annotations",
+    ),
+    "kubernetes:argoproj.io/v1alpha1:Rollout": (
+        "metadata.namespace",
+        "metadata.annotations.llm-serving/model-version",
+        "spec.replicas",
+        "spec.template.spec.containers[].image",
+        "spec.template.spec.containers[].resources.limits",
+        "spec.template.metadata.annotations",
+        "spec.strategy.canary.steps[].setWeight",
+    ),
+    "kubernetes:gateway.networking.k8s.io/v1:GRPCRoute": (
+        "spec.hostnames",
+        "spec.rules[].backendRefs[].weight",
+    ),
+    "kubernetes:gateway.networking.k8s.io/v1:HTTPRoute": (
+        "spec.hostnames",
+        "spec.rules[].backendRefs[].weight",
     ),
     "kubernetes:batch/v1:Job": ("metadata.namespace", "spec.template.spec.containers[].image"),
-    "kubernetes:core/v1:Service": ("metadata.namespace", "spec.ports"),
+    "kubernetes:core/v1:Service": ("metadata.namespace", "spec.ports[].port"),
     "kubernetes:keda.sh/v1alpha1:ScaledObject": (
+        "spec.scaleTargetRef.kind",
         "spec.minReplicaCount",
         "spec.maxReplicaCount",
-        "spec.triggers",
+        "spec.triggers[].metadata.query",
     ),
     "pulumi:pulumi:StackReference": ("name",),
 }
@@ -170,6 +190,9 @@ def kubernetes_objects(run: ProgramRun) -> Iterator[tuple[RecordedResource, dict
             continue
         head = ("apiVersion", "kind", "metadata")
         manifest = {k: resource.inputs[k] for k in head if k in resource.inputs}
+        metadata = manifest.get("metadata")
+        if isinstance(metadata, dict) and "name" not in metadata:
+            manifest["metadata"] = {**metadata, "name": mock_engine.auto_name(resource.name)}
         manifest.update({k: v for k, v in resource.inputs.items() if k not in {*head, "status"}})
         yield resource, manifest
 
@@ -282,6 +305,15 @@ def _lookup(value: Any, path: str) -> Any:
     return _lookup(found, rest) if rest else found
 
 
+def _without_gaps(value: Any) -> Any:
+    """A path's values without the list items that lack it (Rollout steps other than
+    ``setWeight``, route backends without a weight)."""
+    if not isinstance(value, list):
+        return value
+    kept = [_without_gaps(item) for item in value]
+    return [item for item in kept if item is not None and item != []]
+
+
 def format_tree(run: ProgramRun) -> list[str]:
     """The resource tree: one line per resource (type, name), its key properties below it."""
     children: dict[str, list[RecordedResource]] = {}
@@ -296,10 +328,8 @@ def format_tree(run: ProgramRun) -> list[str]:
             indent = "  " * depth
             lines.append(f"{indent}+ {resource.type}  {resource.name}")
             for path in KEY_PROPERTIES.get(resource.type, ()):
-                value = _lookup(resource.inputs, path)
-                if value is not None and not (
-                    isinstance(value, list) and all(v is None for v in value)
-                ):
+                value = _without_gaps(_lookup(resource.inputs, path))
+                if value not in (None, []):
                     lines.append(f"{indent}    {path}: {_short(value)}")
             walk(resource.urn, depth + 1)
 
@@ -398,6 +428,8 @@ def run_plan(
     stages = 5 if against else 4
     try:
         config = load_stack_config(stack)
+        if isinstance(config, RegionStackConfig):
+            vllm_version_for(config, stack)
     except StackConfigError as exc:
         raise PlanError(str(exc)) from exc
     described = "global stack"
@@ -415,8 +447,10 @@ def run_plan(
     )
     for line in format_tree(run):
         echo(line)
+    # One line per leaf, so that each endpoint of each model version reads on its own.
     for name, value in sorted(run.outputs.items()):
-        echo(f"output {name}: {json.dumps(value, sort_keys=True)}")
+        for path, leaf in _flatten(value, name).items():
+            echo(f"output {path}: {json.dumps(leaf)}")
     report = PlanReport(stack=stack, run=run)
     out_dir = (out or DEFAULT_OUT) / stack
     # Objects of an earlier plan must not pass for this plan's.

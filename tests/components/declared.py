@@ -40,7 +40,10 @@ _COMPUTED: dict[str, Any] = {
         "mountName": "abcdefgh",
     },
     "aws:ec2/launchTemplate:LaunchTemplate": lambda name: {"latestVersion": 1},
-    "aws:s3/bucket:Bucket": lambda name: {"bucket": f"{name}-bucket"},
+    "aws:s3/bucket:Bucket": lambda name: {
+        "bucket": f"{name}-bucket",
+        "arn": f"arn:aws:s3:::{name}-bucket",
+    },
     "aws:eks/cluster:Cluster": lambda name: {
         "endpoint": f"https://{name}.eks.mock.amazonaws.com",
         "identities": [{"oidcs": [{"issuer": f"https://oidc.eks.mock.amazonaws.com/id/{name}"}]}],

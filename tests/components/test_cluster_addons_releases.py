@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 
 from components.cluster_addons import (
@@ -11,6 +10,7 @@ from components.cluster_addons import (
     ClusterAddonsArgs,
 )
 from components.gpu_node_group import gpu_tolerations
+from stacks.plan import validate_object
 from tests.components.declared import Declare
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -42,8 +42,10 @@ def test_every_release_is_pinned_to_an_exact_version(declare: Declare) -> None:
     plugin = releases["nvidia-device-plugin"]["values"]
     assert plugin["nodeSelector"] == {"llm-serving/ami-family": "al2023"}
     assert plugin["tolerations"] == gpu_tolerations()
+    # The chart renders this list into argo-rollouts-config's trafficRouterPlugins.
     routers = releases["argo-rollouts"]["values"]["controller"]["trafficRouterPlugins"]
-    assert json.loads(routers["trafficRouterPlugins"])[0]["name"] == "argoproj-labs/gatewayAPI"
+    assert [r["name"] for r in routers] == ["argoproj-labs/gatewayAPI"]
+    assert routers[0]["location"].startswith("https://github.com/argoproj-labs/")
     spec = releases["kube-prometheus-stack"]["values"]["prometheus"]["prometheusSpec"]
     assert spec["serviceMonitorSelectorNilUsesHelmValues"] is False
     gateway = declared.one("kubernetes:gateway.networking.k8s.io/v1:Gateway").inputs
@@ -69,3 +71,25 @@ def test_no_device_plugin_when_every_ami_brings_its_own(declare: Declare) -> Non
     assert "nvidia-device-plugin" not in names
     keda = next(r.inputs for r in declared.of_type(RELEASE) if r.inputs["name"] == "keda")
     assert keda["values"] == {"resources": {"operator": {"limits": {"cpu": "1"}}}}
+
+
+def test_argo_rollouts_controller_may_set_route_weights(declare: Declare) -> None:
+    declared = declare(
+        lambda: ClusterAddons(
+            "addons", ClusterAddonsArgs(device_plugin_node_selector=None, gateway_namespace="s")
+        )
+    )
+    role = declared.one("kubernetes:rbac.authorization.k8s.io/v1:ClusterRole").inputs
+    binding = declared.one("kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding").inputs
+    routes = next(r for r in role["rules"] if r["apiGroups"] == ["gateway.networking.k8s.io"])
+    assert set(routes["resources"]) == {"httproutes", "grpcroutes"}
+    assert {"get", "list", "watch", "update", "patch"} <= set(routes["verbs"])
+    # The plugin keeps its state in a ConfigMap of the rollout's namespace.
+    state = next(r for r in role["rules"] if r["resources"] == ["configmaps"])
+    assert {"create", "update"} <= set(state["verbs"])
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "argo-rollouts", "namespace": "argo-rollouts"}
+    ]
+    for resource in (role, binding):
+        assert validate_object(resource) == (True, None)

@@ -250,3 +250,44 @@ def test_bad_manifest_is_refused(text: str, message: str) -> None:
 def test_bad_args_are_refused(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         build_pod_template(_args(**overrides))
+
+
+def test_a_rollout_brings_workload_and_services(declare: Declare) -> None:
+    declared = declare(
+        lambda: ModelService(
+            "s",
+            _args(service_name="llama", create_workload=False, create_service=False),
+        )
+    )
+    types = {r.type.rsplit(":", 1)[-1] for r in declared.run.resources}
+    assert {"Deployment", "Service", "ServiceMonitor"}.isdisjoint(types)
+    assert {"ServiceAccount", "PodDisruptionBudget", "PodMonitor", "ScaledObject"} <= types
+    # Every pod scraped once, whatever Service (stable, canary) currently selects it.
+    monitor = declared.one("kubernetes:monitoring.coreos.com/v1:PodMonitor").inputs["spec"]
+    assert monitor["selector"]["matchLabels"] == pod_selector(_args(service_name="llama"))
+    assert monitor["podMetricsEndpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "15s"}
+    ]
+    scaler = declared.one("kubernetes:keda.sh/v1alpha1:ScaledObject").inputs["spec"]
+    assert scaler["scaleTargetRef"] == {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Rollout",
+        "name": "llama",
+    }
+    assert scaler["triggers"][0]["metadata"]["query"] == (
+        'sum(vllm:num_requests_waiting{model_id="llama"})'
+    )
+
+
+def test_strategy_label_and_service_annotations(declare: Declare) -> None:
+    annotations = {"llm-serving/created-at": "2026-09-20", "llm-serving/newest": "false"}
+    declared = declare(
+        lambda: ModelService("s", _args(strategy="versioned", service_annotations=annotations))
+    )
+    service = declared.one("kubernetes:core/v1:Service").inputs["metadata"]
+    assert service["annotations"] == annotations
+    assert service["labels"]["llm-serving/strategy"] == "versioned"
+    deployment = declared.one("kubernetes:apps/v1:Deployment").inputs["spec"]
+    # The strategy labels the pods but never joins the (immutable) selector.
+    assert "llm-serving/strategy" not in deployment["selector"]["matchLabels"]
+    assert deployment["template"]["metadata"]["labels"]["llm-serving/strategy"] == "versioned"

@@ -41,7 +41,7 @@ def test_image_and_models_replicate_to_every_region(declare: Declare) -> None:
     replication = declared.one("aws:s3/bucketReplicationConfig:BucketReplicationConfig")
     assert replication.inputs["bucket"] == f"{buckets['us-east-1'].name}-id"
     destinations = {r["destination"]["bucket"] for r in replication.inputs["rules"]}
-    assert destinations == {f"arn:aws:mock:::{buckets[r].name}" for r in REPLICAS}
+    assert destinations == {f"arn:aws:s3:::{buckets[r].name}-bucket" for r in REPLICAS}
     assert {r["filter"]["prefix"] for r in replication.inputs["rules"]} == {MODEL_PREFIX}
     assert {v.urn for v in versioning} <= set(replication.dependencies)
     policy = json.loads(declared.one("aws:iam/rolePolicy:RolePolicy").inputs["policy"])

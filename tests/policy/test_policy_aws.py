@@ -210,8 +210,26 @@ def test_s3_access_under_model_prefix_passes() -> None:
         {"Effect": "Allow", "Action": "s3:*", "Resource": "arn:aws:s3:::models-use1/*"},
         {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": "arn:aws:s3:::models-use1"},
         {"Effect": "Allow", "Action": "*", "Resource": "arn:aws:s3:::models-*/models/x/*"},
+        # A configuration read does not excuse an object read on the whole bucket.
+        {
+            "Effect": "Allow",
+            "Action": ["s3:GetReplicationConfiguration", "s3:GetObject"],
+            "Resource": "arn:aws:s3:::models-use1",
+        },
     ],
 )
 def test_unscoped_s3_access_fails(statement: dict[str, object]) -> None:
     messages = check_s3_access_scoped_to_prefix("aws:iam/policy:Policy", s3_policy(statement))
     assert len(messages) == 1 and "prefix" in messages[0]
+
+
+def test_bucket_configuration_reads_need_no_prefix() -> None:
+    # S3 replication reads the source bucket's replication configuration at bucket level.
+    props = s3_policy(
+        {
+            "Effect": "Allow",
+            "Action": ["s3:GetReplicationConfiguration", "s3:GetBucketVersioning"],
+            "Resource": "arn:aws:s3:::models-use1",
+        }
+    )
+    assert check_s3_access_scoped_to_prefix("aws:iam/rolePolicy:RolePolicy", props) == []

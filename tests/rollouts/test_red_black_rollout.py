@@ -10,6 +10,7 @@ import pytest
 
 from components.red_black import (
     GATEWAY_PLUGIN,
+    GatewayRef,
     RedBlackConfigError,
     RedBlackRollout,
     RolloutAbortedError,
@@ -207,6 +208,26 @@ def test_endpoints_name_the_public_host_and_the_stable_metrics() -> None:
         "openai": "https://llama.models.example.com/v1",
         "metrics": "http://llama-stable-x1y2z3.serving.svc:9400/metrics",
     }
+
+
+def test_endpoints_through_a_plain_http_gateway() -> None:
+    mocks = RecordingMocks()
+    gateway = GatewayRef(name="llm-serving", namespace="serving", port=80, tls=False)
+    (endpoints,) = run_under_mocks(
+        mocks, lambda: RedBlackRollout("llama", make_args(gateway=gateway)).endpoints
+    )
+    assert endpoints["grpc"] == "llama.models.example.com:80"
+    assert endpoints["openai"] == "http://llama.models.example.com/v1"
+    assert GatewayRef(name="g", port=8443).http_url("h", "/v1") == "https://h:8443/v1"
+
+
+def test_a_named_rollout_keeps_its_name(mocks: RecordingMocks) -> None:
+    deploy(mocks, make_args(name="llama"))
+    assert mocks.one(":Rollout").inputs["metadata"]["name"] == "llama"
+    # Unnamed, the provider names it (the mocks add a suffix like the provider's).
+    unnamed = RecordingMocks()
+    deploy(unnamed, make_args())
+    assert unnamed.one(":Rollout").inputs["metadata"]["name"] == "llama-x1y2z3"
 
 
 def test_core_objects_validate_against_the_kubernetes_schema(mocks: RecordingMocks) -> None:

@@ -16,7 +16,6 @@ from components.versioned import (
     VersionedConfigError,
     VersionedModel,
     VersionSpec,
-    version_output_name,
 )
 from policy.versions import check_versioned_age
 from policy.workloads import check_gpu_pods_tolerate_taint, check_gpu_startup_probes
@@ -85,7 +84,6 @@ def test_each_version_gets_deployment_service_and_routes() -> None:
         "openai": "https://v4.ranker.models.example.com/v1",
         "metrics": "http://ranker-v4-service-x1y2z3.serving.svc:9400/metrics",
     }
-    assert version_output_name("ranker", "v4") == "model/ranker/v4"
 
 
 def test_each_deployment_selects_only_its_version() -> None:

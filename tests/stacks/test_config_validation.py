@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,9 @@ from stacks.config import (
     RegionStackConfig,
     StackConfigError,
     load_stack_config,
+    vllm_version_for,
 )
+from stacks.mock_engine import PlanMocks, run_program, stack_config_strings
 
 REGION_STACKS = ["prod-us-east-1", "prod-eu-west-1", "prod-ap-northeast-1", "dev-us-west-2"]
 
@@ -112,6 +115,22 @@ def test_served_versions_follow_strategy() -> None:
             "llm-serving:image",
             "must end with -triton26.07",
         ),
+        (lambda c: c.pop("llm-serving:domain"), "llm-serving:domain", "missing required key"),
+        (
+            lambda c: c["llm-serving:models"][0].update(strategy="red-black", replicas=0),
+            "llm-serving:models[0]",
+            "at least 1 for a red-black model",
+        ),
+        (
+            lambda c: c.update({"llm-serving:domain": "Models_Example"}),
+            "llm-serving:domain",
+            "should match pattern",
+        ),
+        (
+            lambda c: c["llm-serving:models"][0]["versions"][0].update(created_at="last week"),
+            "llm-serving:models[0].versions[0].created_at",
+            "valid date",
+        ),
     ],
 )
 def test_bad_config_names_key_and_file(tmp_path: Path, mutate: Any, key: str, problem: str) -> None:
@@ -139,3 +158,43 @@ def test_values_read_through_getter_are_json() -> None:
     encoded = {k: v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()}
     config = load_stack_config("dev-us-west-2", get=encoded.get)
     assert config == load_stack_config("dev-us-west-2")
+
+
+def test_created_at_is_a_date() -> None:
+    config = load_stack_config("prod-us-east-1")
+    assert isinstance(config, RegionStackConfig)
+    ranker = next(m for m in config.models if m.strategy == "versioned")
+    assert [v.created_at for v in ranker.versions] == [date(2026, 9, 20), date(2026, 11, 2)]
+
+
+def _unknown_release(tmp_path: Path) -> Path:
+    config = _base()
+    config["llm-serving:image"] = {"tag": "0.1.0-triton24.01", "triton_release": "24.01"}
+    return _write(tmp_path, "dev-us-west-2", config)
+
+
+def test_unknown_triton_release_names_the_key_and_the_supported_releases(tmp_path: Path) -> None:
+    path = _unknown_release(tmp_path)
+    config = load_stack_config("dev-us-west-2", stacks_dir=tmp_path)
+    assert isinstance(config, RegionStackConfig)
+    with pytest.raises(StackConfigError) as caught:
+        vllm_version_for(config, "dev-us-west-2", stacks_dir=tmp_path)
+    assert caught.value.key == "llm-serving:image.triton_release"
+    message = str(caught.value)
+    assert message.startswith(f"{path}: llm-serving:image.triton_release: ")
+    assert "'24.01'" in message
+    assert "supported releases: " in message
+    assert "26.08" in message
+
+
+def test_the_stack_program_refuses_an_unknown_triton_release(tmp_path: Path) -> None:
+    path = _unknown_release(tmp_path)
+    program = STACKS_DIR / "__main__.py"
+    with pytest.raises(StackConfigError, match=r"llm-serving:image\.triton_release: .*supported"):
+        run_program(program, "dev-us-west-2", stack_config_strings(path), PlanMocks({}))
+
+
+def test_a_known_release_gives_its_vllm() -> None:
+    config = load_stack_config("prod-us-east-1")
+    assert isinstance(config, RegionStackConfig)
+    assert vllm_version_for(config, "prod-us-east-1") == "0.27.1"

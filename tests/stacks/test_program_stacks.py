@@ -7,10 +7,13 @@ from functools import cache
 import pytest
 
 from components.gpu_node_group import NODE_GROUP_LABEL
+from runtime.compat import load_matrix
 from stacks.config import RegionStackConfig, load_stack_config
 from stacks.mock_engine import ProgramRun
 from stacks.plan import kubernetes_objects, plan_program, validate_object
 
+DEPLOYMENT = "kubernetes:apps/v1:Deployment"
+ROLLOUT = "kubernetes:argoproj.io/v1alpha1:Rollout"
 REGION_STACKS = ["prod-us-east-1", "prod-eu-west-1", "prod-ap-northeast-1", "dev-us-west-2"]
 _EFFECTS = {"NO_SCHEDULE": "NoSchedule"}
 
@@ -30,14 +33,20 @@ def _region(stack: str) -> RegionStackConfig:
 def test_outputs_give_every_served_version_its_endpoints(stack: str) -> None:
     config, run = _region(stack), _run(stack)
     endpoints = run.outputs["endpoints"]
+    assert sorted(endpoints) == sorted(m.id for m in config.models)
     for model in config.models:
         served = [v.version for v in model.served_versions]
         assert sorted(endpoints[model.id]) == sorted(served)
         for version in served:
+            # Red-Black: one hostname per model; Versioned: one per version (and the shared one).
+            host = f"{model.id}.{config.domain}"
+            if model.strategy == "versioned":
+                host = f"{version}.{host}"
             urls = endpoints[model.id][version]
-            assert urls["grpc"].endswith(":8001")
-            assert urls["openai"].endswith(":8080/v1")
-            assert urls["metrics"].endswith(":9400/metrics")
+            assert urls["grpc"] == f"{host}:80"
+            assert urls["openai"] == f"http://{host}/v1"
+            assert urls["metrics"].startswith("http://")
+            assert urls["metrics"].endswith(f".{config.namespace}.svc:9400/metrics")
     assert run.outputs["cluster_name"] == config.cluster.name
 
 
@@ -68,7 +77,7 @@ def test_servers_fit_their_node_group_and_wait_for_their_job(stack: str) -> None
         for r in run.resources
         if r.type == "kubernetes:batch/v1:Job"
     }
-    deployments = [r for r in run.resources if r.type == "kubernetes:apps/v1:Deployment"]
+    deployments = [r for r in run.resources if r.type in (DEPLOYMENT, ROLLOUT)]
     assert deployments
     for deployment in deployments:
         pod = deployment.inputs["spec"]["template"]
@@ -109,15 +118,18 @@ def test_red_black_serves_only_the_last_version() -> None:
     run = _run("prod-us-east-1")
     served = {
         (
-            d.inputs["metadata"]["labels"]["llm-serving/model-id"],
-            d.inputs["metadata"]["labels"]["llm-serving/model-version"],
+            d.type,
+            d.inputs["spec"]["template"]["metadata"]["labels"]["llm-serving/model-id"],
+            d.inputs["spec"]["template"]["metadata"]["labels"]["llm-serving/model-version"],
         )
         for d in run.resources
-        if d.type == "kubernetes:apps/v1:Deployment"
+        if d.type in (DEPLOYMENT, ROLLOUT)
     }
-    assert ("llama-3-1-70b-instruct", "2026-11-15") in served
-    assert ("llama-3-1-70b-instruct", "2026-10-01") not in served
-    assert {("catalog-ranker-8b", "v3"), ("catalog-ranker-8b", "v4")} <= served
+    assert served == {
+        (ROLLOUT, "llama-3-1-70b-instruct", "2026-11-15"),
+        (DEPLOYMENT, "catalog-ranker-8b", "v3"),
+        (DEPLOYMENT, "catalog-ranker-8b", "v4"),
+    }
 
 
 def test_adopting_a_cluster_creates_none() -> None:
@@ -138,7 +150,10 @@ def test_region_stacks_read_the_global_stack() -> None:
     assert image.startswith("123456789012.dkr.ecr.us-west-2.amazonaws.com/")
     assert image.endswith(":0.1.0-dev-triton26.08")
     annotations = deployment.inputs["spec"]["template"]["metadata"]["annotations"]
-    assert annotations == {"llm-serving/triton-release": "26.08"}
+    assert annotations == {
+        "llm-serving/triton-release": "26.08",
+        "llm-serving/vllm-version": load_matrix().for_triton("26.08").vllm,
+    }
 
 
 def test_global_stack_exports_what_regions_read() -> None:
@@ -151,7 +166,7 @@ def test_global_stack_exports_what_regions_read() -> None:
     assert "aws:s3/bucketReplicationConfig:BucketReplicationConfig" in types
 
 
-def _services_for(config: RegionStackConfig) -> dict[str, str]:
+def _served_by(config: RegionStackConfig) -> dict[str, str]:
     from components.region_platform import RegionPlatform, RegionPlatformArgs
     from stacks.mock_engine import run_program
     from tests.components.declared import KnownOutputMocks
@@ -163,9 +178,9 @@ def _services_for(config: RegionStackConfig) -> dict[str, str]:
 
     run = run_program(program, "test", {}, KnownOutputMocks({}), preview=False)
     return {
-        r.name: r.inputs["spec"]["template"]["metadata"]["labels"]["llm-serving/model-version"]
+        r.urn: r.inputs["spec"]["template"]["metadata"]["labels"]["llm-serving/model-version"]
         for r in run.resources
-        if r.type == "kubernetes:apps/v1:Deployment"
+        if r.type in (DEPLOYMENT, ROLLOUT)
     }
 
 
@@ -178,11 +193,11 @@ def test_a_red_black_version_change_updates_the_same_resources() -> None:
             "versions": [*llama.versions, llama.versions[0].model_copy(update={"version": "v9"})]
         }
     )
-    before = _services_for(config)
-    after = _services_for(config.model_copy(update={"models": [newer, *config.models[1:]]}))
+    before = _served_by(config)
+    after = _served_by(config.model_copy(update={"models": [newer, *config.models[1:]]}))
     assert before.keys() == after.keys()
-    assert before["r-llama-3-1-70b-instruct-deployment"] == "2026-11-15"
-    assert after["r-llama-3-1-70b-instruct-deployment"] == "v9"
+    (rollout,) = (urn for urn in before if urn.endswith(":Rollout::r-llama-3-1-70b-instruct"))
+    assert (before[rollout], after[rollout]) == ("2026-11-15", "v9")
 
 
 def test_metrics_assets_ship_once_per_region() -> None:
