@@ -23,7 +23,7 @@ DEBS_STAMP := $(VENV)/.debian-packages
 help:
 	@echo "make setup   create $(VENV)/ with the package, its dev extras and the native engine"
 	@echo "make test    setup, then ruff check, ruff format --check and pytest"
-	@echo "make bench   run every benchmark under benchmarks/"
+	@echo "make bench   run every benchmark under benchmarks/ (BENCH_FLAGS=--quick for a short run)"
 	@echo "make clean   remove $(VENV)/ and build outputs"
 	@echo "make plan STACK=prod-us-east-1   offline plan of a stack (no cloud, no Pulumi CLI)"
 
@@ -59,9 +59,12 @@ lint: setup
 test: lint
 	$(VENV)/bin/pytest
 
+BENCH_FLAGS ?=
 bench: setup
+	@mkdir -p bench-out
 	@for b in benchmarks/[a-z]*.py; do \
-		m=$$(basename $$b .py); echo "== benchmarks.$$m"; $(PY) -m benchmarks.$$m || exit 1; done
+		m=$$(basename $$b .py); echo "== benchmarks.$$m"; \
+		$(PY) -m benchmarks.$$m $(BENCH_FLAGS) --json bench-out/$$m.json || exit 1; done
 
 # The offline plan of one stack: resource tree, Kubernetes YAML under plan-out/, validation.
 plan: setup
@@ -70,7 +73,7 @@ plan: setup
 	$(VENV)/bin/llm-serving plan --stack $(STACK)
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(POLICY_VENV) build dist *.egg-info .pytest_cache .ruff_cache plan-out bench-out
 
 # The CrossGuard policy pack's own virtualenv: pulumi-policy pins protobuf 5, which cannot share
 # .venv with tritonclient. Rebuilt only when policy/requirements.txt changes.

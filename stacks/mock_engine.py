@@ -218,6 +218,21 @@ def stack_config_strings(stack_file: Path) -> dict[str, str]:
     }
 
 
+def _ensure_event_loop() -> None:
+    """Give this thread an open event loop if it has none.
+
+    Pulumi's synchronous helpers run on the thread's current loop, and an earlier
+    ``asyncio.run()`` in the same process leaves none set. An existing open loop is kept:
+    Pulumi's runtime state from earlier runs in this process is bound to it.
+    """
+    try:
+        loop = asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:
+        loop = None
+    if loop is None or loop.is_closed():
+        asyncio.set_event_loop(asyncio.new_event_loop())
+
+
 def run_program(
     program: Path | Callable[[], None],
     stack: str,
@@ -235,9 +250,7 @@ def run_program(
     from pulumi.runtime.stack import run_pulumi_func
     from pulumi.runtime.sync_await import _sync_await
 
-    # Pulumi's synchronous helpers run on the thread's current event loop, and an earlier
-    # asyncio.run() in the same process leaves none set: give every run a fresh one.
-    asyncio.set_event_loop(asyncio.new_event_loop())
+    _ensure_event_loop()
     ROOT.set(None)
     monitor = _RecordingMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=preview, monitor=monitor)
