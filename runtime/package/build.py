@@ -201,6 +201,13 @@ def build_package(
     """Check the source tree, write ``package.tar``, the weights and ``manifest.json`` (last)."""
     source = source.resolve()
     spec = _load_spec(source)
+    if spec.serving_mode == "embedded" and "max_model_len" not in spec.engine_args:
+        # The entrypoint hands it to the frontend, which checks prompt + max_tokens against
+        # it; without it the frontend would guess a context length vLLM does not use.
+        raise PackageError(
+            f"{source / SPEC_NAME}: field engine_args: serving_mode embedded needs "
+            "max_model_len (the OpenAI frontend and vLLM must use the same context length)"
+        )
     release, pins = image_pins(triton, constraints)
     files = _archive_sources(source, spec)
     plugins = []

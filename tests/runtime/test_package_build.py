@@ -206,6 +206,14 @@ def test_catalog_folder_is_refused(tmp_path: Path) -> None:
         build_package(source, tmp_path / "out")
 
 
+def test_embedded_package_must_set_max_model_len(tmp_path: Path) -> None:
+    source = make_source(tmp_path / "src", serving_mode="embedded", engine_args={})
+    with pytest.raises(PackageError, match="serving_mode embedded needs max_model_len"):
+        build_package(source, tmp_path / "out")
+    standalone = make_source(tmp_path / "plain", engine_args={})
+    assert "max_model_len" not in build_package(standalone, tmp_path / "out2").engine_args
+
+
 def test_engine_args_cannot_set_the_model_path(tmp_path: Path) -> None:
     source = make_source(tmp_path / "src", engine_args={"model": "/tmp/other"})
     with pytest.raises(PackageError, match=r"field engine_args: .*must not set model"):
