@@ -192,6 +192,7 @@ def _service_args(
         service_name=service_name,
         triton_release=site.config.image.triton_release,
         vllm_version=site.vllm_version,
+        api_keys_secret=model.api_keys_secret,
         depends_on=[site.cache.materialize_jobs[(model.id, version.version)], *site.after],
         **overrides,
     )

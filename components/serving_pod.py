@@ -20,6 +20,8 @@ from components.model_cache import CACHE_MOUNT_PATH, FILE_SYSTEM_PATH
 from components.naming import dns_label
 
 __all__ = [
+    "API_KEYS_DIR",
+    "API_KEYS_SECRET_KEY",
     "GRPC_PORT",
     "HEALTH_PORT",
     "METRICS_PORT",
@@ -42,6 +44,14 @@ MULTIPROC_DIR = "/var/run/llm-serving/prometheus"
 SCRATCH_DIR = "/var/lib/llm-serving"
 SERVING_MODES = ("standalone", "embedded")
 SERVING_CONTAINER = "triton"
+# The OpenAI frontend's API keys: a Secret whose key holds SHA-256 hex digests, one per line.
+API_KEYS_DIR = "/etc/llm-serving/api-keys"
+API_KEYS_SECRET_KEY = "sha256-digests"
+# Endpoints drop the pod during the preStop sleep, before SIGTERM reaches the entrypoint.
+PRESTOP_SECONDS = 15
+# The entrypoint stops its children one after another (frontend, then Triton), each given the
+# drain deadline plus 5 s before SIGKILL: the grace period must outlast both.
+_STOP_MARGIN_SECONDS = 5
 PROXY_CONTAINER = "metrics-proxy"
 # The serving pair, as the policy pack reads it from the pod template.
 TRITON_ANNOTATION = "llm-serving/triton-release"
@@ -134,6 +144,14 @@ class ModelServiceArgs:
     """Triton release of the image (``26.08``), annotated for the policy pack and operators."""
     vllm_version: str | None = None
     """vLLM version the image pairs with that release (``images/compat.toml``), annotated."""
+    served_model_id: str | None = None
+    """Model id OpenAI clients send and ``/v1/models`` lists (embedded mode); ``None``:
+    :attr:`model_id`."""
+    api_keys_secret: str | None = None
+    """Secret (in :attr:`namespace`) whose key ``sha256-digests`` lists the SHA-256 hex
+    digests of accepted OpenAI API keys, one per line; ``None``: the frontend is open."""
+    drain_seconds: int = 45
+    """SIGTERM drain deadline of the entrypoint; the pod's grace period is sized from it."""
 
     @property
     def name(self) -> str:
@@ -144,6 +162,11 @@ class ModelServiceArgs:
     def package_path(self) -> str:
         """Where the version's package lies in the model cache."""
         return f"{CACHE_MOUNT_PATH}{FILE_SYSTEM_PATH}/{self.model_id}/{self.version}"
+
+    @property
+    def termination_grace_seconds(self) -> int:
+        """Grace period that outlasts the preStop sleep and the entrypoint's whole drain."""
+        return PRESTOP_SECONDS + 2 * (self.drain_seconds + _STOP_MARGIN_SECONDS) + 5
 
     @property
     def labels(self) -> dict[str, str]:
@@ -183,6 +206,41 @@ def _env(args: ModelServiceArgs) -> list[dict[str, Any]]:
     ]
 
 
+def _serving_env(args: ModelServiceArgs) -> list[dict[str, Any]]:
+    """The entrypoint's own settings, and what the embedded frontend needs beyond what the
+    entrypoint passes it (Triton address, model name, tokenizer, port, release, max model len).
+
+    The serving mode is read from the package manifest, possibly only at deploy time, so the
+    frontend's variables are always set; only the frontend, started in embedded mode, reads them.
+    """
+    env: list[dict[str, Any]] = [
+        {"name": "LLM_SERVING_PACKAGE_PATH", "value": args.package_path},
+        # The entrypoint unpacks the package there: the node's local NVMe (GpuNodeGroup).
+        {"name": "LLM_SERVING_WORK_DIR", "value": SCRATCH_DIR},
+        {
+            "name": "LLM_SERVING_PACKAGE_S3_URI",
+            "value": pulumi.Output.concat(
+                "s3://", args.bucket_name, f"/models/{args.model_id}/{args.version}/"
+            ),
+        },
+        {"name": "LLM_SERVING_DRAIN_SECONDS", "value": str(args.drain_seconds)},
+        {
+            "name": "LLM_SERVING_FRONTEND_SERVED_MODEL_ID",
+            "value": args.served_model_id or args.model_id,
+        },
+    ]
+    if args.triton_release is not None:
+        env.append({"name": "LLM_SERVING_TRITON_RELEASE", "value": args.triton_release})
+    if args.api_keys_secret is not None:
+        env.append(
+            {
+                "name": "LLM_SERVING_FRONTEND_API_KEYS_FILE",
+                "value": f"{API_KEYS_DIR}/{API_KEYS_SECRET_KEY}",
+            }
+        )
+    return env
+
+
 def build_pod_template(args: ModelServiceArgs) -> dict[str, Any]:
     """The serving pod template (``metadata`` and ``spec``) of one model version."""
     _validate(args)
@@ -200,18 +258,7 @@ def build_pod_template(args: ModelServiceArgs) -> dict[str, Any]:
             {"name": "openai", "containerPort": OPENAI_PORT},
             {"name": "health", "containerPort": HEALTH_PORT},
         ],
-        "env": [
-            *_env(args),
-            {"name": "LLM_SERVING_PACKAGE_PATH", "value": args.package_path},
-            # The entrypoint unpacks the package there: the node's local NVMe (GpuNodeGroup).
-            {"name": "LLM_SERVING_WORK_DIR", "value": SCRATCH_DIR},
-            {
-                "name": "LLM_SERVING_PACKAGE_S3_URI",
-                "value": pulumi.Output.concat(
-                    "s3://", args.bucket_name, f"/models/{args.model_id}/{args.version}/"
-                ),
-            },
-        ],
+        "env": [*_env(args), *_serving_env(args)],
         "resources": {"requests": dict(compute), "limits": dict(compute)},
         # The entrypoint answers /readyz only once the model is loaded; until then the startup
         # probe holds liveness off for the whole GPU cold start.
@@ -234,12 +281,17 @@ def build_pod_template(args: ModelServiceArgs) -> dict[str, Any]:
             "failureThreshold": 3,
         },
         # Endpoints drop the pod before Triton starts refusing requests.
-        "lifecycle": {"preStop": {"exec": {"command": ["sleep", "15"]}}},
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SECONDS)]}}},
         "volumeMounts": [
             {"name": "model-cache", "mountPath": CACHE_MOUNT_PATH, "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "prometheus-multiproc", "mountPath": MULTIPROC_DIR},
             {"name": "scratch", "mountPath": SCRATCH_DIR},
+            *(
+                [{"name": "api-keys", "mountPath": API_KEYS_DIR, "readOnly": True}]
+                if args.api_keys_secret is not None
+                else []
+            ),
         ],
     }
     sidecar_compute = {"cpu": "250m", "memory": "256Mi"}
@@ -265,7 +317,7 @@ def build_pod_template(args: ModelServiceArgs) -> dict[str, Any]:
             "serviceAccountName": args.name,
             "nodeSelector": node_selector(args.node_group),
             "tolerations": gpu_tolerations(),
-            "terminationGracePeriodSeconds": 120,
+            "terminationGracePeriodSeconds": args.termination_grace_seconds,
             "containers": [serving, proxy],
             "volumes": [
                 {
@@ -279,12 +331,26 @@ def build_pod_template(args: ModelServiceArgs) -> dict[str, Any]:
                 {"name": "prometheus-multiproc", "emptyDir": {"sizeLimit": "1Gi"}},
                 # On the node's RAID0 NVMe (see GpuNodeGroup): the unpacked package.
                 {"name": "scratch", "emptyDir": {"sizeLimit": "200Gi"}},
+                *_api_keys_volume(args),
             ],
         },
     }
 
 
+def _api_keys_volume(args: ModelServiceArgs) -> list[dict[str, Any]]:
+    if args.api_keys_secret is None:
+        return []
+    secret = {
+        "secretName": args.api_keys_secret,
+        "items": [{"key": API_KEYS_SECRET_KEY, "path": API_KEYS_SECRET_KEY}],
+        "defaultMode": 0o444,
+    }
+    return [{"name": "api-keys", "secret": secret}]
+
+
 def _validate(args: ModelServiceArgs) -> None:
+    if args.drain_seconds < 1:
+        raise ValueError(f"drain_seconds must be at least 1, got {args.drain_seconds}")
     if args.gpus < 1:
         raise ValueError(f"gpus must be at least 1, got {args.gpus}")
     if args.max_replicas is not None and args.max_replicas < max(args.replicas, 1):

@@ -92,6 +92,12 @@ class ModelConfig(_Strict):
     memory_gib: int = Field(default=64, ge=4)
     cpu: int = Field(default=8, ge=1)
     shm_gib: int = Field(default=16, ge=1)
+    api_keys_secret: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$",
+        description="Secret in the namespace whose key sha256-digests lists the SHA-256 hex "
+        "digests of the OpenAI frontend's API keys; unset: the frontend takes no keys",
+    )
 
     @model_validator(mode="after")
     def _unique_versions(self) -> ModelConfig:

@@ -246,7 +246,7 @@ def run_program(
 
     Returns every resource the program declared and its resolved stack outputs.
     """
-    from pulumi.runtime.settings import ROOT
+    from pulumi.runtime.settings import ROOT, SETTINGS
     from pulumi.runtime.stack import run_pulumi_func
     from pulumi.runtime.sync_await import _sync_await
 
@@ -254,6 +254,10 @@ def run_program(
     ROOT.set(None)
     monitor = _RecordingMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=preview, monitor=monitor)
+    # Outputs made outside any run (a pure function such as build_pod_template called on its
+    # own) stay tracked on a loop that never runs again; the run would wait for them forever.
+    with SETTINGS.lock:
+        SETTINGS.outputs.clear()
     pulumi.runtime.set_all_config(dict(config))
     exported: dict[str, Any] = {}
 

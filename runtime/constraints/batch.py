@@ -16,6 +16,7 @@ import torch
 
 from runtime.constraints import _engine
 from runtime.constraints.engine import ConstraintEngine, compile_plan
+from runtime.constraints.metrics import CounterSync
 from runtime.constraints.plan import ConstraintPlan, resolve_constraints
 from runtime.constraints.registry import CatalogRegistry
 from runtime.constraints.schema import ConstraintConfigError, parse_constraints
@@ -78,6 +79,7 @@ class ConstraintBatch:
         self._ready = np.zeros(max_batch, dtype=np.int32)
         #: Requests whose configuration failed at add time; they may only end (fail closed).
         self.rejected_requests = 0
+        self._counters = CounterSync()
 
     def constrained_rows(self) -> np.ndarray:
         return np.asarray([i for i, s in enumerate(self._slots) if s is not None], np.int32)
@@ -181,6 +183,8 @@ class ConstraintBatch:
         self._advance(slots, tokens)
         if late:
             self.engine.fill(self._bitmask_np, np.asarray(late, np.int32))
+        # Once per step, after this step's fills: two integer reads, no lock.
+        self._counters(self)
         return self.constrained_rows()
 
     @property

@@ -1,8 +1,9 @@
 """Catalogs: named JSONL files of ``{"id", "text"}`` items, tokenized once per process.
 
 A catalog named ``films`` is the file ``films.jsonl`` in the catalog directory, which the
-serving image points to with ``LLM_SERVING_CATALOG_DIR`` (the model package's ``catalogs/``
-folder). Versions are part of the name (``films-2026-06``), so a new version is a new file.
+serving processes find through ``LLM_SERVING_CATALOG_DIR`` (the entrypoint prepares that folder
+from the model package's manifest, linking ``<name>.jsonl`` to each catalog file). Versions
+are part of the name (``films-2026-06``), so a new version is a new file.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = [
     "catalog_dir_from_env",
     "load_catalog",
     "load_catalog_cached",
+    "read_catalog",
     "tokenize_catalog",
     "tokenizer_encoder",
 ]
@@ -85,25 +87,42 @@ def load_catalog(directory: Path, name: str) -> Catalog:
         raise CatalogError(
             f"unknown catalog {name!r}: no file {path}; available: {', '.join(available) or 'none'}"
         )
+    return read_catalog(path, name)
+
+
+def read_catalog(path: Path, name: str) -> Catalog:
+    """Parse one catalog file (JSONL of ``{"id", "text"}``) under ``name``, wherever it lives.
+
+    Packaging checks a package's catalogs with it, so a catalog the engine cannot read is
+    refused when the package is built, not when the first request names it.
+    """
     ids: list[str] = []
     texts: list[str] = []
     index: dict[str, int] = {}
     seen_texts: dict[str, str] = {}
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            item_id, text = _parse_line(path, number, line)
-            if item_id in index:
-                raise CatalogError(f"{path}:{number}: duplicate id {item_id!r}")
-            if text in seen_texts:
-                raise CatalogError(
-                    f"{path}:{number}: item {item_id!r} has the same text as {seen_texts[text]!r}"
-                )
-            index[item_id] = len(ids)
-            seen_texts[text] = item_id
-            ids.append(item_id)
-            texts.append(text)
+    try:
+        lines = path.open(encoding="utf-8")
+    except OSError as exc:
+        raise CatalogError(f"cannot read catalog {name!r} at {path}: {exc.strerror}") from exc
+    with lines:
+        try:
+            for number, line in enumerate(lines, start=1):
+                if not line.strip():
+                    continue
+                item_id, text = _parse_line(path, number, line)
+                if item_id in index:
+                    raise CatalogError(f"{path}:{number}: duplicate id {item_id!r}")
+                if text in seen_texts:
+                    raise CatalogError(
+                        f"{path}:{number}: item {item_id!r} has the same text as "
+                        f"{seen_texts[text]!r}"
+                    )
+                index[item_id] = len(ids)
+                seen_texts[text] = item_id
+                ids.append(item_id)
+                texts.append(text)
+        except UnicodeDecodeError as exc:
+            raise CatalogError(f"{path}: not UTF-8 text: {exc}") from None
     if not ids:
         raise CatalogError(f"{path}: the catalog has no items")
     return Catalog(name=name, ids=tuple(ids), texts=tuple(texts), index=index)

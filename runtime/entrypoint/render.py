@@ -9,7 +9,7 @@ from pathlib import Path
 
 from runtime.package.manifest import Manifest, TensorSpec
 
-__all__ = ["render_repository"]
+__all__ = ["link_catalogs", "render_repository"]
 
 
 def _parameter(key: str, value: str) -> str:
@@ -64,6 +64,20 @@ def engine_arguments(
     processors = [p for p in args.get("logits_processors", []) or [] if p != logits_processor]  # type: ignore[union-attr]
     args["logits_processors"] = [*processors, logits_processor]
     return args
+
+
+def link_catalogs(manifest: Manifest, unpacked: Path, folder: Path) -> Path:
+    """A fresh ``folder`` holding ``<name>.jsonl`` -> each manifest catalog in the package.
+
+    This is the ``LLM_SERVING_CATALOG_DIR`` the constraint processor reads: the manifest names
+    catalogs freely (any path in the archive), the processor finds them by name.
+    """
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    for catalog in manifest.catalogs:
+        (folder / f"{catalog.name}.jsonl").symlink_to(unpacked / catalog.path)
+    return folder
 
 
 def render_repository(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http.client
-import json
 import os
 import signal
 import subprocess
@@ -22,11 +21,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from runtime.compat import CompatError
+from runtime.constraints.catalog import CATALOG_DIR_ENV
 from runtime.entrypoint.errors import STAGES, ExitCode, StageFailed
 from runtime.entrypoint.gate import PortGate
 from runtime.entrypoint.health import HealthServer
 from runtime.entrypoint.plugins import install_plugins
-from runtime.entrypoint.render import render_repository
+from runtime.entrypoint.render import link_catalogs, render_repository
 from runtime.entrypoint.settings import EntrypointSettings
 from runtime.entrypoint.stages import (
     check_compat,
@@ -191,15 +191,17 @@ class Entrypoint:
         pair = await self._stage(5, lambda: check_compat(s.triton_release, s.compat_matrix, probe))
         log(f"compatible: {pair}")
         repository = work / "model_repository"
-        await self._stage(
-            6,
-            lambda: render_repository(manifest, folder, unpacked, repository, s.logits_processor),
-        )
+
+        def render() -> Path:
+            render_repository(manifest, folder, unpacked, repository, s.logits_processor)
+            return link_catalogs(manifest, unpacked, work / "catalogs")
+
+        catalogs = await self._stage(6, render)
         if self.stop.is_set():
             log("SIGTERM before start: nothing to drain")
             return ExitCode.DRAINED
         embedded = (s.serving_mode or manifest.serving_mode) == "embedded"
-        await self._timed_async(7, self._start(manifest, repository, unpacked, embedded))
+        await self._timed_async(7, self._start(manifest, repository, unpacked, catalogs, embedded))
         await self._timed_async(8, self._open_gate(manifest, embedded))
         return await self._serve(manifest)
 
@@ -211,20 +213,19 @@ class Entrypoint:
         self.metrics.record(name, seconds)
         log(f"stage {number}/8 {name} done in {seconds:.3f}s")
 
-    def _child_env(self, manifest: Manifest, unpacked: Path) -> dict[str, str]:
+    def _child_env(self, catalogs: Path) -> dict[str, str]:
         env = dict(os.environ)
         if self.settings.plugin_dir is not None:
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (str(self.settings.plugin_dir), env.get("PYTHONPATH", "")) if p
             )
-        # Where our logits processor finds the package's catalogs (name -> file).
-        env["LLM_SERVING_CATALOGS"] = json.dumps(
-            {c.name: str(unpacked / c.path) for c in manifest.catalogs}
-        )
+        # The constraint processor (in Triton's vLLM) and the frontend's constraint validation
+        # both find the package's catalogs here by name.
+        env[CATALOG_DIR_ENV] = str(catalogs)
         return env
 
     async def _start(
-        self, manifest: Manifest, repository: Path, unpacked: Path, embedded: bool
+        self, manifest: Manifest, repository: Path, unpacked: Path, catalogs: Path, embedded: bool
     ) -> None:
         s = self.settings
         argv = [
@@ -243,7 +244,7 @@ class Entrypoint:
             f"--metrics-port={s.triton_metrics_port}",
             f"--exit-timeout-secs={max(1, round(s.drain_seconds))}",
         ]
-        env = self._child_env(manifest, unpacked)
+        env = self._child_env(catalogs)
         try:
             triton = await asyncio.create_subprocess_exec(*argv, env=env)
         except OSError as exc:

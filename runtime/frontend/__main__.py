@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+from types import FrameType
 
 import uvicorn
 
@@ -13,9 +15,18 @@ from runtime.frontend.settings import FrontendSettings
 __all__ = ["main"]
 
 
+def _exit_drained(signum: int, frame: FrameType | None) -> None:
+    # uvicorn handles SIGTERM itself (graceful shutdown: in-flight requests finish), then
+    # re-raises it under the handler it found, which by default kills the process (status
+    # -15). The shutdown was clean, so exit 0: the entrypoint reads the status to tell a
+    # drained frontend from a killed one. Before uvicorn starts, SIGTERM just ends the process.
+    raise SystemExit(0)
+
+
 def main() -> int:
     """Read settings, build the app, serve until SIGTERM; a bad setting exits 1 with one line."""
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    signal.signal(signal.SIGTERM, _exit_drained)
     try:
         settings = FrontendSettings()
         app = create_app(settings)

@@ -22,6 +22,7 @@ from runtime.frontend.engine import (
     TokenLogprob,
 )
 from runtime.frontend.errors import BackendError, BackendUnavailableError, NotSupportedError
+from runtime.frontend.tensors import input_tensor
 
 __all__ = ["PROMPT_LOGPROBS_OUTPUT", "KServeEngine"]
 
@@ -32,11 +33,13 @@ _NOT_FINISHED = "None"
 
 
 def _tensor(name: str, value: Any) -> grpcclient.InferInput:
-    if isinstance(value, bool):
-        tensor = grpcclient.InferInput(name, [1], "BOOL")
-        tensor.set_data_from_numpy(np.array([value], dtype=np.bool_))
+    # The wire type comes from the tensor table, so every tensor sent here is declared there
+    # (the table `llm-serving package verify` checks python backend models against).
+    wire_type = input_tensor(name).wire_type
+    tensor = grpcclient.InferInput(name, [1], wire_type)
+    if wire_type == "BOOL":
+        tensor.set_data_from_numpy(np.array([bool(value)], dtype=np.bool_))
     else:
-        tensor = grpcclient.InferInput(name, [1], "BYTES")
         data = value.encode("utf-8") if isinstance(value, str) else value
         tensor.set_data_from_numpy(np.array([data], dtype=np.object_))
     return tensor

@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from runtime.compat import load_matrix
+from runtime.constraints.catalog import CatalogError, read_catalog
 from runtime.package.errors import PackageError
 from runtime.package.manifest import (
     ARCHIVE_NAME,
@@ -27,7 +28,14 @@ from runtime.package.sources import SourceFile, collect, resolve_inside
 from runtime.package.tensors import check_python_model
 from runtime.package.wheels import check_against_pins, parse_pins, read_wheel
 
-__all__ = ["SPEC_NAME", "TOKENIZER_FILES", "PackageSpec", "build_package", "image_pins"]
+__all__ = [
+    "SPEC_NAME",
+    "TOKENIZER_FILES",
+    "PackageSpec",
+    "build_package",
+    "check_catalog",
+    "image_pins",
+]
 
 SPEC_NAME = "package.yaml"
 # Any one of these makes a folder loadable by transformers' AutoTokenizer.
@@ -66,6 +74,17 @@ def image_pins(triton: str | None, constraints: Path | None) -> tuple[str, dict[
     return pair.triton, parse_pins(lines)
 
 
+def check_catalog(path: Path, catalog: Catalog, where: str) -> None:
+    """Raise `PackageError` unless the constraint engine's own loader reads the catalog file."""
+    try:
+        read_catalog(path, catalog.name)
+    except CatalogError as exc:
+        raise PackageError(
+            f"{where}: catalog {catalog.name!r} ({catalog.path}) is not a valid JSONL catalog "
+            f'(one {{"id", "text"}} object per line): {exc}'
+        ) from exc
+
+
 def _load_spec(source: Path) -> PackageSpec:
     path = source / SPEC_NAME
     try:
@@ -95,7 +114,11 @@ def _archive_sources(source: Path, spec: PackageSpec) -> list[SourceFile]:
             raise PackageError(f"plugins.{i}: {wheel} is not a wheel (*.whl)")
         files += collect(source, wheel, f"plugins.{i}")
     for i, catalog in enumerate(spec.catalogs):
-        files += collect(source, catalog.path, f"catalogs.{i}")
+        catalog_files = collect(source, catalog.path, f"catalogs.{i}")
+        if len(catalog_files) != 1 or catalog_files[0].arcname != catalog.path:
+            raise PackageError(f"catalogs.{i}: {catalog.path} must be one file, not a folder")
+        check_catalog(catalog_files[0].source, catalog, f"catalogs.{i}")
+        files += catalog_files
     if spec.python_model is not None:
         model_dir = str(Path(spec.python_model.model_file).parent)
         if model_dir == ".":
@@ -178,6 +201,13 @@ def build_package(
     """Check the source tree, write ``package.tar``, the weights and ``manifest.json`` (last)."""
     source = source.resolve()
     spec = _load_spec(source)
+    if spec.serving_mode == "embedded" and "max_model_len" not in spec.engine_args:
+        # The entrypoint hands it to the frontend, which checks prompt + max_tokens against
+        # it; without it the frontend would guess a context length vLLM does not use.
+        raise PackageError(
+            f"{source / SPEC_NAME}: field engine_args: serving_mode embedded needs "
+            "max_model_len (the OpenAI frontend and vLLM must use the same context length)"
+        )
     release, pins = image_pins(triton, constraints)
     files = _archive_sources(source, spec)
     plugins = []

@@ -1,51 +1,13 @@
-"""The KServe tensors the OpenAI frontend's request builder sends and reads, and the check that a
-``python`` backend model declares them compatibly (so a mismatch fails at packaging time)."""
+"""The check that a ``python`` backend model declares the tensors the OpenAI frontend's request
+builder sends and reads (`runtime.frontend.tensors`), so a mismatch fails at packaging time."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from runtime.frontend.tensors import FRONTEND_INPUTS, FRONTEND_OUTPUTS, FrontendTensor
 from runtime.package.errors import PackageError
 from runtime.package.manifest import PythonModel, TensorSpec
 
-__all__ = ["FRONTEND_INPUTS", "FRONTEND_OUTPUTS", "FrontendTensor", "check_python_model"]
-
-
-@dataclass(frozen=True)
-class FrontendTensor:
-    """One tensor of the frontend's request/response (the Triton vLLM backend's I/O)."""
-
-    name: str
-    data_type: str
-    required: bool
-    """Sent with every request, so a model may declare it non-optional."""
-    generation: bool = True
-    """Sent with generation requests, so a model must declare it (Triton rejects unknown
-    inputs); ``False`` for inputs of other features (embeddings), declared only if served."""
-
-
-# The vLLM backend's I/O, which the frontend's request builder (runtime/frontend) sends and
-# reads: generation sends all but the last two inputs; scoring and embeddings send subsets.
-FRONTEND_INPUTS = (
-    FrontendTensor("text_input", "TYPE_STRING", required=True),
-    FrontendTensor("stream", "TYPE_BOOL", required=False),
-    FrontendTensor("sampling_parameters", "TYPE_STRING", required=False),
-    FrontendTensor("exclude_input_in_output", "TYPE_BOOL", required=False),
-    FrontendTensor("return_finish_reason", "TYPE_BOOL", required=False),
-    FrontendTensor("return_logprobs", "TYPE_BOOL", required=False),
-    FrontendTensor("return_num_input_tokens", "TYPE_BOOL", required=False),
-    FrontendTensor("return_num_output_tokens", "TYPE_BOOL", required=False),
-    FrontendTensor("return_cumulative_logprob", "TYPE_BOOL", required=False, generation=False),
-    FrontendTensor("embedding_request", "TYPE_STRING", required=False, generation=False),
-)
-FRONTEND_OUTPUTS = (
-    FrontendTensor("text_output", "TYPE_STRING", required=True),
-    FrontendTensor("finish_reason", "TYPE_STRING", required=False),
-    FrontendTensor("cumulative_logprob", "TYPE_FP32", required=False),
-    FrontendTensor("logprobs", "TYPE_STRING", required=False),
-    FrontendTensor("num_input_tokens", "TYPE_UINT32", required=False),
-    FrontendTensor("num_output_tokens", "TYPE_UINT32", required=False),
-)
+__all__ = ["check_python_model"]
 
 
 def check_python_model(model: PythonModel) -> None:

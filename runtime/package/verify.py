@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from runtime.package.build import file_entry, image_pins
+from runtime.package.build import check_catalog, file_entry, image_pins
 from runtime.package.errors import PackageError
 from runtime.package.manifest import ARCHIVE_NAME, MANIFEST_NAME, FileEntry, Manifest, load_manifest
 from runtime.package.tensors import check_python_model
@@ -90,8 +90,22 @@ def _check_plugins(archive: Path, manifest: Manifest, constraints: Path | None) 
             check_against_pins(info, plugin.wheel, pins)
 
 
+def _check_catalogs(archive: Path, manifest: Manifest) -> None:
+    with tarfile.open(archive, "r:") as tar, tempfile.TemporaryDirectory() as tmp:
+        for i, catalog in enumerate(manifest.catalogs):
+            try:
+                handle = tar.extractfile(catalog.path)
+            except KeyError:
+                handle = None
+            if handle is None:
+                raise PackageError(f"catalogs.{i}: {catalog.path} is not a file in the archive")
+            path = Path(tmp) / f"{i}.jsonl"
+            path.write_bytes(handle.read())
+            check_catalog(path, catalog, f"catalogs.{i}")
+
+
 def verify_package(folder: Path, *, full: bool = True, constraints: Path | None = None) -> Manifest:
-    """Check a version folder: manifest, archive and weights checksums, plugins, tensors."""
+    """Check a version folder: checksums, plugins, catalogs (as the engine reads them), tensors."""
     manifest = load_manifest(folder / MANIFEST_NAME)
     check_file(folder, manifest.archive, full=full)
     for entry in manifest.weight_files:
@@ -100,6 +114,7 @@ def verify_package(folder: Path, *, full: bool = True, constraints: Path | None 
     if full:
         verify_archive_members(archive, manifest)
     _check_plugins(archive, manifest, constraints)
+    _check_catalogs(archive, manifest)
     if manifest.python_model is not None:
         check_python_model(manifest.python_model)
     return manifest

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import pulumi
@@ -12,6 +13,8 @@ import pytest
 from components.gpu_node_group import GPU_RESOURCE, gpu_tolerations, node_selector
 from components.model_service import ModelService, ModelServiceArgs, build_pod_template
 from components.serving_pod import (
+    API_KEYS_DIR,
+    API_KEYS_SECRET_KEY,
     GRPC_PORT,
     HEALTH_PORT,
     METRICS_PORT,
@@ -20,6 +23,8 @@ from components.serving_pod import (
     pod_selector,
     serving_mode_from_manifest,
 )
+from runtime.entrypoint.settings import EntrypointSettings
+from runtime.frontend.settings import FrontendSettings
 from stacks.plan import validate_object
 from tests.components.declared import Declare, Declared
 
@@ -291,3 +296,68 @@ def test_strategy_label_and_service_annotations(declare: Declare) -> None:
     # The strategy labels the pods but never joins the (immutable) selector.
     assert "llm-serving/strategy" not in deployment["selector"]["matchLabels"]
     assert deployment["template"]["metadata"]["labels"]["llm-serving/strategy"] == "versioned"
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
+def test_embedded_frontend_gets_what_the_entrypoint_does_not_pass() -> None:
+    template = build_pod_template(_args(triton_release="26.08", api_keys_secret="llama-keys"))
+    serving = _containers(template)["triton"]
+    env = _env(serving)
+    # The frontend's settings (LLM_SERVING_FRONTEND_*) that the entrypoint leaves unset.
+    assert env["LLM_SERVING_FRONTEND_SERVED_MODEL_ID"] == "llama"
+    assert env["LLM_SERVING_FRONTEND_API_KEYS_FILE"] == f"{API_KEYS_DIR}/{API_KEYS_SECRET_KEY}"
+    # The entrypoint takes the release from the image config, and hands it to the frontend.
+    assert env["LLM_SERVING_TRITON_RELEASE"] == "26.08"
+    mount = next(m for m in serving["volumeMounts"] if m["name"] == "api-keys")
+    assert mount == {"name": "api-keys", "mountPath": API_KEYS_DIR, "readOnly": True}
+    volume = next(v for v in template["spec"]["volumes"] if v["name"] == "api-keys")
+    assert volume["secret"]["secretName"] == "llama-keys"
+    assert volume["secret"]["items"] == [{"key": API_KEYS_SECRET_KEY, "path": API_KEYS_SECRET_KEY}]
+
+
+def test_pod_env_names_are_settings_the_processes_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    template = build_pod_template(
+        _args(triton_release="26.08", api_keys_secret="llama-keys", served_model_id="llama-chat")
+    )
+    env = _env(_containers(template)["triton"])
+    for name in list(os.environ):
+        if name.startswith("LLM_SERVING_"):
+            monkeypatch.delenv(name)
+    for name, value in env.items():
+        if isinstance(value, str):
+            monkeypatch.setenv(name, value)
+    frontend = FrontendSettings()
+    assert frontend.model_id == "llama-chat"
+    assert str(frontend.api_keys_file) == f"{API_KEYS_DIR}/{API_KEYS_SECRET_KEY}"
+    entrypoint = EntrypointSettings()
+    assert entrypoint.triton_release == "26.08"
+    assert entrypoint.drain_seconds == 45
+    assert entrypoint.model_id == "llama" and entrypoint.model_version == "v2"
+
+
+def test_no_api_keys_secret_means_no_keys_file_and_no_volume() -> None:
+    template = build_pod_template(_args())
+    serving = _containers(template)["triton"]
+    assert "LLM_SERVING_FRONTEND_API_KEYS_FILE" not in _env(serving)
+    assert "LLM_SERVING_TRITON_RELEASE" not in _env(serving)  # the image's own variable then
+    assert all(v["name"] != "api-keys" for v in template["spec"]["volumes"])
+    assert all(m["name"] != "api-keys" for m in serving["volumeMounts"])
+
+
+@pytest.mark.parametrize("drain", [1, 45, 300])
+def test_drain_deadline_fits_inside_the_grace_period(drain: int) -> None:
+    template = build_pod_template(_args(drain_seconds=drain))
+    serving = _containers(template)["triton"]
+    grace = template["spec"]["terminationGracePeriodSeconds"]
+    prestop = int(serving["lifecycle"]["preStop"]["exec"]["command"][1])
+    assert _env(serving)["LLM_SERVING_DRAIN_SECONDS"] == str(drain)
+    # preStop, then the entrypoint stops the frontend and Triton in turn, each up to drain + 5 s.
+    assert prestop + 2 * (drain + 5) < grace
+
+
+def test_drain_below_one_second_is_refused() -> None:
+    with pytest.raises(ValueError, match="drain_seconds must be at least 1, got 0"):
+        build_pod_template(_args(drain_seconds=0))

@@ -1,6 +1,7 @@
 """A stand-in for the OpenAI frontend process in embedded-mode tests: answers
 ``/health/ready`` on ``LLM_SERVING_FRONTEND_PORT`` and records the ``LLM_SERVING_FRONTEND_*``
-environment it was started with into ``FAKE_FRONTEND_RECORD``. Never used by product code."""
+environment (and ``LLM_SERVING_CATALOG_DIR``) it was started with into
+``FAKE_FRONTEND_RECORD``. Never used by product code."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import signal
 import sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
+
+from runtime.constraints.catalog import CATALOG_DIR_ENV
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -23,7 +26,11 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def main() -> int:
-    record = {k: v for k, v in os.environ.items() if k.startswith("LLM_SERVING_FRONTEND_")}
+    record = {
+        k: v
+        for k, v in os.environ.items()
+        if k.startswith("LLM_SERVING_FRONTEND_") or k == CATALOG_DIR_ENV
+    }
     Path(os.environ["FAKE_FRONTEND_RECORD"]).write_text(json.dumps(record))
     server = HTTPServer(("127.0.0.1", int(os.environ["LLM_SERVING_FRONTEND_PORT"])), _Handler)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from runtime.constraints.catalog import CATALOG_DIR_ENV, load_catalog
 from tests.runtime.pod import Pod, free_port, http_status, infer
 
 
@@ -27,6 +28,11 @@ def test_embedded_mode_starts_the_frontend_pointed_at_triton(tmp_path: Path) -> 
     assert seen["LLM_SERVING_FRONTEND_MODEL_NAME"] == "toy"
     assert seen["LLM_SERVING_FRONTEND_TOKENIZER_DIR"].endswith("/package/tokenizer")
     assert seen["LLM_SERVING_FRONTEND_MAX_MODEL_LEN"] == "128"
+    # The catalogs reach the processes as the constraint engine's one contract: a folder of
+    # <name>.jsonl, read by the engine's own loader.
+    catalogs = Path(seen[CATALOG_DIR_ENV])
+    assert sorted(p.name for p in catalogs.iterdir()) == ["titles.jsonl"]
+    assert load_catalog(catalogs, "titles").ids == ("t1", "t2")
     assert http_status(frontend_port, "/health/ready") == 200
     assert infer(pod.port("public_grpc"), "the fox") != ""
     code, err = pod.terminate()

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 from runtime.entrypoint.render import render_repository
+from runtime.frontend.tensors import FRONTEND_INPUTS, FRONTEND_OUTPUTS
 from runtime.package import build_package
-from runtime.package.tensors import FRONTEND_INPUTS, FRONTEND_OUTPUTS
 from tests.runtime.wheelmaker import make_source
 
 PROCESSOR = "runtime.constraints.processor:ConstraintLogitsProcessor"

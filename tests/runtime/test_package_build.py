@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from runtime.package import MANIFEST_NAME, PackageError, build_package, load_manifest
-from tests.runtime.wheelmaker import make_source, make_wheel
+from tests.runtime.wheelmaker import make_source, make_wheel, write_catalog
 
 
 def test_build_writes_archive_weights_and_manifest(tmp_path: Path) -> None:
@@ -23,7 +23,7 @@ def test_build_writes_archive_weights_and_manifest(tmp_path: Path) -> None:
     with tarfile.open(out / "package.tar") as tar:
         names = sorted(tar.getnames())
     assert names == sorted(e.path for e in manifest.archive_files)
-    assert "tokenizer/tokenizer.json" in names and "catalogs/titles.json" in names
+    assert "tokenizer/tokenizer.json" in names and "catalogs/titles.jsonl" in names
     assert {e.path for e in manifest.weight_files} == {
         "weights/model.safetensors",
         "weights/config.json",
@@ -121,7 +121,7 @@ def test_symlink_out_of_the_root_is_refused(tmp_path: Path) -> None:
 
 def test_symlink_inside_the_root_is_packaged_as_a_file(tmp_path: Path) -> None:
     source = make_source(tmp_path / "src")
-    (source / "tokenizer" / "vocab.json").symlink_to(source / "catalogs" / "titles.json")
+    (source / "tokenizer" / "vocab.json").symlink_to(source / "catalogs" / "titles.jsonl")
     manifest = build_package(source, tmp_path / "out")
     assert "tokenizer/vocab.json" in {e.path for e in manifest.archive_files}
 
@@ -162,17 +162,56 @@ def test_duplicate_entries_are_refused(tmp_path: Path) -> None:
     _write_spec(source, spec)
     with pytest.raises(PackageError) as err:
         build_package(source, tmp_path / "out")
-    assert "duplicate entry catalogs/titles.json (from catalogs.0 and include.0)" in str(err.value)
+    assert "duplicate entry catalogs/titles.jsonl (from catalogs.0 and include.0)" in str(err.value)
 
 
 def test_duplicate_catalog_names_are_refused(tmp_path: Path) -> None:
     source = make_source(tmp_path / "src")
-    (source / "catalogs" / "other.json").write_text("[]")
+    write_catalog(source / "catalogs" / "other.jsonl", {"o1": "fox"})
     spec = _spec(source)
-    spec["catalogs"].append({"name": "titles", "path": "catalogs/other.json"})
+    spec["catalogs"].append({"name": "titles", "path": "catalogs/other.jsonl"})
     _write_spec(source, spec)
     with pytest.raises(PackageError, match="duplicate catalog name: titles"):
         build_package(source, tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("[]\n", 'expected an object with keys "id" and "text"'),
+        ('{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\n', "duplicate id 'a'"),
+        ("", "the catalog has no items"),
+        ('{"id": "a", "text": "x"\n', "not valid JSON"),
+    ],
+)
+def test_catalog_the_engine_cannot_read_is_refused(
+    tmp_path: Path, content: str, expected: str
+) -> None:
+    source = make_source(tmp_path / "src")
+    (source / "catalogs" / "titles.jsonl").write_text(content)
+    with pytest.raises(PackageError) as err:
+        build_package(source, tmp_path / "out")
+    message = str(err.value)
+    assert "catalogs.0: catalog 'titles' (catalogs/titles.jsonl)" in message
+    assert expected in message
+    assert not (tmp_path / "out" / MANIFEST_NAME).exists()
+
+
+def test_catalog_folder_is_refused(tmp_path: Path) -> None:
+    source = make_source(tmp_path / "src")
+    spec = _spec(source)
+    spec["catalogs"] = [{"name": "titles", "path": "catalogs"}]
+    _write_spec(source, spec)
+    with pytest.raises(PackageError, match=r"catalogs\.0: catalogs must be one file"):
+        build_package(source, tmp_path / "out")
+
+
+def test_embedded_package_must_set_max_model_len(tmp_path: Path) -> None:
+    source = make_source(tmp_path / "src", serving_mode="embedded", engine_args={})
+    with pytest.raises(PackageError, match="serving_mode embedded needs max_model_len"):
+        build_package(source, tmp_path / "out")
+    standalone = make_source(tmp_path / "plain", engine_args={})
+    assert "max_model_len" not in build_package(standalone, tmp_path / "out2").engine_args
 
 
 def test_engine_args_cannot_set_the_model_path(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import tarfile
@@ -10,6 +11,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from runtime.frontend.tensors import FRONTEND_INPUTS, FRONTEND_OUTPUTS
 from runtime.package import (
     MANIFEST_NAME,
     PackageError,
@@ -20,7 +22,7 @@ from runtime.package import (
     verify_package,
 )
 from runtime.package.manifest import PythonModel, TensorSpec
-from runtime.package.tensors import FRONTEND_INPUTS, FRONTEND_OUTPUTS, check_python_model
+from runtime.package.tensors import check_python_model
 from tests.runtime.wheelmaker import make_source
 
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "runtime" / "package" / "manifest.schema.json"
@@ -72,8 +74,8 @@ def test_archive_member_swapped_consistently_is_caught(built: Path) -> None:
         members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
     with tarfile.open(archive, "w") as tar:
         for member, data in members:
-            if member.name == "catalogs/titles.json":
-                data = data.replace(b'"a"', b'"z"')
+            if member.name == "catalogs/titles.jsonl":
+                data = data.replace(b'"t1"', b'"z1"')
             tar.addfile(member, io.BytesIO(data))
     from runtime.package.build import file_entry
 
@@ -81,6 +83,40 @@ def test_archive_member_swapped_consistently_is_caught(built: Path) -> None:
     (built / MANIFEST_NAME).write_text(patched.to_json())
     with pytest.raises(PackageError, match="checksum mismatch for archive member catalogs/titles"):
         verify_package(built)
+
+
+def test_catalog_the_engine_cannot_read_is_refused(built: Path) -> None:
+    # A consistent archive (fresh member and archive checksums) whose catalog is a JSON list:
+    # only parsing it the way the constraint engine does can tell.
+    bad = b'["t1", "t2"]\n'
+    manifest = load_manifest(built / MANIFEST_NAME)
+    archive = built / "package.tar"
+    with tarfile.open(archive) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
+    with tarfile.open(archive, "w") as tar:
+        for member, data in members:
+            if member.name == "catalogs/titles.jsonl":
+                data = bad
+                member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
+    from runtime.package.build import file_entry
+
+    entries = [
+        e.model_copy(update={"size": len(bad), "sha256": hashlib.sha256(bad).hexdigest()})
+        if e.path == "catalogs/titles.jsonl"
+        else e
+        for e in manifest.archive_files
+    ]
+    patched = manifest.model_copy(
+        update={"archive": file_entry(archive, "package.tar"), "archive_files": entries}
+    )
+    (built / MANIFEST_NAME).write_text(patched.to_json())
+    with pytest.raises(PackageError) as err:
+        verify_package(built)
+    assert "catalogs.0: catalog 'titles' (catalogs/titles.jsonl) is not a valid JSONL" in str(
+        err.value
+    )
+    assert 'expected an object with keys "id" and "text"' in str(err.value)
 
 
 def test_future_format_version_asks_for_a_rebuild(built: Path) -> None:

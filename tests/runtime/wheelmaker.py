@@ -62,6 +62,12 @@ def save_tokenizer(folder: Path) -> None:
     tokenizer.save(str(folder / "tokenizer.json"))
 
 
+def write_catalog(path: Path, items: dict[str, str]) -> None:
+    """A constraint-engine catalog: JSONL of ``{"id", "text"}``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"id": k, "text": v}) + "\n" for k, v in items.items()))
+
+
 def make_source(root: Path, **spec_overrides: object) -> Path:
     """A model source tree: tokenizer, weights, a catalog, a logits-processor plugin wheel."""
     save_tokenizer(root / "tokenizer")
@@ -69,7 +75,7 @@ def make_source(root: Path, **spec_overrides: object) -> Path:
     (root / "weights" / "model.safetensors").write_bytes(b"\x00" * 4096)
     (root / "weights" / "config.json").write_text(json.dumps({"architectures": ["Toy"]}))
     (root / "catalogs").mkdir(exist_ok=True)
-    (root / "catalogs" / "titles.json").write_text(json.dumps(["a", "b"]))
+    write_catalog(root / "catalogs" / "titles.jsonl", {"t1": "the quick", "t2": "brown fox"})
     make_wheel(
         root / "plugins",
         "toy-plugin",
@@ -81,7 +87,7 @@ def make_source(root: Path, **spec_overrides: object) -> Path:
         "model_version": "v1",
         "engine_args": {"max_model_len": 128},
         "plugins": ["plugins/toy_plugin-1.0-py3-none-any.whl"],
-        "catalogs": [{"name": "titles", "path": "catalogs/titles.json"}],
+        "catalogs": [{"name": "titles", "path": "catalogs/titles.jsonl"}],
     }
     spec.update(spec_overrides)
     (root / "package.yaml").write_text(yaml.safe_dump(spec))

@@ -161,11 +161,9 @@ def test_against_plans_that_revisions_own_code(
             ignore=shutil.ignore_patterns("__pycache__"),
         )
     pod = repo / "components" / "serving_pod.py"
-    pod.write_text(
-        pod.read_text().replace(
-            '"terminationGracePeriodSeconds": 120', '"terminationGracePeriodSeconds": 30'
-        )
-    )
+    current_grace = '"terminationGracePeriodSeconds": args.termination_grace_seconds'
+    assert current_grace in pod.read_text()
+    pod.write_text(pod.read_text().replace(current_grace, '"terminationGracePeriodSeconds": 30'))
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     subprocess.run([*git, "add", "."], cwd=repo, check=True)

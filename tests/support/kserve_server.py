@@ -11,7 +11,9 @@ unknown sampling-parameter keys as the backend does. A deterministic toy model
 
 Run as a ``tritonserver`` stand-in: ``python -m tests.support.kserve_server
 --model-repository DIR --grpc-port N --load-model NAME ...``; the load time comes from
-``KSERVE_STANDIN_LOAD_SECONDS``.
+``KSERVE_STANDIN_LOAD_SECONDS``. With ``KSERVE_STANDIN_RECORD`` set to a file path, every
+inference request received is appended there as one JSON line (a :class:`RecordedRequest`),
+so tests that run it as a separate process can see what reached "Triton".
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -283,8 +286,10 @@ class KServeStandIn:
         token_delay_s: float = 0.0,
         host: str = "127.0.0.1",
         port: int = 0,
+        record_path: Path | None = None,
     ) -> None:
         self.models = {m.name: m for m in (models or [StandInModel("toy")])}
+        self.record_path = record_path
         self.load_seconds = load_seconds
         self.token_delay_s = token_delay_s
         self.host = host
@@ -367,9 +372,13 @@ class KServeStandIn:
         text = inputs.get("text_input")
         prompt = text[0].decode("utf-8") if text is not None else None
         requested = tuple(o.name for o in request.outputs)
-        self.requests.append(
-            RecordedRequest(model.name, rpc, prompt, flags, params, requested, embedding_request)
+        recorded = RecordedRequest(
+            model.name, rpc, prompt, flags, params, requested, embedding_request
         )
+        self.requests.append(recorded)
+        if self.record_path is not None:
+            with self.record_path.open("a", encoding="utf-8") as record:
+                record.write(json.dumps(dataclasses.asdict(recorded)) + "\n")
         known = {name for name, _ in self.outputs_of(model)}
         for name in requested:
             if name not in known:
@@ -614,8 +623,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"E tritonserver stand-in: {exc}", file=sys.stderr, flush=True)
         return 1
     load_seconds = float(os.environ.get("KSERVE_STANDIN_LOAD_SECONDS", "0"))
+    record = os.environ.get("KSERVE_STANDIN_RECORD")
     server = KServeStandIn(
-        models, load_seconds=load_seconds, host=args.grpc_address, port=args.grpc_port
+        models,
+        load_seconds=load_seconds,
+        host=args.grpc_address,
+        port=args.grpc_port,
+        record_path=Path(record) if record else None,
     )
     http = None
     if args.allow_http:
