@@ -8,6 +8,7 @@ the analysis reads the stable and canary hashes from Argo (``podTemplateHashValu
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import version as dist_version
@@ -18,14 +19,12 @@ import pulumi_kubernetes as k8s
 
 __all__ = [
     "GATEWAY_PLUGIN",
-    "WAIT_FOR_SETTLED",
+    "STATUS_IMAGE",
     "GatewayRef",
     "RedBlackArgs",
     "RedBlackConfigError",
     "RedBlackRollout",
-    "RolloutAbortedError",
     "analysis_metrics",
-    "check_rollout_status",
     "copy_tree",
     "with_colour_env",
 ]
@@ -36,18 +35,15 @@ GATEWAY_API = "gateway.networking.k8s.io/v1"
 COLOUR_ENV = "LLM_SERVING_COLOUR"
 POD_HASH_LABEL = "rollouts-pod-template-hash"
 COLOUR_LABEL = "llm-serving/colour"
-# pulumi-kubernetes >= 4.24 evaluates RFC 9535 JSONPath: wait until the controller settles the
-# rollout either way; a Degraded (aborted) rollout then fails the update in check_rollout_status.
-WAIT_FOR_SETTLED = "jsonpath={.status[?@ == 'Healthy' || @ == 'Degraded']}"
+# Argo's own status command waits for the controller to observe the new spec (its
+# observedGeneration is a string, which no pulumi.com/waitFor expression can compare with
+# metadata.generation), then exits 0 when Healthy and non-zero when the rollout aborts.
+STATUS_IMAGE = "quay.io/argoproj/kubectl-argo-rollouts:v1.7.2"
 SIDES = ("canary", "stable")
 
 
 class RedBlackConfigError(ValueError):
     """The rollout's arguments are inconsistent; the message names the field."""
-
-
-class RolloutAbortedError(RuntimeError):
-    """Argo aborted the rollout (failed analysis or health): traffic is back on the old colour."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +125,9 @@ class RedBlackArgs:
     """A step (GPU pods starting included) that makes no progress this long aborts."""
     await_timeout_seconds: int = 7200
     """How long ``pulumi up`` waits for the rollout to settle."""
+    status_image: str = STATUS_IMAGE
+    """Image of ``kubectl argo rollouts`` that waits for each revision; keep it in step with
+    the Argo Rollouts controller that ``ClusterAddons`` installs."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """Extra labels for every object."""
     name: str | None = None
@@ -218,23 +217,10 @@ def analysis_metrics(args: RedBlackArgs, name: str) -> list[dict[str, Any]]:
     ]
 
 
-def check_rollout_status(model_id: str, version: str, status: Any) -> str:
-    """The settled phase, or :class:`RolloutAbortedError` when Argo aborted the rollout."""
-    status = status or {}
-    phase = str(status.get("phase") or "Unknown")
-    if phase == "Degraded" or status.get("abort"):
-        reason = status.get("message") or "no reason given by the controller"
-        raise RolloutAbortedError(
-            f"rollout of model {model_id} to version {version} was aborted and rolled back "
-            f"(all traffic on the previous colour): {reason}"
-        )
-    return phase
-
-
 class _Rollout(pulumi.CustomResource):
-    """An Argo ``Rollout`` whose ``status`` output the component reads after the await."""
+    """An Argo ``Rollout``; its resolved ``metadata`` names it for the status Job."""
 
-    status: pulumi.Output[Any]
+    metadata: pulumi.Output[Any]
 
     def __init__(self, name: str, metadata: Any, spec: Any, opts: pulumi.ResourceOptions) -> None:
         opts = pulumi.ResourceOptions.merge(
@@ -248,7 +234,7 @@ class _Rollout(pulumi.CustomResource):
 class RedBlackRollout(pulumi.ComponentResource):
     """Rollout, stable and canary Services, GRPCRoute, HTTPRoute and AnalysisTemplates."""
 
-    phase: pulumi.Output[str]
+    status_job_name: pulumi.Output[str]
     endpoints: pulumi.Output[dict[str, str]]
     grpc_route_name: pulumi.Output[str]
     http_route_name: pulumi.Output[str]
@@ -282,16 +268,15 @@ class RedBlackRollout(pulumi.ComponentResource):
             template, stable, canary, grpc_route, http_route, templates, child
         )
 
-        self.phase = self.rollout.status.apply(
-            lambda status: check_rollout_status(args.model_id, args.version, status)
-        )
+        self.status_job = self._create_status_wait(template, child)
+        self.status_job_name = self.status_job.metadata.name
         self.grpc_route_name = grpc_route.metadata["name"]
         self.http_route_name = http_route.metadata["name"]
         self.stable_service_name = stable.metadata.name
         self.endpoints = self._endpoints(stable)
         self.register_outputs(
             {
-                "phase": self.phase,
+                "status_job_name": self.status_job_name,
                 "endpoints": self.endpoints,
                 "grpc_route_name": self.grpc_route_name,
                 "http_route_name": self.http_route_name,
@@ -448,8 +433,9 @@ class RedBlackRollout(pulumi.ComponentResource):
         for weight in args.steps:
             steps += [{"setWeight": weight}, self._analysis_step(templates)]
         annotations = {
-            "pulumi.com/waitFor": WAIT_FOR_SETTLED,
-            "pulumi.com/timeoutSeconds": str(args.await_timeout_seconds),
+            # Argo's status Job is the wait: a waitFor here could read the previous revision's
+            # Healthy before the controller has seen the update.
+            "pulumi.com/skipAwait": "true",
             "llm-serving/model-version": args.version,
         }
         spec = {
@@ -490,5 +476,101 @@ class RedBlackRollout(pulumi.ComponentResource):
                     depends_on=[*args.depends_on, *templates, grpc_route, http_route],
                     ignore_changes=["spec.replicas"] if args.scaled_externally else None,
                 ),
+            ),
+        )
+
+    def _create_status_wait(
+        self, template: dict[str, Any], opts: pulumi.ResourceOptions
+    ) -> k8s.batch.v1.Job:
+        """A Job per revision running ``kubectl argo rollouts status``; Pulumi waits for Jobs to
+        complete, so ``pulumi up`` ends when the rollout is Healthy and fails when it aborts."""
+        args = self._args
+        account = k8s.core.v1.ServiceAccount(
+            f"{self._name}-status", metadata=self._meta(), opts=opts
+        )
+        role = k8s.rbac.v1.Role(
+            f"{self._name}-status",
+            metadata=self._meta(),
+            rules=[
+                {
+                    "apiGroups": ["argoproj.io"],
+                    "resources": ["rollouts"],
+                    "verbs": ["get", "list", "watch"],
+                }
+            ],
+            opts=opts,
+        )
+        binding = k8s.rbac.v1.RoleBinding(
+            f"{self._name}-status",
+            metadata=self._meta(),
+            role_ref={
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": role.metadata.name,
+            },
+            subjects=[
+                {
+                    "kind": "ServiceAccount",
+                    "name": account.metadata.name,
+                    "namespace": args.namespace,
+                }
+            ],
+            opts=opts,
+        )
+        # One Job per revision: the name carries a digest of the version and the pod template,
+        # so an unchanged stack keeps its finished Job and any change starts a new wait.
+        revision = pulumi.Output.json_dumps({"version": args.version, "template": template})
+        digest = revision.apply(lambda text: hashlib.sha256(text.encode()).hexdigest()[:10])
+        rollout_name = self.rollout.metadata.apply(lambda metadata: metadata["name"])
+        timeout = args.await_timeout_seconds
+        container = {
+            "name": "rollout-status",
+            "image": args.status_image,
+            "args": rollout_name.apply(
+                lambda name: [
+                    "status",
+                    name,
+                    "--namespace",
+                    args.namespace,
+                    "--timeout",
+                    f"{timeout}s",
+                ]
+            ),
+            "resources": {
+                "requests": {"cpu": "10m", "memory": "32Mi"},
+                "limits": {"cpu": "100m", "memory": "64Mi"},
+            },
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 65532,
+                "allowPrivilegeEscalation": False,
+                "readOnlyRootFilesystem": True,
+                "capabilities": {"drop": ["ALL"]},
+            },
+        }
+        annotations = {"pulumi.com/timeoutSeconds": str(timeout + 300)}
+        return k8s.batch.v1.Job(
+            f"{self._name}-status",
+            metadata=self._meta(
+                name=pulumi.Output.all(rollout_name, digest).apply(
+                    lambda parts: f"{parts[0][:40].rstrip('-')}-status-{parts[1]}"
+                ),
+                annotations=annotations,
+            ),
+            spec={
+                "backoffLimit": 0,
+                "activeDeadlineSeconds": timeout + 120,
+                "template": {
+                    # Not the serving labels: no selector of the model's pods may match it.
+                    "metadata": {"labels": {"llm-serving/rollout-status": args.model_id}},
+                    "spec": {
+                        "serviceAccountName": account.metadata.name,
+                        "restartPolicy": "Never",
+                        "containers": [container],
+                    },
+                },
+            },
+            opts=pulumi.ResourceOptions.merge(
+                opts, pulumi.ResourceOptions(depends_on=[self.rollout, binding])
             ),
         )

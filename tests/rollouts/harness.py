@@ -30,17 +30,17 @@ def make_args(**overrides: Any) -> RedBlackArgs:
 
 
 def deploy(mocks: RecordingMocks, args: RedBlackArgs) -> list[str]:
-    """Declare the component under the mocks; returns its settled phase once every resource
-    (the Rollout last: it depends on all others) has been registered."""
+    """Declare the component under the mocks; returns the name of its status Job once every
+    resource (the Job last: it waits for the Rollout) has been registered."""
     pulumi.runtime.set_mocks(mocks, preview=False)
-    phases: list[str] = []
+    names: list[str] = []
 
     @pulumi.runtime.test
     def declare() -> pulumi.Output:
-        return RedBlackRollout("llama", args).phase.apply(phases.append)
+        return RedBlackRollout("llama", args).status_job_name.apply(names.append)
 
     declare()
-    return phases
+    return names
 
 
 def run_under_mocks(mocks: RecordingMocks, build: Any) -> list[Any]:

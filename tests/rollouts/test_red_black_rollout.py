@@ -13,8 +13,6 @@ from components.red_black import (
     GatewayRef,
     RedBlackConfigError,
     RedBlackRollout,
-    RolloutAbortedError,
-    check_rollout_status,
 )
 from policy.workloads import (
     check_gpu_pods_tolerate_taint,
@@ -38,17 +36,22 @@ def rollout_spec(mocks: RecordingMocks) -> dict[str, Any]:
 
 
 def test_declares_rollout_services_routes_and_templates(mocks: RecordingMocks) -> None:
-    assert deploy(mocks, make_args()) == ["Healthy"]
+    (job_name,) = deploy(mocks, make_args())
+    assert job_name.startswith("llama-x1y2z3-status-")
     kinds = sorted(d.type.rsplit(":", 1)[-1] for d in mocks.declared)
     assert kinds == [
         "AnalysisTemplate",
         "AnalysisTemplate",
         "GRPCRoute",
         "HTTPRoute",
+        "Job",
         "RedBlackRollout",
+        "Role",
+        "RoleBinding",
         "Rollout",
         "Service",
         "Service",
+        "ServiceAccount",
     ]
     assert all(
         d.inputs.get("metadata", {}).get("namespace") in (None, "serving") for d in mocks.declared
@@ -68,15 +71,47 @@ def test_canary_shifts_weights_with_an_analysis_after_each(mocks: RecordingMocks
         assert {t["templateName"] for t in step["analysis"]["templates"]} == templates
 
 
-def test_rollout_aborts_on_deadline_and_pulumi_waits_for_it(mocks: RecordingMocks) -> None:
+def test_rollout_aborts_on_deadline_and_pulumi_waits_for_argo_status(
+    mocks: RecordingMocks,
+) -> None:
     deploy(mocks, make_args(await_timeout_seconds=5400))
     declared = mocks.one(":Rollout").inputs
     assert declared["spec"]["progressDeadlineAbort"] is True
-    annotations = declared["metadata"]["annotations"]
-    assert annotations["pulumi.com/waitFor"] == (
-        "jsonpath={.status[?@ == 'Healthy' || @ == 'Degraded']}"
+    # The Rollout itself is not awaited: its status may still describe the previous revision.
+    assert declared["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true"
+    assert "pulumi.com/waitFor" not in declared["metadata"]["annotations"]
+
+    job = mocks.one("batch/v1:Job").inputs
+    assert job["metadata"]["annotations"]["pulumi.com/timeoutSeconds"] == str(5400 + 300)
+    assert job["spec"]["backoffLimit"] == 0
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "quay.io/argoproj/kubectl-argo-rollouts:v1.7.2"
+    rollout_name = declared["metadata"]["name"]
+    assert container["args"] == [
+        "status",
+        rollout_name,
+        "--namespace",
+        "serving",
+        "--timeout",
+        "5400s",
+    ]
+    # The wait runs with a role that can only read Rollouts.
+    (role,) = [d.inputs for d in mocks.of_type("rbac.authorization.k8s.io/v1:Role")]
+    assert role["rules"] == [
+        {"apiGroups": ["argoproj.io"], "resources": ["rollouts"], "verbs": ["get", "list", "watch"]}
+    ]
+    account = mocks.one("core/v1:ServiceAccount").inputs["metadata"]["name"]
+    assert pod["serviceAccountName"] == account
+    # No selector of the serving pods (Rollout, Services, PDB, PodMonitor) may match it.
+    selector = declared["spec"]["selector"]["matchLabels"]
+    job_labels = job["spec"]["template"]["metadata"]["labels"]
+    assert not set(selector.items()) <= set(job_labels.items())
+    kubernetes_validate.validate(
+        {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "x"}, "spec": job["spec"]},
+        "1.33",
+        strict=True,
     )
-    assert annotations["pulumi.com/timeoutSeconds"] == "5400"
 
 
 def test_plugin_names_the_declared_routes_and_services(mocks: RecordingMocks) -> None:
@@ -169,21 +204,15 @@ def test_rendered_rollout_passes_the_policy_pack(mocks: RecordingMocks) -> None:
     assert check_images_pinned(ROLLOUT, props) == []
 
 
-def test_degraded_rollout_fails_the_update_with_the_reason() -> None:
-    status = {
-        "phase": "Degraded",
-        "abort": True,
-        "message": 'RolloutAborted: Metric "ttft-p95-vs-stable" assessed Failed',
-    }
-    with pytest.raises(RolloutAbortedError, match="ttft-p95-vs-stable") as raised:
-        deploy(RecordingMocks(rollout_status=status), make_args())
-    assert "llama" in str(raised.value) and "2026-11-15" in str(raised.value)
-
-
-def test_healthy_rollout_reports_its_phase() -> None:
-    assert check_rollout_status("m", "v", {"phase": "Healthy"}) == "Healthy"
-    with pytest.raises(RolloutAbortedError, match="no reason"):
-        check_rollout_status("m", "v", {"phase": "Degraded"})
+def test_each_revision_gets_its_own_status_job() -> None:
+    first = deploy(RecordingMocks(), make_args())
+    again = deploy(RecordingMocks(), make_args())
+    assert first == again, "an unchanged stack must keep its finished Job"
+    new_version = deploy(RecordingMocks(), make_args(version="2026-12-01"))
+    template = pod_template()
+    template["spec"]["containers"][0]["image"] = "registry.example.com/serving:2.0-triton26.08"
+    new_image = deploy(RecordingMocks(), make_args(pod_template=template))
+    assert len({*first, *new_version, *new_image}) == 3
 
 
 @pytest.mark.parametrize(
@@ -250,7 +279,7 @@ def test_pod_template_outputs_pass_through_unchanged() -> None:
         template["spec"]["containers"][0]["env"].append(
             {"name": "LLM_SERVING_PACKAGE_S3_URI", "value": uri}
         )
-        return RedBlackRollout("llama", make_args(pod_template=template)).phase
+        return RedBlackRollout("llama", make_args(pod_template=template)).status_job_name
 
     run_under_mocks(mocks, build)
     env = rollout_spec(mocks)["template"]["spec"]["containers"][0]["env"]

@@ -76,6 +76,7 @@ def test_servers_fit_their_node_group_and_wait_for_their_job(stack: str) -> None
         ): r.urn
         for r in run.resources
         if r.type == "kubernetes:batch/v1:Job"
+        and r.inputs["metadata"]["labels"].get("app.kubernetes.io/name") == "model-materialize"
     }
     deployments = [r for r in run.resources if r.type in (DEPLOYMENT, ROLLOUT)]
     assert deployments
