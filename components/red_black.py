@@ -526,6 +526,9 @@ class RedBlackRollout(pulumi.ComponentResource):
         container = {
             "name": "rollout-status",
             "image": args.status_image,
+            # The command's last lines (Argo's abort reason) become the pod's termination
+            # message, which Pulumi reports with the failed Job.
+            "terminationMessagePolicy": "FallbackToLogsOnError",
             "args": rollout_name.apply(
                 lambda name: [
                     "status",

@@ -87,6 +87,7 @@ def test_rollout_aborts_on_deadline_and_pulumi_waits_for_argo_status(
     pod = job["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["image"] == "quay.io/argoproj/kubectl-argo-rollouts:v1.7.2"
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     rollout_name = declared["metadata"]["name"]
     assert container["args"] == [
         "status",
