@@ -1,9 +1,11 @@
-"""Suite-wide settings: property tests explore new examples locally and replay fixed ones in CI."""
+"""Suite-wide settings: hypothesis profiles, and an event loop for synchronous Pulumi tests."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 
+import pytest
 from hypothesis import settings
 
 # CI (CI=true) must not fail on an example that no change of ours introduced: it replays a
@@ -11,3 +13,19 @@ from hypothesis import settings
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.register_profile("dev", print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") == "true" else "dev")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Give the main thread an open event loop when an earlier test's ``asyncio.run()`` left none.
+
+    Pulumi's synchronous helpers (``pulumi.runtime.test``, the mock engine) run on the current
+    loop, so without this a Pulumi test's outcome depended on which tests ran before it. A hook,
+    not a fixture, so that module-scoped fixtures see the loop too.
+    """
+    try:
+        loop = asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:
+        loop = None
+    if loop is None or loop.is_closed():
+        asyncio.set_event_loop(asyncio.new_event_loop())
