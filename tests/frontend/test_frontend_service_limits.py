@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import tritonclient.grpc as grpcclient
 from runtime.frontend.middleware import ACCESS_LOGGER
 from tests.frontend.conftest import API_KEY, Served, make_settings, serve
 from tests.support.kserve_server import KServeStandIn, StandInModel
+from tests.support.ports import free_port
 
 MODEL = "toy-llm"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "secret prompt words"}]}
@@ -293,16 +293,10 @@ def test_frontend_text_equals_a_direct_tritonclient_call(frontend: Served) -> No
     assert reply.choices[0].text == direct
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_module_entry_point_serves_and_reports_bad_settings(
     standin: KServeStandIn, tokenizer_dir: Path
 ) -> None:
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "LLM_SERVING_FRONTEND_TRITON_URL": standin.url,

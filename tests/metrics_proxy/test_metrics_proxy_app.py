@@ -18,7 +18,7 @@ from runtime.metrics_proxy.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_T
 from runtime.metrics_proxy.settings import ProxySettings
 from runtime.metrics_proxy.triton import parse_text_exposition
 from tests.metrics_proxy.conftest import POD_LABELS, make_settings
-from tests.support.prometheus import free_port
+from tests.support.ports import free_port
 from tests.support.triton_metrics_server import TritonMetricsServer
 from tests.support.vllm_metrics_writer import FAMILIES, expected_sums
 

@@ -18,7 +18,8 @@ from runtime.metrics_proxy.assets import ALERTS_FILE, asset_text, load_alert_gro
 from runtime.metrics_proxy.triton import parse_text_exposition
 from tests.metrics_proxy.promql import all_expressions
 from tests.support.metrics_harness import ProxyProcess, WriterProcesses
-from tests.support.prometheus import PrometheusServer, free_port
+from tests.support.ports import free_port
+from tests.support.prometheus import PrometheusServer
 from tests.support.triton_metrics_server import TritonMetricsServer
 from tests.support.vllm_metrics_writer import BRIDGED, FAMILIES, expected_sums
 

@@ -9,7 +9,6 @@ otherwise demand a ``_total`` suffix on counters).
 from __future__ import annotations
 
 import math
-import socket
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from tests.support.ports import free_port
 
 Labels = Mapping[str, str]
 
@@ -57,12 +58,6 @@ class Recording:
         return "\n".join(lines) + "\n"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @dataclass
 class PrometheusServer:
     """A running Prometheus and a minimal client for its instant-query API."""
@@ -98,7 +93,7 @@ def serve(recording: Recording, workdir: Path) -> Iterator[PrometheusServer]:
     )
     config = workdir / "prometheus.yml"
     config.write_text("global:\n  scrape_interval: 15s\n", encoding="utf-8")
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [
             "prometheus",

@@ -17,6 +17,7 @@ import tritonclient.grpc as grpcclient
 
 from runtime.package import build_package
 from tests.runtime.wheelmaker import make_source
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 LIGHT_MATRIX = """
@@ -30,12 +31,6 @@ structured_outputs_key = "structured_outputs"
 python = "3.12"
 backend_modules = ["json"]
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def port_refuses(port: int) -> bool:

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from runtime.constraints.catalog import CATALOG_DIR_ENV, load_catalog
-from tests.runtime.pod import Pod, free_port, http_status, infer
+from tests.runtime.pod import Pod, http_status, infer
+from tests.support.ports import free_port
 
 
 def test_embedded_mode_starts_the_frontend_pointed_at_triton(tmp_path: Path) -> None:

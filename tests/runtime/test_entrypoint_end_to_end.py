@@ -23,8 +23,9 @@ from vllm import SamplingParams
 from runtime.constraints.catalog import CATALOG_DIR_ENV, load_catalog
 from runtime.constraints.processor import ConstraintLogitsProcessor
 from runtime.constraints.schema import ConstraintConfigError
-from tests.runtime.pod import Pod, free_port
+from tests.runtime.pod import Pod
 from tests.runtime.wheelmaker import make_source, write_catalog
+from tests.support.ports import free_port
 from tests.support.toy_model import VOCAB
 
 API_KEY = "sk-end-to-end"

@@ -9,8 +9,9 @@ import pytest
 import uvloop
 
 from runtime.entrypoint.gate import PortGate
-from tests.runtime.pod import free_port, infer, port_refuses
+from tests.runtime.pod import infer, port_refuses
 from tests.support.kserve_server import KServeStandIn
+from tests.support.ports import free_port
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.prometheus import free_port
+from tests.support.ports import free_port
 
 __all__ = ["ProxyProcess", "WriterProcesses"]
 

@@ -6,7 +6,6 @@ It scrapes the given targets every second into a temporary TSDB and is stopped o
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -15,14 +14,9 @@ from typing import Any
 import httpx
 import yaml
 
-__all__ = ["PrometheusServer", "free_port"]
+from tests.support.ports import free_port
 
-
-def free_port() -> int:
-    """A port nothing listens on right now (the caller binds it soon after)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["PrometheusServer"]
 
 
 class PrometheusServer:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from tests.support.kserve_server import (
     KServeStandIn,
     StandInModel,
 )
+from tests.support.ports import free_port
 from tests.support.toy_model import ToyModel
 
 
@@ -174,12 +174,6 @@ def test_sampling_parameter_keys_match_pinned_vllm() -> None:
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _repository(tmp_path: Path) -> Path:
     model = tmp_path / "repo" / "llm"
     (model / "1").mkdir(parents=True)
@@ -191,7 +185,7 @@ def _repository(tmp_path: Path) -> Path:
 
 
 def test_executable_serves_loads_and_stops_on_sigterm(tmp_path: Path) -> None:
-    port, http_port = _free_port(), _free_port()
+    port, http_port = free_port(), free_port()
     cmd = [
         sys.executable,
         "-m",
@@ -235,7 +229,7 @@ def test_executable_exits_nonzero_for_missing_model(tmp_path: Path) -> None:
             "-m",
             "tests.support.kserve_server",
             f"--model-repository={_repository(tmp_path)}",
-            f"--grpc-port={_free_port()}",
+            f"--grpc-port={free_port()}",
             "--allow-http=false",
             "--model-control-mode=explicit",
             "--load-model=absent",
