@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from runtime.frontend.engine import Engine, GenerateParams, TokenLogprob
 
-__all__ = ["Collected", "collect", "new_id", "now"]
+__all__ = ["Collected", "collect", "envelope", "new_id", "now", "usage"]
 
 
 def new_id(prefix: str) -> str:
@@ -17,6 +18,29 @@ def new_id(prefix: str) -> str:
 
 def now() -> int:
     return int(time.time())
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """The OpenAI ``usage`` object."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def envelope(
+    request_id: str, object_type: str, created: int, model: str, choices: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The fields every completion response and stream chunk carries around its choices."""
+    return {
+        "id": request_id,
+        "object": object_type,
+        "created": created,
+        "model": model,
+        "system_fingerprint": None,
+        "choices": choices,
+    }
 
 
 @dataclass

@@ -18,7 +18,7 @@ from runtime.frontend.errors import (
     TruncatedOutputError,
 )
 from runtime.frontend.fields import check_fields
-from runtime.frontend.generation import collect, new_id, now
+from runtime.frontend.generation import collect, envelope, new_id, now, usage
 from runtime.frontend.sampling import build_sampling, resolve_max_tokens
 from runtime.frontend.schemas import ChatCompletionRequest, ChatMessage
 from runtime.frontend.state import FrontendState
@@ -163,17 +163,8 @@ async def create_chat_completion(
     # A Response skips FastAPI's jsonable_encoder pass over the dict (per-request cost).
     return JSONResponse(
         {
-            "id": params.request_id,
-            "object": "chat.completion",
-            "created": now(),
-            "model": body.model,
-            "system_fingerprint": None,
-            "choices": out,
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-            },
+            **envelope(params.request_id, "chat.completion", now(), body.model, out),
+            "usage": usage(prompt_tokens, completion_tokens),
         }
     )
 
@@ -215,14 +206,7 @@ async def _events(
     prompt_tokens = completion_tokens = 0
 
     def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "id": params.request_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": body.model,
-            "system_fingerprint": None,
-            "choices": choices,
-        }
+        out = envelope(params.request_id, "chat.completion.chunk", created, body.model, choices)
         if include_usage:
             out["usage"] = None
         return out
@@ -255,9 +239,5 @@ async def _events(
             yield chunk(deltas)
     if include_usage:
         final = chunk([])
-        final["usage"] = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        }
+        final["usage"] = usage(prompt_tokens, completion_tokens)
         yield final

@@ -13,7 +13,7 @@ from runtime.frontend.dependencies import AuthDep, StateDep, check_model
 from runtime.frontend.engine import GenerateParams, TokenLogprob
 from runtime.frontend.errors import FieldRefusedError, InvalidRequestError
 from runtime.frontend.fields import check_fields
-from runtime.frontend.generation import collect, new_id, now
+from runtime.frontend.generation import collect, envelope, new_id, now, usage
 from runtime.frontend.sampling import build_sampling, resolve_max_tokens
 from runtime.frontend.schemas import CompletionRequest
 from runtime.frontend.state import FrontendState
@@ -122,17 +122,8 @@ async def create_completion(
     # A Response skips FastAPI's jsonable_encoder pass over the dict (per-request cost).
     return JSONResponse(
         {
-            "id": rid,
-            "object": "text_completion",
-            "created": now(),
-            "model": body.model,
-            "system_fingerprint": None,
-            "choices": choices,
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-            },
+            **envelope(rid, "text_completion", now(), body.model, choices),
+            "usage": usage(prompt_tokens, completion_tokens),
         }
     )
 
@@ -151,14 +142,7 @@ async def _events(
     prompt_tokens = completion_tokens = 0
 
     def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "id": rid,
-            "object": "text_completion",
-            "created": created,
-            "model": body.model,
-            "system_fingerprint": None,
-            "choices": choices,
-        }
+        out = envelope(rid, "text_completion", created, body.model, choices)
         if include_usage:
             out["usage"] = None
         return out
@@ -198,9 +182,5 @@ async def _events(
         prompt_tokens += p_tokens
     if include_usage:
         final = chunk([])
-        final["usage"] = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        }
+        final["usage"] = usage(prompt_tokens, completion_tokens)
         yield final
