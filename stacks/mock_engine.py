@@ -33,6 +33,7 @@ __all__ = [
     "ProgramRun",
     "RecordedResource",
     "auto_name",
+    "ensure_event_loop",
     "run_program",
     "stack_config_strings",
 ]
@@ -91,38 +92,30 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
         super().__init__(mocks)
         self.records: list[RecordedResource] = []
 
+    def _record(self, request: Any, urn: str, properties: Any, custom: bool) -> None:
+        self.records.append(
+            RecordedResource(
+                urn=urn,
+                type=request.type,
+                name=request.name,
+                parent=request.parent,
+                custom=custom,
+                inputs=_plain(rpc.deserialize_properties(properties, keep_unknowns=True)),
+                dependencies=sorted(request.dependencies),
+            )
+        )
+
     def RegisterResource(self, request: Any) -> Any:
         response = super().RegisterResource(request)
         if request.type != "pulumi:pulumi:Stack":
-            inputs = rpc.deserialize_properties(request.object, keep_unknowns=True)
-            self.records.append(
-                RecordedResource(
-                    urn=response.urn,
-                    type=request.type,
-                    name=request.name,
-                    parent=request.parent,
-                    custom=bool(request.custom),
-                    inputs=_plain(inputs),
-                    dependencies=sorted(request.dependencies),
-                )
-            )
+            self._record(request, response.urn, request.object, bool(request.custom))
         return response
 
     def ReadResource(self, request: Any) -> Any:
         # The SDK's mock leaves a read's id empty, which a preview takes as unknown; a stack
         # reference's id must be known or every invoke that depends on it turns unknown too.
         response = super().ReadResource(request)
-        self.records.append(
-            RecordedResource(
-                urn=response.urn,
-                type=request.type,
-                name=request.name,
-                parent=request.parent,
-                custom=True,
-                inputs=_plain(rpc.deserialize_properties(request.properties, keep_unknowns=True)),
-                dependencies=sorted(request.dependencies),
-            )
-        )
+        self._record(request, response.urn, request.properties, custom=True)
         return resource_pb2.ReadResourceResponse(
             urn=response.urn, properties=response.properties, id=request.id
         )
@@ -218,7 +211,7 @@ def stack_config_strings(stack_file: Path) -> dict[str, str]:
     }
 
 
-def _ensure_event_loop() -> None:
+def ensure_event_loop() -> None:
     """Give this thread an open event loop if it has none.
 
     Pulumi's synchronous helpers run on the thread's current loop, and an earlier
@@ -250,7 +243,7 @@ def run_program(
     from pulumi.runtime.stack import run_pulumi_func
     from pulumi.runtime.sync_await import _sync_await
 
-    _ensure_event_loop()
+    ensure_event_loop()
     ROOT.set(None)
     monitor = _RecordingMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=preview, monitor=monitor)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 import pytest
 from hypothesis import settings
+
+from stacks.mock_engine import ensure_event_loop
 
 # CI (CI=true) must not fail on an example that no change of ours introduced: it replays a
 # derandomized set, while local runs keep searching with fresh seeds.
@@ -23,9 +24,4 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     loop, so without this a Pulumi test's outcome depended on which tests ran before it. A hook,
     not a fixture, so that module-scoped fixtures see the loop too.
     """
-    try:
-        loop = asyncio.get_event_loop_policy().get_event_loop()
-    except RuntimeError:
-        loop = None
-    if loop is None or loop.is_closed():
-        asyncio.set_event_loop(asyncio.new_event_loop())
+    ensure_event_loop()
