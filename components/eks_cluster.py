@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from components.iam import service_trust_policy
 from stacks.config import RegionStackConfig
 
 __all__ = ["ClusterHandles", "adopt_cluster", "create_cluster", "kubeconfig"]
@@ -29,17 +30,8 @@ def create_cluster(name: str, config: RegionStackConfig, parent: pulumi.Resource
     """Create the EKS cluster (API authentication, control-plane logs) and its OIDC provider."""
     role = aws.iam.Role(
         f"{name}-cluster-role",
-        assume_role_policy=json.dumps(
-            {
-                "Version": "2012-10-17",
-                "Statement": [
-                    {
-                        "Effect": "Allow",
-                        "Principal": {"Service": "eks.amazonaws.com"},
-                        "Action": ["sts:AssumeRole", "sts:TagSession"],
-                    }
-                ],
-            }
+        assume_role_policy=service_trust_policy(
+            "eks.amazonaws.com", ("sts:AssumeRole", "sts:TagSession")
         ),
         opts=pulumi.ResourceOptions(parent=parent),
     )

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import pulumi
 import pulumi_aws as aws
+
+from components.iam import service_trust_policy
 
 __all__ = [
     "AMI_FAMILY_LABEL",
@@ -161,18 +162,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
     def _create_role(self, name: str) -> aws.iam.Role:
         role = aws.iam.Role(
             f"{name}-node-role",
-            assume_role_policy=json.dumps(
-                {
-                    "Version": "2012-10-17",
-                    "Statement": [
-                        {
-                            "Effect": "Allow",
-                            "Principal": {"Service": "ec2.amazonaws.com"},
-                            "Action": "sts:AssumeRole",
-                        }
-                    ],
-                }
-            ),
+            assume_role_policy=service_trust_policy("ec2.amazonaws.com"),
             opts=pulumi.ResourceOptions(parent=self),
         )
         for policy in _NODE_POLICIES:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from components.iam import service_trust_policy
+
 __all__ = ["MODEL_PREFIX", "SharedArtifacts", "SharedArtifactsArgs"]
 
 MODEL_PREFIX = "models/"
@@ -149,18 +151,7 @@ class SharedArtifacts(pulumi.ComponentResource):
         replicas = {r: b for r, b in buckets.items() if r != source_region}
         role = aws.iam.Role(
             f"{self._name}-replication-role",
-            assume_role_policy=json.dumps(
-                {
-                    "Version": "2012-10-17",
-                    "Statement": [
-                        {
-                            "Effect": "Allow",
-                            "Principal": {"Service": "s3.amazonaws.com"},
-                            "Action": "sts:AssumeRole",
-                        }
-                    ],
-                }
-            ),
+            assume_role_policy=service_trust_policy("s3.amazonaws.com"),
             opts=pulumi.ResourceOptions(parent=self),
         )
         aws.iam.RolePolicy(
