@@ -73,7 +73,7 @@ plan: setup
 	$(VENV)/bin/llm-serving plan --stack $(STACK)
 
 clean:
-	rm -rf $(VENV) $(POLICY_VENV) build dist *.egg-info .pytest_cache .ruff_cache plan-out bench-out
+	rm -rf $(VENV) $(POLICY_VENV) $(VLLM_NEXT_VENV) build dist *.egg-info .pytest_cache .ruff_cache plan-out bench-out
 
 # The CrossGuard policy pack's own virtualenv: pulumi-policy pins protobuf 5, which cannot share
 # .venv with tritonclient. Rebuilt only when policy/requirements.txt changes.
@@ -87,3 +87,23 @@ $(POLICY_STAMP): policy/requirements.txt
 
 setup: $(POLICY_STAMP)
 test: $(POLICY_STAMP)
+
+# A second vLLM for the Model Runner V2 adapter: vLLM >= 0.32 only accepts processors derived
+# from its V2 interface. This venv holds that vLLM alone (no deps) and reaches everything else
+# through .venv's site-packages, added after its own so that its vLLM shadows 0.27.1.
+VLLM_NEXT_VERSION := 0.33.0
+VLLM_NEXT_VENV := .venv-vllm-next
+VLLM_NEXT_STAMP := $(VLLM_NEXT_VENV)/.installed
+
+$(VLLM_NEXT_STAMP): $(STAMP)
+	rm -rf $(VLLM_NEXT_VENV)
+	$(PYTHON) -m venv $(VLLM_NEXT_VENV)
+	$(VLLM_NEXT_VENV)/bin/python -m pip install --quiet --no-deps "vllm==$(VLLM_NEXT_VERSION)"
+	main=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	next=$$($(VLLM_NEXT_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	echo "import site; site.addsitedir('$$main')" > "$$next/zz-main-venv.pth"
+	$(VLLM_NEXT_VENV)/bin/python -c "from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor"
+	touch $@
+
+setup: $(VLLM_NEXT_STAMP)
+test: $(VLLM_NEXT_STAMP)

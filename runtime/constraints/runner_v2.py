@@ -6,6 +6,9 @@ Model Runner V2 keeps each request at a stable ``req_idx`` and its tokens in a d
 ``apply(logits, ctx)``, where ``ctx.idx_mapping_np[row]`` is the ``req_idx`` of logits row
 ``row``. Engine slots are ``req_idx`` values, so there are no moves; a request added again at
 the same ``req_idx`` (a new request, or a resumed preemption) replaces the old state.
+
+vLLM's V2 loader accepts only subclasses of its ``LogitsProcessor``, so the class derives from
+it wherever vLLM ships it; older vLLM has no such interface and the class stands alone there.
 """
 
 from __future__ import annotations
@@ -26,15 +29,28 @@ from runtime.constraints.processor import (
 )
 from runtime.constraints.registry import CatalogRegistry
 
-__all__ = ["ConstraintLogitsProcessorV2"]
+try:
+    from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as RunnerV2Processor
+except ImportError:  # vLLM < 0.32: no Model Runner V2 processor interface to derive from
+    RunnerV2Processor = object  # type: ignore[assignment,misc]
+
+__all__ = ["ConstraintLogitsProcessorV2", "RunnerV2Processor"]
 
 
-class ConstraintLogitsProcessorV2:
+class ConstraintLogitsProcessorV2(RunnerV2Processor):  # type: ignore[misc,valid-type]
     """The constraint processor for Model Runner V2's logits-processor interface."""
 
     validate_params = ConstraintLogitsProcessor.validate_params
 
     def __init__(self, vllm_config: Any, req_states: Any) -> None:
+        if getattr(vllm_config, "speculative_config", None) is not None:
+            # Draft rows would need the state advanced by each draft token; refuse rather than
+            # mask them with the committed state only.
+            raise ValueError(
+                "the llm-serving constraint processor does not support speculative decoding: "
+                "remove speculative_config from the engine arguments of a model that serves "
+                "constrained requests"
+            )
         model_config = vllm_config.model_config
         vocab_size = model_config.get_vocab_size()
         registry = CatalogRegistry(
@@ -52,9 +68,10 @@ class ConstraintLogitsProcessorV2:
         self._outputs: list[list[int] | None] = [None] * req_states.max_num_reqs
         self._device_bitmask: torch.Tensor | None = None
 
-    def add_request(self, req_idx: int, sampling_params: Any) -> None:
-        """Stage a request; it takes effect at the next ``apply_staged_writes``."""
+    def add_request(self, req_idx: int, sampling_params: Any) -> bool:
+        """Stage a request (effective at the next ``apply_staged_writes``); True if constrained."""
         self._staged.append((req_idx, sampling_params))
+        return (sampling_params.extra_args or {}).get(EXTRA_ARGS_KEY) is not None
 
     def apply_staged_writes(self) -> None:
         for req_idx, params in self._staged:
@@ -90,6 +107,11 @@ class ConstraintLogitsProcessorV2:
     def apply(self, logits: torch.Tensor, ctx: Any) -> torch.Tensor:
         """Mask the rows of constrained requests in place and return ``logits``."""
         idx_mapping = np.asarray(ctx.idx_mapping_np, dtype=np.int64)
+        if logits.shape[0] != idx_mapping.shape[0]:
+            raise RuntimeError(
+                f"{logits.shape[0]} logits rows for {idx_mapping.shape[0]} requests: the "
+                "constraint processor needs one row per request (no speculative decoding)"
+            )
         constrained = [i for i, r in enumerate(idx_mapping) if self._outputs[r] is not None]
         if not constrained:
             return logits

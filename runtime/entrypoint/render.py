@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import shutil
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from runtime.package.manifest import Manifest, TensorSpec
 
-__all__ = ["link_catalogs", "render_repository"]
+__all__ = ["link_catalogs", "plugin_processors", "render_repository"]
+
+#: The entry-point group from which vLLM loads logits processors into every engine.
+LOGITS_PROCESSORS_GROUP = "vllm.logits_processors"
 
 
 def _parameter(key: str, value: str) -> str:
@@ -61,9 +65,17 @@ def engine_arguments(
     args["tokenizer"] = str(unpacked / manifest.tokenizer)
     # The vLLM backend bridges metrics only when stats are logged.
     args["disable_log_stats"] = False
-    processors = [p for p in args.get("logits_processors", []) or [] if p != logits_processor]  # type: ignore[union-attr]
-    args["logits_processors"] = [*processors, logits_processor]
+    # vLLM adds every entry-point processor to the ones model.json names, without removing
+    # doubles: a processor in both would mask every row twice and count every event twice.
+    plugins = plugin_processors()
+    named = [*(args.get("logits_processors") or []), logits_processor]  # type: ignore[misc]
+    args["logits_processors"] = [p for p in dict.fromkeys(named) if p not in plugins]
     return args
+
+
+def plugin_processors() -> frozenset[str]:
+    """``module:Class`` of every logits processor vLLM loads from installed entry points."""
+    return frozenset(ep.value for ep in entry_points(group=LOGITS_PROCESSORS_GROUP))
 
 
 def link_catalogs(manifest: Manifest, unpacked: Path, folder: Path) -> Path:

@@ -58,7 +58,7 @@ class EntrypointSettings(BaseSettings):
     )
     compat_matrix: Path | None = Field(default=None, description="compat.toml override")
     logits_processor: str = Field(
-        default="runtime.constraints.processor:ConstraintLogitsProcessor",
+        default="runtime.constraints.plugin:ConstraintProcessorEntryPoint",
         description="our vLLM logits processor, module:Class, added to model.json",
     )
     tritonserver: str = Field(

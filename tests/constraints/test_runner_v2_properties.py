@@ -23,7 +23,7 @@ from runtime.constraints.reference import ReferenceConstraint
 from runtime.constraints.runner_v2 import ConstraintLogitsProcessorV2
 from runtime.constraints.schema import parse_constraints
 from tests.constraints.conftest import vllm_config
-from tests.constraints.mrv2_standin import LogitsContextStandIn, RequestStatesStandIn
+from tests.constraints.mrv2_standin import RequestStatesStandIn, logits_context
 from tests.constraints.test_processor_properties import (
     EOS,
     ITEM_WORDS,
@@ -47,7 +47,7 @@ def _run(items: list[tuple[str, str]], configs: list[dict | None], seed: int, vo
         with mock.patch.dict(os.environ, {"LLM_SERVING_CATALOG_DIR": str(root)}):
             encode = tokenizer_encoder(tokenizer)
             tokenized = tokenize_catalog(load_catalog(root, "cat"), encode)
-            states = RequestStatesStandIn(MAX_REQS, 256)
+            states = RequestStatesStandIn(MAX_REQS, 256, vocab)
             proc = ConstraintLogitsProcessorV2(vllm_config(root, vocab, MAX_REQS), states)
             refs: dict[str, ReferenceConstraint | None] = {}
             outputs: dict[str, list[int]] = {}
@@ -66,7 +66,7 @@ def _run(items: list[tuple[str, str]], configs: list[dict | None], seed: int, vo
                     output = outputs.setdefault(rid, [])
                     idx = states.add_request(rid, PROMPT, PROMPT + output)
                     params = SamplingParams(extra_args={"constraints": config} if config else None)
-                    proc.add_request(idx, params)
+                    assert proc.add_request(idx, params) is (config is not None)
                     ref = None
                     if config is not None:
                         plan = resolve_constraints(
@@ -93,8 +93,8 @@ def _run(items: list[tuple[str, str]], configs: list[dict | None], seed: int, vo
                             fresh.advance(token)
                         refs[rid] = fresh
                 order = rng.sample(running, len(running))
-                ctx = LogitsContextStandIn(
-                    np.asarray([states.req_id_to_index[r] for r in order], dtype=np.int64)
+                ctx = logits_context(
+                    np.asarray([states.req_id_to_index[r] for r in order], dtype=np.int64), states
                 )
                 logits = torch.zeros((len(order), vocab))
                 proc.apply(logits, ctx)

@@ -1,7 +1,8 @@
-"""The rendered ``model.json`` is what vLLM 0.27.1 (Triton 26.08's) accepts, naming our processor.
+"""The rendered ``model.json`` is what vLLM 0.27.1 (Triton 26.08's) accepts, with our processor.
 
 Triton's vLLM backend builds ``AsyncEngineArgs(**model.json)``: every key must be one of its
-fields, and the logits-processor entries must load through vLLM's own loader.
+fields, and vLLM's own loader (entry points plus the names in model.json) must end up with our
+processor exactly once.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import json
 from pathlib import Path
 
 from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.v1.sample.logits_processor import LogitsProcessor, _load_logitsprocs_by_fqcns
+from vllm.v1.sample.logits_processor import _load_custom_logitsprocs
 
-from runtime.constraints.processor import ConstraintLogitsProcessor
+from runtime.constraints.plugin import ConstraintProcessorEntryPoint
 from runtime.entrypoint.render import render_repository
 from runtime.entrypoint.settings import EntrypointSettings
 from runtime.package import build_package
@@ -29,12 +30,11 @@ def test_model_json_keys_are_engine_args_and_the_processor_loads(tmp_path: Path)
     accepted = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
     assert set(args) <= accepted, sorted(set(args) - accepted)
     assert "logits_processors" in accepted
-    assert args["logits_processors"] == [default]
-    # vLLM's own loader (module:Class) resolves the setting to our real processor class.
-    (loaded,) = _load_logitsprocs_by_fqcns(args["logits_processors"])
-    assert loaded is ConstraintLogitsProcessor
-    assert issubclass(loaded, LogitsProcessor)
+    # vLLM's own loader: installed entry points, then the module:Class names of model.json.
+    loaded = _load_custom_logitsprocs(args["logits_processors"])
+    assert loaded.count(ConstraintProcessorEntryPoint) == 1, loaded
+    assert default == "runtime.constraints.plugin:ConstraintProcessorEntryPoint"
     # And AsyncEngineArgs itself takes the rendered file as keyword arguments.
     engine_args = AsyncEngineArgs(**args)
-    assert engine_args.logits_processors == [default]
+    assert engine_args.logits_processors == args["logits_processors"]
     assert engine_args.disable_log_stats is False

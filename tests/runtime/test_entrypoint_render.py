@@ -10,13 +10,19 @@ from runtime.frontend.tensors import FRONTEND_INPUTS, FRONTEND_OUTPUTS
 from runtime.package import build_package
 from tests.runtime.wheelmaker import make_source
 
+# A processor that no installed entry point registers: model.json must name it.
 PROCESSOR = "runtime.constraints.processor:ConstraintLogitsProcessor"
+PLUGIN = "runtime.constraints.plugin:ConstraintProcessorEntryPoint"
 
 
 def test_vllm_backend_repository(tmp_path: Path) -> None:
     source = make_source(
         tmp_path / "src",
-        engine_args={"tensor_parallel_size": 2, "max_model_len": 64, "logits_processors": ["a:B"]},
+        engine_args={
+            "tensor_parallel_size": 2,
+            "max_model_len": 64,
+            "logits_processors": ["a:B", PLUGIN, "a:B"],
+        },
     )
     manifest = build_package(source, tmp_path / "v")
     model = render_repository(
@@ -32,6 +38,7 @@ def test_vllm_backend_repository(tmp_path: Path) -> None:
     assert args["model"] == str(tmp_path / "v" / "weights")
     assert args["tokenizer"] == str(tmp_path / "u" / "tokenizer")
     assert args["disable_log_stats"] is False
+    # Our entry point is installed, so vLLM loads it already: naming it again would double it.
     assert args["logits_processors"] == ["a:B", PROCESSOR]
     assert args["max_model_len"] == 64
 
@@ -42,6 +49,8 @@ def test_single_gpu_uses_kind_gpu_and_rerender_replaces(tmp_path: Path) -> None:
     (repo / "stale").mkdir(parents=True)
     model = render_repository(manifest, tmp_path / "v", tmp_path / "u", repo, PROCESSOR)
     assert "kind: KIND_GPU" in (model / "config.pbtxt").read_text()
+    model = render_repository(manifest, tmp_path / "v", tmp_path / "u", repo, PLUGIN)
+    assert json.loads((model / "1" / "model.json").read_text())["logits_processors"] == []
     assert sorted(p.name for p in repo.iterdir()) == ["toy"]
 
 

@@ -1,0 +1,28 @@
+"""The one class vLLM's ``vllm.logits_processors`` entry point names, for either model runner.
+
+vLLM loads every class of that group into each engine: the V1 model runner constructs it as
+``cls(vllm_config, device, is_pin_memory)``, Model Runner V2 (vLLM >= 0.32) as
+``cls(vllm_config, req_states)`` and first checks that it derives from its V2
+``LogitsProcessor``. This class passes that check and builds the processor that matches the
+constructor call, so one installed package serves both runners.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runtime.constraints.processor import ConstraintLogitsProcessor
+from runtime.constraints.runner_v2 import ConstraintLogitsProcessorV2, RunnerV2Processor
+
+__all__ = ["ConstraintProcessorEntryPoint"]
+
+
+class ConstraintProcessorEntryPoint(RunnerV2Processor):  # type: ignore[misc,valid-type]
+    """Builds :class:`ConstraintLogitsProcessor` (V1) or :class:`ConstraintLogitsProcessorV2`."""
+
+    validate_params = ConstraintLogitsProcessor.validate_params
+
+    def __new__(cls, vllm_config: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
+        if len(args) + len(kwargs) == 1:
+            return ConstraintLogitsProcessorV2(vllm_config, *args, **kwargs)
+        return ConstraintLogitsProcessor(vllm_config, *args, **kwargs)

@@ -1,0 +1,36 @@
+"""The Model Runner V2 adapter under the next vLLM (``.venv-vllm-next``, built by make setup).
+
+vLLM >= 0.32 refuses entry-point processors that do not derive from its V2 interface, and one
+package must serve both runners. This runs ``vllm_next_checks.py`` (vLLM's own loader,
+validator and builder) and the V2 property test with that venv's interpreter.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+NEXT_PYTHON = ROOT / ".venv-vllm-next" / "bin" / "python"
+
+
+def test_adapter_under_the_next_vllm() -> None:
+    assert NEXT_PYTHON.exists(), "run `make setup` to build .venv-vllm-next"
+    done = subprocess.run(
+        [
+            str(NEXT_PYTHON),
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/constraints/vllm_next_checks.py",
+            "tests/constraints/test_runner_v2_properties.py",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    assert "7 passed" in done.stdout, done.stdout[-2000:]
