@@ -161,6 +161,13 @@ class Manifest(_Strict):
                 f"engine_args must not set {', '.join(reserved)}: they are the package's "
                 "weights and tokenizer folders, filled in at deploy time"
             )
+        if args.get("speculative_config") is not None:
+            # vLLM's V1 runner drops entry-point processors under speculative decoding without
+            # a word, so constrained requests would come back unconstrained.
+            raise ValueError(
+                "engine_args must not set speculative_config: the constraint processor in "
+                "every engine cannot mask draft tokens; remove it to serve this model"
+            )
         return args
 
     @model_validator(mode="after")

@@ -220,6 +220,13 @@ def test_engine_args_cannot_set_the_model_path(tmp_path: Path) -> None:
         build_package(source, tmp_path / "out")
 
 
+def test_engine_args_cannot_turn_on_speculative_decoding(tmp_path: Path) -> None:
+    draft = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}
+    source = make_source(tmp_path / "src", engine_args=draft)
+    with pytest.raises(PackageError, match=r"field engine_args: .*speculative_config"):
+        build_package(source, tmp_path / "out")
+
+
 def test_unknown_spec_field_is_named(tmp_path: Path) -> None:
     source = make_source(tmp_path / "src", weigths="weights")
     with pytest.raises(PackageError, match=r"package\.yaml: field weigths"):
