@@ -18,6 +18,7 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
 from runtime.frontend import FrontendSettings, create_app
+from runtime.frontend.engine import Engine
 from tests.support.kserve_server import KServeStandIn, StandInModel
 from tests.support.toy_model import VOCAB, ToyModel
 
@@ -48,7 +49,7 @@ def write_tokenizer(directory: Path, template: str = CHAT_TEMPLATE) -> Path:
 @dataclass
 class Served:
     url: str
-    standin: KServeStandIn
+    standin: KServeStandIn | None
     app: object
     server: uvicorn.Server
     thread: threading.Thread
@@ -62,9 +63,11 @@ class Served:
         self.thread.join(10)
 
 
-def serve(settings: FrontendSettings, standin: KServeStandIn) -> Served:
+def serve(
+    settings: FrontendSettings, standin: KServeStandIn | None, engine: Engine | None = None
+) -> Served:
     """Run the frontend under uvicorn in a thread, on a socket bound to a free port."""
-    app = create_app(settings)
+    app = create_app(settings, engine)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

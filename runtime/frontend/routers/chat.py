@@ -18,7 +18,15 @@ from runtime.frontend.errors import (
     TruncatedOutputError,
 )
 from runtime.frontend.fields import check_fields
-from runtime.frontend.generation import collect, envelope, new_id, now, usage
+from runtime.frontend.generation import (
+    ChunkFrame,
+    collect,
+    envelope,
+    new_id,
+    now,
+    stream_outputs,
+    usage,
+)
 from runtime.frontend.sampling import build_sampling, resolve_max_tokens
 from runtime.frontend.schemas import ChatCompletionRequest, ChatMessage
 from runtime.frontend.state import FrontendState
@@ -198,20 +206,16 @@ async def _events(
     requirement: JsonRequirement | None,
     include_usage: bool,
     top: int,
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncIterator[bytes | dict[str, Any]]:
     created = now()
     texts = [""] * n
     started = [False] * n
     done = [False] * n
     prompt_tokens = completion_tokens = 0
+    kind = "chat.completion.chunk"
+    frame = ChunkFrame(params.request_id, kind, created, body.model, include_usage)
 
-    def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
-        out = envelope(params.request_id, "chat.completion.chunk", created, body.model, choices)
-        if include_usage:
-            out["usage"] = None
-        return out
-
-    async for output in state.engine.generate(params):
+    async for output in stream_outputs(state.engine, params):
         prompt_tokens = output.prompt_tokens or prompt_tokens
         deltas = []
         for c in output.choices:
@@ -236,8 +240,8 @@ async def _events(
                 }
             )
         if deltas:
-            yield chunk(deltas)
+            yield frame.encode(deltas)
     if include_usage:
-        final = chunk([])
+        final = envelope(params.request_id, kind, created, body.model, [])
         final["usage"] = usage(prompt_tokens, completion_tokens)
         yield final

@@ -13,7 +13,15 @@ from runtime.frontend.dependencies import AuthDep, StateDep, check_model
 from runtime.frontend.engine import GenerateParams, TokenLogprob
 from runtime.frontend.errors import FieldRefusedError, InvalidRequestError
 from runtime.frontend.fields import check_fields
-from runtime.frontend.generation import collect, envelope, new_id, now, usage
+from runtime.frontend.generation import (
+    ChunkFrame,
+    collect,
+    envelope,
+    new_id,
+    now,
+    stream_outputs,
+    usage,
+)
 from runtime.frontend.sampling import build_sampling, resolve_max_tokens
 from runtime.frontend.schemas import CompletionRequest
 from runtime.frontend.state import FrontendState
@@ -137,15 +145,10 @@ async def _events(
     n: int,
     include_usage: bool,
     top: int,
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncIterator[bytes | dict[str, Any]]:
     created = now()
     prompt_tokens = completion_tokens = 0
-
-    def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
-        out = envelope(rid, "text_completion", created, body.model, choices)
-        if include_usage:
-            out["usage"] = None
-        return out
+    frame = ChunkFrame(rid, "text_completion", created, body.model, include_usage)
 
     # Prompts stream one after another; each choice keeps its index p_index * n + c_index.
     for p_index, p in enumerate(params):
@@ -153,7 +156,7 @@ async def _events(
         done = [False] * n
         offsets = [0] * n
         p_tokens = 0
-        async for output in state.engine.generate(p):
+        async for output in stream_outputs(state.engine, p):
             p_tokens = output.prompt_tokens or p_tokens
             deltas = []
             for c in output.choices:
@@ -178,9 +181,9 @@ async def _events(
                 )
                 offsets[c.index] += len(text)
             if deltas:
-                yield chunk(deltas)
+                yield frame.encode(deltas)
         prompt_tokens += p_tokens
     if include_usage:
-        final = chunk([])
+        final = envelope(rid, "text_completion", created, body.model, [])
         final["usage"] = usage(prompt_tokens, completion_tokens)
         yield final
