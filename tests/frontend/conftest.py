@@ -29,6 +29,23 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 API_KEY = "sk-test-frontend-key"
+# What the tool-calling model ("llm-tools") writes when the prompt offers tools (the template's
+# "Tools: " block) and asks for these; hermes-style <tool_call> blocks, three characters a token.
+WEATHER_CALL = (
+    "Let me check. <tool_call>\n"
+    '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'
+)
+TWO_CALLS = (
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "get_time", "arguments": {"zone": "Europe/Rome", "h24": true}}\n'
+    "</tool_call>"
+)
+BROKEN_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": }}\n</tool_call>'
+TOOL_SCRIPTS = (
+    (r"Tools: .*weather in Paris and the time in Rome", TWO_CALLS),
+    (r"Tools: .*weather in Paris", WEATHER_CALL),
+    (r"Tools: .*broken call", BROKEN_CALL),
+)
 
 
 def write_tokenizer(directory: Path, template: str = CHAT_TEMPLATE) -> Path:
@@ -90,6 +107,7 @@ def standin() -> Iterator[KServeStandIn]:
             StandInModel("llm", max_model_len=256),
             StandInModel("llm-broken", ToyModel(invalid_json=True), max_model_len=256),
             StandInModel("llm-stock", extra_outputs=(), max_model_len=256),
+            StandInModel("llm-tools", ToyModel(scripts=TOOL_SCRIPTS), max_model_len=512),
         ]
     ).start()
     yield server
