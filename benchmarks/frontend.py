@@ -263,9 +263,10 @@ async def _run(
 ) -> list[dict[str, Any]]:
     direct = grpcclient.InferenceServerClient(grpc_url)
     # aiohttp, not httpx: httpx's connection pool dominated the client side at concurrency 64.
-    http = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=128), timeout=aiohttp.ClientTimeout(total=120)
-    )
+    # Idle connections are dropped here before uvicorn's 5 s keep-alive closes them, which
+    # would race a request sent after a long direct round on a connection being closed.
+    connector = aiohttp.TCPConnector(limit=128, keepalive_timeout=2)
+    http = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120))
     impls = {
         "direct": lambda mt, s: _direct(direct, mt, s),
         "frontend": lambda mt, s: _frontend(http, http_url, mt, s),
