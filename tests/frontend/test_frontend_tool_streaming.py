@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.frontend.errors import InvalidOutputError, TruncatedOutputError
-from runtime.frontend.tools import (
+from runtime.frontend.tool_parsers import (
     HermesToolStream,
     NamedToolStream,
     RequiredToolStream,
@@ -274,3 +274,5 @@ def test_forced_streams_refuse_invalid_and_truncated_json() -> None:
         _run(RequiredToolStream(), ["[]"], "stop")
     with pytest.raises(InvalidOutputError):
         _run(HermesToolStream(), ['<tool_call>{"name": "f"}</tool_call>'], "stop")
+    with pytest.raises(InvalidOutputError):
+        _run(HermesToolStream(), ['<tool_call>{"na\\q": "f"}</tool_call>'], "stop")

@@ -32,7 +32,8 @@ from runtime.frontend.schemas import ChatCompletionRequest, ChatMessage
 from runtime.frontend.state import FrontendState
 from runtime.frontend.streaming import run_until_disconnect, sse_response
 from runtime.frontend.structured import JsonRequirement, requirement_for, structured_outputs_value
-from runtime.frontend.tools import ToolDelta, ToolPlan, ToolStream, plan_tools, tool_stream
+from runtime.frontend.tool_parsers import ToolDelta, ToolStream, tool_stream
+from runtime.frontend.tools import ToolPlan, plan_tools
 
 __all__ = ["ROUTE", "router"]
 
