@@ -276,3 +276,31 @@ def test_forced_streams_refuse_invalid_and_truncated_json() -> None:
         _run(HermesToolStream(), ['<tool_call>{"name": "f"}</tool_call>'], "stop")
     with pytest.raises(InvalidOutputError):
         _run(HermesToolStream(), ['<tool_call>{"na\\q": "f"}</tool_call>'], "stop")
+
+
+def test_each_choice_streams_its_calls_and_keeps_every_token_logprob(
+    tools_frontend: Served,
+) -> None:
+    body = {
+        "model": MODEL,
+        "messages": ASK_ONE,
+        "tools": TOOLS,
+        "max_tokens": 200,
+        "n": 2,
+        "logprobs": True,
+    }
+    whole = httpx.post(tools_frontend.url + "/v1/chat/completions", json=body, timeout=30).json()
+    events = _stream_events(tools_frontend, {**body, "stream": True})
+    for index in (0, 1):
+        mine = [c for e in events for c in e["choices"] if c["index"] == index]
+        arguments = "".join(
+            part["function"]["arguments"] for c in mine for part in c["delta"].get("tool_calls", [])
+        )
+        expected = whole["choices"][index]
+        assert arguments == expected["message"]["tool_calls"][0]["function"]["arguments"]
+        assert "".join(c["delta"].get("content", "") for c in mine) == "Let me check."
+        assert mine[-1]["finish_reason"] == "tool_calls"
+        # Chunks whose text is held back still carry their tokens' log-probabilities.
+        streamed = [t for c in mine for t in c["logprobs"]["content"]]
+        assert len(streamed) == len(expected["logprobs"]["content"])
+    assert whole["usage"]["completion_tokens"] == 2 * len(streamed)
