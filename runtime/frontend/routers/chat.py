@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -224,48 +225,50 @@ async def _events(
     kind = "chat.completion.chunk"
     frame = ChunkFrame(params.request_id, kind, created, body.model, include_usage)
 
-    async for output in stream_outputs(state.engine, params):
-        prompt_tokens = output.prompt_tokens or prompt_tokens
-        deltas = []
-        for c in output.choices:
-            if done[c.index]:
-                continue
-            completion_tokens += c.num_tokens
-            texts[c.index] += c.text
-            finish = c.finish_reason
-            if finish is not None:
-                done[c.index] = True
-                if requirement is not None:
-                    _validated(state, requirement, texts[c.index], c.index, finish)
-            parser = parsers[c.index]
-            if parser is None:
-                delta: dict[str, Any] = {"content": c.text}
-            else:
-                piece = _parsed(state, parser, c.text, finish)
-                delta = {}
-                if piece.content:
-                    delta["content"] = piece.content
-                if piece.calls:
-                    delta["tool_calls"] = [d.as_openai() for d in piece.calls]
-                if finish is not None and parser.calls:
-                    finish = "tool_calls"
-                # Held-back text makes some outputs say nothing yet; they carry no chunk
-                # unless their tokens' log-probabilities must go out.
-                if not delta and finish is None and not params.logprobs:
+    # Closed here, not left to the garbage collector, so the backend request ends now.
+    async with aclosing(stream_outputs(state.engine, params)) as outputs:
+        async for output in outputs:
+            prompt_tokens = output.prompt_tokens or prompt_tokens
+            deltas = []
+            for c in output.choices:
+                if done[c.index]:
                     continue
-            if not started[c.index]:
-                started[c.index] = True
-                delta["role"] = "assistant"
-            deltas.append(
-                {
-                    "index": c.index,
-                    "delta": delta,
-                    "logprobs": _logprobs(c.logprobs, top) if params.logprobs else None,
-                    "finish_reason": finish,
-                }
-            )
-        if deltas:
-            yield frame.encode(deltas)
+                completion_tokens += c.num_tokens
+                texts[c.index] += c.text
+                finish = c.finish_reason
+                if finish is not None:
+                    done[c.index] = True
+                    if requirement is not None:
+                        _validated(state, requirement, texts[c.index], c.index, finish)
+                parser = parsers[c.index]
+                if parser is None:
+                    delta: dict[str, Any] = {"content": c.text}
+                else:
+                    piece = _parsed(state, parser, c.text, finish)
+                    delta = {}
+                    if piece.content:
+                        delta["content"] = piece.content
+                    if piece.calls:
+                        delta["tool_calls"] = [d.as_openai() for d in piece.calls]
+                    if finish is not None and parser.calls:
+                        finish = "tool_calls"
+                    # Held-back text makes some outputs say nothing yet; they carry no chunk
+                    # unless their tokens' log-probabilities must go out.
+                    if not delta and finish is None and not params.logprobs:
+                        continue
+                if not started[c.index]:
+                    started[c.index] = True
+                    delta["role"] = "assistant"
+                deltas.append(
+                    {
+                        "index": c.index,
+                        "delta": delta,
+                        "logprobs": _logprobs(c.logprobs, top) if params.logprobs else None,
+                        "finish_reason": finish,
+                    }
+                )
+            if deltas:
+                yield frame.encode(deltas)
     if include_usage:
         final = envelope(params.request_id, kind, created, body.model, [])
         final["usage"] = usage(prompt_tokens, completion_tokens)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -156,32 +157,34 @@ async def _events(
         done = [False] * n
         offsets = [0] * n
         p_tokens = 0
-        async for output in stream_outputs(state.engine, p):
-            p_tokens = output.prompt_tokens or p_tokens
-            deltas = []
-            for c in output.choices:
-                if done[c.index]:
-                    continue
-                completion_tokens += c.num_tokens
-                text = c.text
-                if not echoed[c.index]:
-                    echoed[c.index] = True
-                    text = prompts[p_index] + text
-                    offsets[c.index] = len(prompts[p_index])
-                done[c.index] = c.finish_reason is not None
-                deltas.append(
-                    {
-                        "index": p_index * n + c.index,
-                        "text": text,
-                        "logprobs": _logprobs(c.logprobs, top, offsets[c.index])
-                        if p.logprobs
-                        else None,
-                        "finish_reason": c.finish_reason,
-                    }
-                )
-                offsets[c.index] += len(text)
-            if deltas:
-                yield frame.encode(deltas)
+        # Closed here, not left to the garbage collector, so the backend request ends now.
+        async with aclosing(stream_outputs(state.engine, p)) as outputs:
+            async for output in outputs:
+                p_tokens = output.prompt_tokens or p_tokens
+                deltas = []
+                for c in output.choices:
+                    if done[c.index]:
+                        continue
+                    completion_tokens += c.num_tokens
+                    text = c.text
+                    if not echoed[c.index]:
+                        echoed[c.index] = True
+                        text = prompts[p_index] + text
+                        offsets[c.index] = len(prompts[p_index])
+                    done[c.index] = c.finish_reason is not None
+                    deltas.append(
+                        {
+                            "index": p_index * n + c.index,
+                            "text": text,
+                            "logprobs": _logprobs(c.logprobs, top, offsets[c.index])
+                            if p.logprobs
+                            else None,
+                            "finish_reason": c.finish_reason,
+                        }
+                    )
+                    offsets[c.index] += len(text)
+                if deltas:
+                    yield frame.encode(deltas)
         prompt_tokens += p_tokens
     if include_usage:
         final = envelope(rid, "text_completion", created, body.model, [])
