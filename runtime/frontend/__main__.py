@@ -33,7 +33,17 @@ def main() -> int:
     except ValueError as exc:
         print(f"llm-serving frontend: {exc}", file=sys.stderr)
         return 1
-    uvicorn.run(app, host=settings.host, port=settings.port, access_log=False, log_level="info")
+    # uvloop and httptools are dependencies: named here, so that a missing one fails start-up
+    # instead of silently serving on the slower pure-Python loop and parser ("auto").
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        log_level="info",
+    )
     return 0
 
 

@@ -165,12 +165,14 @@ CHAT_FIELDS: tuple[FieldRule, ...] = (
         "tool_choice",
         Policy.HONOURED,
         "none: no tools; auto: parsed by the model's tool-call parser; required/named: "
-        "structured outputs forcing a call",
+        "structured outputs forcing a call; each the same when streamed",
     ),
     FieldRule(
         "tools",
         Policy.HONOURED,
-        "passed to the chat template; refused when no tool-call parser is configured",
+        "passed to the chat template; refused when no tool-call parser is configured; with "
+        "stream, calls are parsed as text arrives and sent as delta.tool_calls fragments "
+        "(finish_reason tool_calls)",
     ),
     FieldRule(
         "verbosity",

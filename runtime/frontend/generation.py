@@ -4,12 +4,25 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.frontend.engine import Engine, GenerateParams, TokenLogprob
+import orjson
 
-__all__ = ["Collected", "collect", "envelope", "new_id", "now", "usage"]
+from runtime.frontend.coalesce import coalesced
+from runtime.frontend.engine import Engine, EngineOutput, GenerateParams, TokenLogprob
+
+__all__ = [
+    "ChunkFrame",
+    "Collected",
+    "collect",
+    "envelope",
+    "new_id",
+    "now",
+    "stream_outputs",
+    "usage",
+]
 
 
 def new_id(prefix: str) -> str:
@@ -41,6 +54,32 @@ def envelope(
         "system_fingerprint": None,
         "choices": choices,
     }
+
+
+class ChunkFrame:
+    """A stream's chunk envelope serialized once; each chunk then encodes only its choices.
+
+    ``encode`` returns the server-sent event: the :func:`envelope` with these choices (and
+    ``"usage": null`` when usage is streamed), compact JSON in UTF-8.
+    """
+
+    def __init__(
+        self, request_id: str, object_type: str, created: int, model: str, include_usage: bool
+    ) -> None:
+        empty = orjson.dumps(envelope(request_id, object_type, created, model, []))
+        # The envelope ends with its choices: cut the empty list open.
+        self._head = b"data: " + empty[: -len(b"]}")]
+        self._tail = b'],"usage":null}\n\n' if include_usage else b"]}\n\n"
+
+    def encode(self, choices: list[dict[str, Any]]) -> bytes:
+        return self._head + orjson.dumps(choices)[1:-1] + self._tail
+
+
+def stream_outputs(engine: Engine, params: GenerateParams) -> AsyncIterator[EngineOutput]:
+    """A streamed generation's outputs; those already waiting are merged into one, unless
+    per-token log-probabilities were asked for (each chunk then carries its own token's)."""
+    outputs = engine.generate(params)
+    return outputs if params.logprobs else coalesced(outputs)
 
 
 @dataclass

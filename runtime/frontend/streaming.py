@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
+import orjson
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
@@ -24,9 +24,12 @@ __all__ = ["run_until_disconnect", "sse_response"]
 T = TypeVar("T")
 
 
-def sse(data: dict[str, Any] | str) -> bytes:
-    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-    return f"data: {payload}\n\n".encode()
+def sse(data: bytes | dict[str, Any] | str) -> bytes:
+    """One server-sent event; ``bytes`` are an event already framed (:class:`ChunkFrame`)."""
+    if isinstance(data, bytes):
+        return data
+    payload = data.encode() if isinstance(data, str) else orjson.dumps(data)
+    return b"data: " + payload + b"\n\n"
 
 
 async def run_until_disconnect(request: Request, work: Awaitable[T], timeout_s: float) -> T:
@@ -53,7 +56,7 @@ async def run_until_disconnect(request: Request, work: Awaitable[T], timeout_s: 
 
 
 async def sse_response(
-    state: FrontendState, events: AsyncIterator[dict[str, Any]]
+    state: FrontendState, events: AsyncIterator[bytes | dict[str, Any]]
 ) -> StreamingResponse:
     """Stream ``events`` as SSE, bounded by the open-stream limit and the request deadline.
 

@@ -1,23 +1,23 @@
-"""Tool calling: the tools a template sees, forced-call schemas, and the hermes output parser."""
+"""Tool calling: the tools a template sees and the forced-call schemas.
+
+The model's output is turned into calls by :mod:`runtime.frontend.tool_parsers`.
+"""
 
 from __future__ import annotations
 
-import json
-import re
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.frontend.errors import InvalidOutputError, InvalidRequestError, TruncatedOutputError
+from runtime.frontend.errors import InvalidRequestError
 from runtime.frontend.schemas import FunctionTool
 
-__all__ = ["ToolCall", "ToolPlan", "forced_calls", "parse_hermes", "plan_tools"]
-
-_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+__all__ = ["ToolCall", "ToolPlan", "plan_tools"]
 
 
 @dataclass(frozen=True)
 class ToolCall:
+    """One complete call; ``arguments`` is the JSON text the model wrote."""
+
     id: str
     name: str
     arguments: str
@@ -94,43 +94,3 @@ def plan_tools(tools: list[FunctionTool] | None, tool_choice: Any, parser: str |
             param="tool_choice",
         )
     return ToolPlan(rendered, forced=_params(match[0]), forced_name=name)
-
-
-def _call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
-def forced_calls(plan: ToolPlan, text: str, finish_reason: str | None) -> list[ToolCall]:
-    """Tool calls from a forced (structured) output."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        if finish_reason == "length":
-            raise TruncatedOutputError(
-                "max_tokens ended the forced tool call before its JSON was complete",
-                param="max_tokens",
-                code="output_truncated",
-            ) from None
-        raise InvalidOutputError(
-            f"the engine returned invalid JSON for a forced tool call: {exc.msg}",
-            param="tool_choice",
-            code="invalid_json_output",
-        ) from None
-    if plan.forced_name is not None:
-        return [ToolCall(_call_id(), plan.forced_name, json.dumps(value))]
-    return [ToolCall(_call_id(), c["name"], json.dumps(c["parameters"])) for c in value]
-
-
-def parse_hermes(text: str) -> tuple[str | None, list[ToolCall]]:
-    """Split ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` blocks from the text."""
-    calls = []
-    for block in _HERMES.findall(text):
-        try:
-            value = json.loads(block)
-            calls.append(ToolCall(_call_id(), value["name"], json.dumps(value["arguments"])))
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise InvalidOutputError(
-                "the model wrote a malformed <tool_call> block", code="invalid_tool_call"
-            ) from None
-    content = _HERMES.sub("", text).strip() if calls else text
-    return (content or None), calls

@@ -18,6 +18,7 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
 from runtime.frontend import FrontendSettings, create_app
+from runtime.frontend.engine import Engine
 from tests.support.kserve_server import KServeStandIn, StandInModel
 from tests.support.toy_model import VOCAB, ToyModel
 
@@ -28,6 +29,23 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 API_KEY = "sk-test-frontend-key"
+# What the tool-calling model ("llm-tools") writes when the prompt offers tools (the template's
+# "Tools: " block) and asks for these; hermes-style <tool_call> blocks, three characters a token.
+WEATHER_CALL = (
+    "Let me check. <tool_call>\n"
+    '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'
+)
+TWO_CALLS = (
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "get_time", "arguments": {"zone": "Europe/Rome", "h24": true}}\n'
+    "</tool_call>"
+)
+BROKEN_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": }}\n</tool_call>'
+TOOL_SCRIPTS = (
+    (r"Tools: .*weather in Paris and the time in Rome", TWO_CALLS),
+    (r"Tools: .*weather in Paris", WEATHER_CALL),
+    (r"Tools: .*broken call", BROKEN_CALL),
+)
 
 
 def write_tokenizer(directory: Path, template: str = CHAT_TEMPLATE) -> Path:
@@ -48,7 +66,7 @@ def write_tokenizer(directory: Path, template: str = CHAT_TEMPLATE) -> Path:
 @dataclass
 class Served:
     url: str
-    standin: KServeStandIn
+    standin: KServeStandIn | None
     app: object
     server: uvicorn.Server
     thread: threading.Thread
@@ -62,9 +80,11 @@ class Served:
         self.thread.join(10)
 
 
-def serve(settings: FrontendSettings, standin: KServeStandIn) -> Served:
+def serve(
+    settings: FrontendSettings, standin: KServeStandIn | None, engine: Engine | None = None
+) -> Served:
     """Run the frontend under uvicorn in a thread, on a socket bound to a free port."""
-    app = create_app(settings)
+    app = create_app(settings, engine)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -87,6 +107,7 @@ def standin() -> Iterator[KServeStandIn]:
             StandInModel("llm", max_model_len=256),
             StandInModel("llm-broken", ToyModel(invalid_json=True), max_model_len=256),
             StandInModel("llm-stock", extra_outputs=(), max_model_len=256),
+            StandInModel("llm-tools", ToyModel(scripts=TOOL_SCRIPTS), max_model_len=512),
         ]
     ).start()
     yield server

@@ -14,7 +14,8 @@ from runtime.frontend import create_app
 from runtime.frontend.app import structured_outputs_key
 from runtime.frontend.chat_template import ChatTemplate, ChatTemplateError
 from runtime.frontend.errors import InvalidOutputError
-from runtime.frontend.tools import parse_hermes
+from runtime.frontend.tool_parsers import HermesToolStream
+from runtime.frontend.tools import ToolCall
 from tests.frontend.conftest import make_settings, serve, write_tokenizer
 from tests.support.kserve_server import KServeStandIn
 
@@ -82,6 +83,13 @@ def test_template_raise_exception_is_a_400(standin: KServeStandIn, tmp_path: Pat
         assert "user first" in response.json()["error"]["message"]
     finally:
         served.stop()
+
+
+def parse_hermes(text: str) -> tuple[str | None, list[ToolCall]]:
+    parser = HermesToolStream()
+    parser.feed(text)
+    parser.finish("stop")
+    return parser.content, parser.calls
 
 
 def test_hermes_parser() -> None:

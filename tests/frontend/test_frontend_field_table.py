@@ -86,6 +86,14 @@ GEN = (CHAT, COMPLETIONS)
 ALL = (CHAT, COMPLETIONS, EMBEDDINGS, SCORE)
 
 
+def _sse(response: httpx.Response) -> list[dict[str, Any]]:
+    """The JSON events of a streamed response, ``[DONE]`` checked and left out."""
+    assert response.status_code == 200, response.text
+    lines = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
 def _text(probe: Probe, reply: dict[str, Any], i: int = 0) -> str:
     choice = reply["choices"][i]
     return choice["message"]["content"] if probe.route == CHAT else choice["text"]
@@ -335,7 +343,12 @@ def _(p: Probe) -> None:
     reply = p.ok(tools=[TOOL], max_tokens=4)
     assert "Tools: " in p.last().text_input and '"lookup"' in p.last().text_input
     assert reply["choices"][0]["message"].get("tool_calls") is None
-    p.refused("stream", tools=[TOOL], stream=True)
+    # Streamed: the same template, the output parsed as it arrives (no call in plain text).
+    events = _sse(p.post(tools=[TOOL], max_tokens=4, stream=True))
+    assert "Tools: " in p.last().text_input and p.last().flags["stream"] is True
+    assert all("tool_calls" not in e["choices"][0]["delta"] for e in events if e["choices"])
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
+    assert text == reply["choices"][0]["message"]["content"]
 
 
 @case(CHAT, "tool_choice")
@@ -351,6 +364,11 @@ def _(p: Probe) -> None:
     assert required["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "lookup"
     p.ok(tools=[TOOL], tool_choice="none")
     assert "Tools: " not in p.last().text_input
+    streamed = _sse(p.post(tools=[TOOL], tool_choice=named, max_tokens=10, stream=True))
+    assert json.loads(p.last().sampling_parameters["structured_outputs"]) == sent
+    first = streamed[0]["choices"][0]["delta"]["tool_calls"][0]
+    assert first["function"]["name"] == "lookup" and first["type"] == "function"
+    assert streamed[-1]["choices"][0]["finish_reason"] == "tool_calls"
     response = p.post(tool_choice="auto")
     assert response.status_code == 400 and response.json()["error"]["param"] == "tool_choice"
 

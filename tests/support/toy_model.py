@@ -5,7 +5,9 @@ words, logits derived from a hash of the context, so the same request always giv
 text, log-probabilities, prompt log-probabilities and embeddings. It honours the sampling
 parameters a test can observe (``max_tokens``, ``min_tokens``, ``stop``, ``n``, ``seed``,
 ``temperature``, ``logprobs``, ``prompt_logprobs``, ``logit_bias``, ``allowed_token_ids``,
-``ignore_eos``) and JSON structured outputs (a document that satisfies the schema).
+``ignore_eos``) and JSON structured outputs (a document that satisfies the schema). Scripted
+replies (``scripts``: a regular expression searched in the prompt, and the reply) stand in for
+what a real model writes in a given situation, such as tool calls, a few characters a token.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,11 +108,24 @@ class ToyChoice:
 
 
 class ToyModel:
-    """Deterministic generation over :data:`VOCAB`; ``invalid_json`` corrupts JSON outputs."""
+    """Deterministic generation over :data:`VOCAB`; ``invalid_json`` corrupts JSON outputs.
 
-    def __init__(self, *, invalid_json: bool = False, embedding_dim: int = 8) -> None:
+    ``scripts`` are ``(pattern, reply)`` pairs: the first pattern found in a prompt (a regular
+    expression, ``.`` matching newlines) makes the reply the output, three characters a token.
+    """
+
+    SCRIPT_TOKEN_CHARS = 3
+
+    def __init__(
+        self,
+        *,
+        invalid_json: bool = False,
+        embedding_dim: int = 8,
+        scripts: Sequence[tuple[str, str]] = (),
+    ) -> None:
         self.invalid_json = invalid_json
         self.embedding_dim = embedding_dim
+        self.scripts = tuple((re.compile(p, re.DOTALL), reply) for p, reply in scripts)
 
     @staticmethod
     def tokenize(text: str) -> list[int]:
@@ -139,6 +154,10 @@ class ToyModel:
         fixed = self._structured_text(params)
         if fixed is not None:
             yield from self._emit_fixed(choices, fixed, params)
+            return
+        script = next((reply for p, reply in self.scripts if p.search(prompt)), None)
+        if script is not None:
+            yield from self._emit_script(choices, script, params)
             return
         max_tokens = params.get("max_tokens", 16)
         min_tokens = int(params.get("min_tokens", 0))
@@ -204,6 +223,22 @@ class ToyModel:
             yield choices
         for choice in choices:
             choice.finish_reason = "stop" if len(words) <= limit else "length"
+        yield choices
+
+    def _emit_script(
+        self, choices: list[ToyChoice], reply: str, params: dict[str, Any]
+    ) -> Iterator[list[ToyChoice]]:
+        size = self.SCRIPT_TOKEN_CHARS
+        pieces = [reply[i : i + size] for i in range(0, len(reply), size)]
+        limit = params.get("max_tokens") or 16
+        for piece in pieces[:limit]:
+            for choice in choices:
+                tid = token_id(piece.strip())
+                choice.steps.append(ToyStep(tid, piece, -0.5, {tid: -0.5}))
+                choice.text += piece
+            yield choices
+        for choice in choices:
+            choice.finish_reason = "stop" if len(pieces) <= limit else "length"
         yield choices
 
     def _structured_text(self, params: dict[str, Any]) -> str | None:

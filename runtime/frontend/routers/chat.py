@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -18,13 +19,22 @@ from runtime.frontend.errors import (
     TruncatedOutputError,
 )
 from runtime.frontend.fields import check_fields
-from runtime.frontend.generation import collect, envelope, new_id, now, usage
+from runtime.frontend.generation import (
+    ChunkFrame,
+    collect,
+    envelope,
+    new_id,
+    now,
+    stream_outputs,
+    usage,
+)
 from runtime.frontend.sampling import build_sampling, resolve_max_tokens
 from runtime.frontend.schemas import ChatCompletionRequest, ChatMessage
 from runtime.frontend.state import FrontendState
 from runtime.frontend.streaming import run_until_disconnect, sse_response
 from runtime.frontend.structured import JsonRequirement, requirement_for, structured_outputs_value
-from runtime.frontend.tools import ToolPlan, forced_calls, parse_hermes, plan_tools
+from runtime.frontend.tool_parsers import ToolDelta, ToolStream, tool_stream
+from runtime.frontend.tools import ToolPlan, plan_tools
 
 __all__ = ["ROUTE", "router"]
 
@@ -112,8 +122,6 @@ async def create_chat_completion(
             "response_format and a required tool_choice both constrain the output; send one",
             param="response_format",
         )
-    if stream and (plan.parse or plan.forced is not None):
-        raise FieldRefusedError("stream", "tool calls are not streamed; send stream=false")
     try:
         prompt = state.template.render(_template_messages(body.messages), plan.template_tools)
     except ChatTemplateError as exc:
@@ -141,7 +149,7 @@ async def create_chat_completion(
     n = body.n or 1
     if stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        events = _events(state, body, params, n, requirement, include_usage, top)
+        events = _events(state, body, params, n, requirement, plan, include_usage, top)
         return await sse_response(state, events)
     choices, prompt_tokens = await run_until_disconnect(
         request, collect(state.engine, params, n), state.settings.request_timeout_s
@@ -169,25 +177,33 @@ async def create_chat_completion(
     )
 
 
+def _parsed(state: FrontendState, parser: ToolStream, text: str, finish: str | None) -> ToolDelta:
+    """Feed a choice's new text (and its end) to its tool-call parser.
+
+    Output that breaks the tool-call format is counted, then raised.
+    """
+    try:
+        piece = parser.feed(text)
+        if finish is not None:
+            piece.extend(parser.finish(finish))
+        return piece
+    except (InvalidOutputError, TruncatedOutputError):
+        state.metrics.invalid_output.labels(state.settings.model_id, ROUTE).inc()
+        raise
+
+
 def _message(
     state: FrontendState, plan: ToolPlan, text: str, finish: str | None
 ) -> tuple[dict[str, Any], str | None]:
-    if plan.forced is not None:
-        try:
-            calls = forced_calls(plan, text, finish)
-        except (InvalidOutputError, TruncatedOutputError):
-            state.metrics.invalid_output.labels(state.settings.model_id, ROUTE).inc()
-            raise
-        message = {"role": "assistant", "content": None}
-        message["tool_calls"] = [c.as_openai() for c in calls]
-        return message, "tool_calls"
-    if plan.parse:
-        content, calls = parse_hermes(text)
-        if calls:
-            message = {"role": "assistant", "content": content}
-            message["tool_calls"] = [c.as_openai() for c in calls]
-            return message, "tool_calls"
-    return {"role": "assistant", "content": text}, finish
+    parser = tool_stream(plan)
+    if parser is None:
+        return {"role": "assistant", "content": text}, finish
+    _parsed(state, parser, text, finish)
+    if not parser.calls:
+        return {"role": "assistant", "content": text}, finish
+    message: dict[str, Any] = {"role": "assistant", "content": parser.content}
+    message["tool_calls"] = [c.as_openai() for c in parser.calls]
+    return message, "tool_calls"
 
 
 async def _events(
@@ -196,48 +212,64 @@ async def _events(
     params: GenerateParams,
     n: int,
     requirement: JsonRequirement | None,
+    plan: ToolPlan,
     include_usage: bool,
     top: int,
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncIterator[bytes | dict[str, Any]]:
     created = now()
     texts = [""] * n
     started = [False] * n
     done = [False] * n
+    parsers = [tool_stream(plan) for _ in range(n)]
     prompt_tokens = completion_tokens = 0
+    kind = "chat.completion.chunk"
+    frame = ChunkFrame(params.request_id, kind, created, body.model, include_usage)
 
-    def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
-        out = envelope(params.request_id, "chat.completion.chunk", created, body.model, choices)
-        if include_usage:
-            out["usage"] = None
-        return out
-
-    async for output in state.engine.generate(params):
-        prompt_tokens = output.prompt_tokens or prompt_tokens
-        deltas = []
-        for c in output.choices:
-            if done[c.index]:
-                continue
-            completion_tokens += c.num_tokens
-            texts[c.index] += c.text
-            delta: dict[str, Any] = {"content": c.text}
-            if not started[c.index]:
-                started[c.index] = True
-                delta["role"] = "assistant"
-            if c.finish_reason is not None:
-                done[c.index] = True
-                if requirement is not None:
-                    _validated(state, requirement, texts[c.index], c.index, c.finish_reason)
-            deltas.append(
-                {
-                    "index": c.index,
-                    "delta": delta,
-                    "logprobs": _logprobs(c.logprobs, top) if params.logprobs else None,
-                    "finish_reason": c.finish_reason,
-                }
-            )
-        if deltas:
-            yield chunk(deltas)
+    # Closed here, not left to the garbage collector, so the backend request ends now.
+    async with aclosing(stream_outputs(state.engine, params)) as outputs:
+        async for output in outputs:
+            prompt_tokens = output.prompt_tokens or prompt_tokens
+            deltas = []
+            for c in output.choices:
+                if done[c.index]:
+                    continue
+                completion_tokens += c.num_tokens
+                texts[c.index] += c.text
+                finish = c.finish_reason
+                if finish is not None:
+                    done[c.index] = True
+                    if requirement is not None:
+                        _validated(state, requirement, texts[c.index], c.index, finish)
+                parser = parsers[c.index]
+                if parser is None:
+                    delta: dict[str, Any] = {"content": c.text}
+                else:
+                    piece = _parsed(state, parser, c.text, finish)
+                    delta = {}
+                    if piece.content:
+                        delta["content"] = piece.content
+                    if piece.calls:
+                        delta["tool_calls"] = [d.as_openai() for d in piece.calls]
+                    if finish is not None and parser.calls:
+                        finish = "tool_calls"
+                    # Held-back text makes some outputs say nothing yet; they carry no chunk
+                    # unless their tokens' log-probabilities must go out.
+                    if not delta and finish is None and not params.logprobs:
+                        continue
+                if not started[c.index]:
+                    started[c.index] = True
+                    delta["role"] = "assistant"
+                deltas.append(
+                    {
+                        "index": c.index,
+                        "delta": delta,
+                        "logprobs": _logprobs(c.logprobs, top) if params.logprobs else None,
+                        "finish_reason": finish,
+                    }
+                )
+            if deltas:
+                yield frame.encode(deltas)
     if include_usage:
-        final = chunk([])
+        final = envelope(params.request_id, kind, created, body.model, [])
         final["usage"] = usage(prompt_tokens, completion_tokens)
         yield final

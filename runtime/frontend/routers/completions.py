@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -13,7 +14,15 @@ from runtime.frontend.dependencies import AuthDep, StateDep, check_model
 from runtime.frontend.engine import GenerateParams, TokenLogprob
 from runtime.frontend.errors import FieldRefusedError, InvalidRequestError
 from runtime.frontend.fields import check_fields
-from runtime.frontend.generation import collect, envelope, new_id, now, usage
+from runtime.frontend.generation import (
+    ChunkFrame,
+    collect,
+    envelope,
+    new_id,
+    now,
+    stream_outputs,
+    usage,
+)
 from runtime.frontend.sampling import build_sampling, resolve_max_tokens
 from runtime.frontend.schemas import CompletionRequest
 from runtime.frontend.state import FrontendState
@@ -137,15 +146,10 @@ async def _events(
     n: int,
     include_usage: bool,
     top: int,
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncIterator[bytes | dict[str, Any]]:
     created = now()
     prompt_tokens = completion_tokens = 0
-
-    def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
-        out = envelope(rid, "text_completion", created, body.model, choices)
-        if include_usage:
-            out["usage"] = None
-        return out
+    frame = ChunkFrame(rid, "text_completion", created, body.model, include_usage)
 
     # Prompts stream one after another; each choice keeps its index p_index * n + c_index.
     for p_index, p in enumerate(params):
@@ -153,34 +157,36 @@ async def _events(
         done = [False] * n
         offsets = [0] * n
         p_tokens = 0
-        async for output in state.engine.generate(p):
-            p_tokens = output.prompt_tokens or p_tokens
-            deltas = []
-            for c in output.choices:
-                if done[c.index]:
-                    continue
-                completion_tokens += c.num_tokens
-                text = c.text
-                if not echoed[c.index]:
-                    echoed[c.index] = True
-                    text = prompts[p_index] + text
-                    offsets[c.index] = len(prompts[p_index])
-                done[c.index] = c.finish_reason is not None
-                deltas.append(
-                    {
-                        "index": p_index * n + c.index,
-                        "text": text,
-                        "logprobs": _logprobs(c.logprobs, top, offsets[c.index])
-                        if p.logprobs
-                        else None,
-                        "finish_reason": c.finish_reason,
-                    }
-                )
-                offsets[c.index] += len(text)
-            if deltas:
-                yield chunk(deltas)
+        # Closed here, not left to the garbage collector, so the backend request ends now.
+        async with aclosing(stream_outputs(state.engine, p)) as outputs:
+            async for output in outputs:
+                p_tokens = output.prompt_tokens or p_tokens
+                deltas = []
+                for c in output.choices:
+                    if done[c.index]:
+                        continue
+                    completion_tokens += c.num_tokens
+                    text = c.text
+                    if not echoed[c.index]:
+                        echoed[c.index] = True
+                        text = prompts[p_index] + text
+                        offsets[c.index] = len(prompts[p_index])
+                    done[c.index] = c.finish_reason is not None
+                    deltas.append(
+                        {
+                            "index": p_index * n + c.index,
+                            "text": text,
+                            "logprobs": _logprobs(c.logprobs, top, offsets[c.index])
+                            if p.logprobs
+                            else None,
+                            "finish_reason": c.finish_reason,
+                        }
+                    )
+                    offsets[c.index] += len(text)
+                if deltas:
+                    yield frame.encode(deltas)
         prompt_tokens += p_tokens
     if include_usage:
-        final = chunk([])
+        final = envelope(rid, "text_completion", created, body.model, [])
         final["usage"] = usage(prompt_tokens, completion_tokens)
         yield final
