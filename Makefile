@@ -95,7 +95,7 @@ VLLM_NEXT_VERSION := 0.33.0
 VLLM_NEXT_VENV := .venv-vllm-next
 VLLM_NEXT_STAMP := $(VLLM_NEXT_VENV)/.installed
 
-$(VLLM_NEXT_STAMP): $(STAMP)
+$(VLLM_NEXT_STAMP): Makefile | $(STAMP)
 	rm -rf $(VLLM_NEXT_VENV)
 	$(PYTHON) -m venv $(VLLM_NEXT_VENV)
 	$(VLLM_NEXT_VENV)/bin/python -m pip install --quiet --no-deps "vllm==$(VLLM_NEXT_VERSION)"
