@@ -5,9 +5,11 @@ from __future__ import annotations
 import random
 import tempfile
 from collections.abc import Sequence
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from runtime.constraints.catalog import TokenizedCatalog, load_catalog, tokenize_catalog
@@ -36,8 +38,8 @@ def _corpus(seed: int = 3) -> list[str]:
 
 
 def toy_tokenizer() -> Tokenizer:
-    """A byte-level BPE over lists of WORDS, plus the straddling token ``"b, "``."""
-    return byte_level_tokenizer(_corpus(), vocab_size=420, extra=["b, "])
+    """A byte-level BPE over lists of WORDS, plus the straddling tokens ``"b, "``, ``"a, a, "``."""
+    return byte_level_tokenizer(_corpus(), vocab_size=420, extra=["b, ", "a, a, "])
 
 
 def tokenize(items: Sequence[tuple[str, str]], tokenizer: Tokenizer, matching: str):
@@ -91,3 +93,35 @@ def spells_valid_list(text: bytes, spec: ItemListPlan) -> bool:
         return False
 
     return rest_ok(body, 0, frozenset())
+
+
+@lru_cache(maxsize=1)
+def toy() -> tuple[Tokenizer, TokenBytes]:
+    """The toy tokenizer and its token bytes, built once per process."""
+    tokenizer = toy_tokenizer()
+    return tokenizer, table_of(tokenizer)
+
+
+@st.composite
+def item_lists(draw: st.DrawFn, vocab: int = 420) -> tuple[list[tuple[str, str]], dict[str, Any]]:
+    texts = draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=7, unique=True))
+    items = [(f"i{k}", t) for k, t in enumerate(texts)]
+    ids = [i for i, _ in items]
+    min_items = draw(st.integers(1, 3))
+    spec: dict[str, Any] = {
+        "catalog": "cat",
+        "prefix": draw(st.sampled_from(PREFIXES)),
+        "separator": draw(st.sampled_from(SEPARATORS)),
+        "terminator": draw(st.sampled_from(TERMINATORS)),
+        "min_items": min_items,
+        "max_items": draw(st.none() | st.integers(min_items, 5)),
+        "unique": draw(st.booleans()),
+    }
+    if draw(st.booleans()):
+        spec["allow"] = draw(st.lists(st.sampled_from(ids), min_size=1, max_size=len(ids)))
+    if draw(st.booleans()):
+        spec["deny"] = draw(st.lists(st.sampled_from(ids), max_size=2))
+    config: dict[str, Any] = {"version": 1, "item_list": spec}
+    if draw(st.integers(0, 4)) == 0:
+        config["banned_tokens"] = draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=40))
+    return items, config

@@ -4,64 +4,26 @@ simulation, and random outputs that always spell a valid list."""
 from __future__ import annotations
 
 import random
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer
 
 from runtime.constraints.reference import ReferenceConstraint, words_per_row
 from runtime.constraints.schema import ConstraintConfigError
-from runtime.constraints.token_bytes import TokenBytes
 from tests.constraints.decoded_support import (
     EOS,
-    PREFIXES,
-    SEPARATORS,
-    TERMINATORS,
-    WORDS,
+    item_lists,
     plan_for,
     spells_valid_list,
-    table_of,
     tokenize,
-    toy_tokenizer,
+    toy,
 )
 
 
-@lru_cache(maxsize=1)
-def _toy() -> tuple[Tokenizer, TokenBytes]:
-    tokenizer = toy_tokenizer()
-    return tokenizer, table_of(tokenizer)
-
-
-@st.composite
-def item_lists(draw: st.DrawFn) -> tuple[list[tuple[str, str]], dict[str, Any]]:
-    texts = draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=7, unique=True))
-    items = [(f"i{k}", t) for k, t in enumerate(texts)]
-    ids = [i for i, _ in items]
-    min_items = draw(st.integers(1, 3))
-    spec: dict[str, Any] = {
-        "catalog": "cat",
-        "prefix": draw(st.sampled_from(PREFIXES)),
-        "separator": draw(st.sampled_from(SEPARATORS)),
-        "terminator": draw(st.sampled_from(TERMINATORS)),
-        "min_items": min_items,
-        "max_items": draw(st.none() | st.integers(min_items, 5)),
-        "unique": draw(st.booleans()),
-    }
-    if draw(st.booleans()):
-        spec["allow"] = draw(st.lists(st.sampled_from(ids), min_size=1, max_size=len(ids)))
-    if draw(st.booleans()):
-        spec["deny"] = draw(st.lists(st.sampled_from(ids), max_size=2))
-    config: dict[str, Any] = {"version": 1, "item_list": spec}
-    if draw(st.integers(0, 4)) == 0:
-        config["banned_tokens"] = draw(st.lists(st.integers(0, 419), min_size=1, max_size=40))
-    return items, config
-
-
 def _decoded_plan(items: list[tuple[str, str]], config: dict[str, Any]) -> Any:
-    tokenizer, table = _toy()
+    tokenizer, table = toy()
     tokenized = tokenize(items, tokenizer, "decoded")
     try:
         return plan_for(config, tokenized, tokenizer, table)
@@ -70,7 +32,7 @@ def _decoded_plan(items: list[tuple[str, str]], config: dict[str, Any]) -> Any:
 
 
 def test_a_token_straddling_item_and_separator_is_decoded_only() -> None:
-    tokenizer, table = _toy()
+    tokenizer, table = toy()
     straddle = tokenizer.token_to_id("b, ")
     assert table[straddle] == b"b, "
     items = [("a", "a"), ("b", "b"), ("c", "bé")]
@@ -93,7 +55,7 @@ def test_a_token_straddling_item_and_separator_is_decoded_only() -> None:
 
 
 def test_items_completed_inside_a_token_count_for_unique() -> None:
-    tokenizer, table = _toy()
+    tokenizer, table = toy()
     items = [("a", "a"), ("b", "b")]
     config = {"version": 1, "item_list": {"catalog": "cat", "separator": ", ", "unique": True}}
     ref = ReferenceConstraint(
@@ -112,7 +74,7 @@ def test_trie_walk_equals_per_token_simulation_and_outputs_parse(
 ) -> None:
     items, config = case
     plan = _decoded_plan(items, config)
-    _, table = _toy()
+    _, table = toy()
     rng = random.Random(seed)
     ref = ReferenceConstraint(plan)
     row = np.zeros(words_per_row(plan.vocab_size), dtype=np.int32)
