@@ -23,6 +23,7 @@ from runtime.constraints.reference import ReferenceConstraint, words_per_row
 from runtime.constraints.schema import ConstraintConfigError
 from tests.constraints.decoded_support import EOS, item_lists, plan_for, tokenize, toy
 from tests.constraints.test_processor_properties import _run_history
+from tests.constraints.test_runner_v2_properties import _run as _run_v2
 
 
 def _engine_row(plan: Any, tokens: list[int]) -> np.ndarray:
@@ -126,6 +127,13 @@ def test_engine_matches_reference_over_batch_histories_in_decoded_mode(
 ) -> None:
     tokenizer, table = toy()
     items, configs, pad = case
+    valid = _valid_configs(items, configs)
+    assume(valid)
+    _run_history(items, valid, seed, len(table) + pad, tokenizer, "decoded")
+
+
+def _valid_configs(items: list[tuple[str, str]], configs: list[dict[str, Any]]) -> list[dict]:
+    tokenizer, table = toy()
     tokenized = tokenize(items, tokenizer, "decoded")
     valid = []
     for config in configs:
@@ -134,8 +142,23 @@ def test_engine_matches_reference_over_batch_histories_in_decoded_mode(
         except ConstraintConfigError:
             continue
         valid.append(config)
+    return valid
+
+
+@settings(
+    max_examples=10,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(case=histories(), seed=st.integers(0, 2**32 - 1))
+def test_runner_v2_matches_reference_in_decoded_mode(
+    case: tuple[list[tuple[str, str]], list[dict[str, Any]], int], seed: int
+) -> None:
+    tokenizer, table = toy()
+    items, configs, pad = case
+    valid = _valid_configs(items, configs)
     assume(valid)
-    _run_history(items, valid, seed, len(table) + pad, tokenizer, "decoded")
+    _run_v2(items, [*valid, None], seed, len(table) + pad, tokenizer, "decoded")
 
 
 def test_vocabulary_and_decoded_constraint_check_their_arguments() -> None:
