@@ -129,7 +129,9 @@ void SlotState::FillRow(uint32_t* row) {
       case Phase::kMachine: {
         const MachineRule& m = c.machine;
         std::memset(row, 0, words * sizeof(uint32_t));
-        for (uint32_t k = m.offsets[state_]; k < m.offsets[state_ + 1]; ++k) SetBit(row, m.tokens[k]);
+        for (uint32_t k = m.offsets[state_]; k < m.offsets[state_ + 1]; ++k) {
+          SetBit(row, m.tokens[k]);
+        }
         const bool accepting = m.accepting[state_] != 0;
         if (accepting) SetBit(row, c.eos_token_id);
         if (!accepting && m.offsets[state_] == m.offsets[state_ + 1]) {
@@ -352,27 +354,63 @@ bool SlotState::EndAllowed(const Cursor& c) const {
   return AfterAt(c).can_terminate;
 }
 
-bool SlotState::Walk(uint32_t vnode, const Cursor& c, uint32_t* row) {
+bool SlotState::WalkByte(uint32_t vnode, const Cursor& c, uint8_t byte, uint32_t* row) {
   const VocabTrie& vocab = *constraint_->item_list.vocab;
+  const uint32_t child_id = vocab.Child(vnode, byte);
+  if (child_id == VocabTrie::kNone) return false;
+  Cursor next = c;
+  if (!StepByte(next, byte)) return false;  // prunes every token under this child
+  const VocabNode& child = vocab.node(child_id);
   const int32_t eos = constraint_->eos_token_id;
-  const VocabNode& node = vocab.node(vnode);
-  const uint32_t* children = vocab.children(node);
+  const int32_t* tokens = vocab.tokens(child);
   bool found = false;
-  for (uint32_t i = 0; i < node.num_children; ++i) {
-    const VocabNode& child = vocab.node(children[i]);
-    Cursor next = c;
-    if (!StepByte(next, child.byte)) continue;  // prunes every token under this child
-    const int32_t* tokens = vocab.tokens(child);
-    for (uint32_t k = 0; k < child.tokens_end - child.tokens_begin; ++k) {
-      if (tokens[k] == eos) continue;
+  for (uint32_t k = 0; k < child.tokens_end - child.tokens_begin; ++k) {
+    if (tokens[k] == eos) continue;
+    if (row == nullptr) return true;
+    SetBit(row, tokens[k]);
+    found = true;
+  }
+  if (child.num_children > 0 && Walk(child_id, next, row)) found = true;
+  return found;
+}
+
+bool SlotState::Walk(uint32_t vnode, const Cursor& c, uint32_t* row) {
+  const ItemListRule& rule = constraint_->item_list;
+  switch (c.phase) {
+    case Phase::kPrefix:
+      return WalkByte(vnode, c, static_cast<uint8_t>(rule.prefix[c.pos]), row);
+    case Phase::kSeparator:
+      return WalkByte(vnode, c, static_cast<uint8_t>(rule.separator[c.pos]), row);
+    case Phase::kTerminator:
+      return WalkByte(vnode, c, static_cast<uint8_t>(rule.terminator[c.pos]), row);
+    case Phase::kItem:
+      break;
+    default:
+      return false;
+  }
+  // Only the catalog children that hold an available item are tried (found by scanning the
+  // item bitset, skipping whole subtrees), then the separator and terminator.
+  const CatalogTrie& trie = *rule.trie;
+  const TrieNode& node = trie.node(c.node);
+  const uint64_t* bits = available();
+  bool found = false;
+  uint32_t r = NextSetBit(bits, node.lo + (node.item_rank >= 0 ? 1u : 0u), node.hi);
+  while (r < node.hi) {
+    const TrieNode& child = trie.node(trie.ChildContaining(c.node, r));
+    if (WalkByte(vnode, c, static_cast<uint8_t>(child.token), row)) {
       if (row == nullptr) return true;
-      SetBit(row, tokens[k]);
       found = true;
     }
-    if (child.num_children > 0 && Walk(children[i], next, row)) {
-      if (row == nullptr) return true;
-      found = true;
-    }
+    r = NextSetBit(bits, child.hi, node.hi);
+  }
+  const AfterItem after = AfterAt(c);
+  if (after.can_separate && WalkByte(vnode, c, static_cast<uint8_t>(rule.separator[0]), row)) {
+    if (row == nullptr) return true;
+    found = true;
+  }
+  if (after.can_terminate && !rule.terminator.empty() &&
+      WalkByte(vnode, c, static_cast<uint8_t>(rule.terminator[0]), row)) {
+    found = true;
   }
   return found;
 }

@@ -90,6 +90,15 @@ std::shared_ptr<const VocabTrie> VocabTrie::Build(const uint8_t* bytes, std::siz
   return trie;
 }
 
+uint32_t VocabTrie::Child(uint32_t node, uint8_t byte) const {
+  const VocabNode& n = nodes_[node];
+  const uint32_t* first = children_.data() + n.first_child;
+  const uint32_t* last = first + n.num_children;
+  const uint32_t* it = std::lower_bound(
+      first, last, byte, [this](uint32_t child, uint8_t b) { return nodes_[child].byte < b; });
+  return (it != last && nodes_[*it].byte == byte) ? *it : kNone;
+}
+
 std::size_t VocabTrie::MemoryBytes() const {
   return sizeof(*this) + nodes_.capacity() * sizeof(VocabNode) +
          children_.capacity() * sizeof(uint32_t) + tokens_.capacity() * sizeof(int32_t) +

@@ -77,6 +77,8 @@ class SlotState {
   // Sets the bit of every token below `vnode` whose bytes `c` accepts; with a null row it
   // stops at the first such token. Returns whether it found one.
   bool Walk(uint32_t vnode, const Cursor& c, uint32_t* row);
+  // Walk's step along one byte: the vocabulary child by `byte`, if `c` accepts the byte.
+  bool WalkByte(uint32_t vnode, const Cursor& c, uint8_t byte, uint32_t* row);
   bool FillDecodedRow(uint32_t* row);  // returns whether end of sequence was forced
   void AdvanceDecoded(int32_t token);
 

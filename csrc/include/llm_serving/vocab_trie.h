@@ -21,6 +21,7 @@ struct VocabNode {
 class VocabTrie {
  public:
   static constexpr uint32_t kRoot = 0;
+  static constexpr uint32_t kNone = UINT32_MAX;
 
   // Compiles token t's bytes bytes[offsets[t], offsets[t+1]) for t in [0, vocab_size). Tokens
   // with no bytes (special tokens) are left out. Throws ConfigError on bad offsets.
@@ -33,6 +34,8 @@ class VocabTrie {
   const VocabNode& node(uint32_t index) const { return nodes_[index]; }
   const uint32_t* children(const VocabNode& n) const { return children_.data() + n.first_child; }
   const int32_t* tokens(const VocabNode& n) const { return tokens_.data() + n.tokens_begin; }
+  // The child of `node` reached by `byte`, or kNone.
+  uint32_t Child(uint32_t node, uint8_t byte) const;
   // The bytes of `token` (empty for special tokens); token must be in [0, vocab_size).
   const uint8_t* bytes(int32_t token) const { return bytes_.data() + offsets_[token]; }
   std::size_t length(int32_t token) const { return offsets_[token + 1] - offsets_[token]; }
