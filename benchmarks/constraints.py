@@ -399,7 +399,7 @@ def _print(rows: list[dict[str, Any]]) -> None:
                 f"{r['impl']:<20}{r['allow_size']:>8}{r['batch']:>7}{r['median_us']:>12.1f}"
                 f"{r['p99_us']:>12.1f}{r['per_request_us']:>12.2f}"
             )
-    print(f"\n{'impl':<20}{'items':>8}{'compile_s':>12}{'bytes/token':>13}")
+    print(f"\n{'impl':<28}{'items':>8}{'compile_s':>12}{'bytes/token':>13}")
     for r in rows:
         if "compile_s" in r:
             impl = r["impl"] + (" decoded" if r.get("mode") == "decoded" else "")

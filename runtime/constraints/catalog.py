@@ -18,7 +18,7 @@ import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,20 @@ class Catalog:
     #: One of :data:`MATCHING_MODES`.
     matching: str = "canonical"
 
+    @cached_property
+    def byte_continuations(self) -> dict[int, str]:
+        """Each byte that follows a complete item's UTF-8 text inside a longer item, with that
+        item's id (decoded mode: a separator or terminator starting with it is ambiguous)."""
+        texts = sorted((t.encode("utf-8"), k) for k, t in enumerate(self.texts))
+        found: dict[int, str] = {}
+        # In sorted order every item that extends an item follows it contiguously.
+        for i, (text, k) in enumerate(texts):
+            for longer, _ in texts[i + 1 :]:
+                if not longer.startswith(text):
+                    break
+                found.setdefault(longer[len(text)], self.ids[k])
+        return found
+
 
 @dataclass(frozen=True)
 class TokenizedCatalog:
@@ -75,9 +89,6 @@ class TokenizedCatalog:
     continuations: dict[int, str] = field(repr=False, compare=False)
     #: Every token id that occurs in some item.
     vocabulary: frozenset[int] = field(repr=False, compare=False)
-    #: Bytes that continue some item's UTF-8 text right after another complete item (decoded
-    #: mode: a separator or terminator starting with one of them would be ambiguous).
-    byte_continuations: dict[int, str] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_tokens(self) -> int:
@@ -240,22 +251,5 @@ def tokenize_catalog(catalog: Catalog, encode: Encoder) -> TokenizedCatalog:
                 continuations.setdefault(seq[cut], owner)
     vocabulary = frozenset(t for seq in tokens for t in seq)
     return TokenizedCatalog(
-        catalog=catalog,
-        tokens=tokens,
-        continuations=continuations,
-        vocabulary=vocabulary,
-        byte_continuations=_byte_continuations(catalog),
+        catalog=catalog, tokens=tokens, continuations=continuations, vocabulary=vocabulary
     )
-
-
-def _byte_continuations(catalog: Catalog) -> dict[int, str]:
-    """Each byte that follows a complete item inside a longer item, with that item's id."""
-    texts = sorted((t.encode("utf-8"), k) for k, t in enumerate(catalog.texts))
-    found: dict[int, str] = {}
-    # In sorted order every item that extends an item follows it contiguously.
-    for i, (text, k) in enumerate(texts):
-        for longer, _ in texts[i + 1 :]:
-            if not longer.startswith(text):
-                break
-            found.setdefault(longer[len(text)], catalog.ids[k])
-    return found

@@ -101,6 +101,8 @@ def check_catalog_fields(spec: ConstraintSpec, catalog_dir: Path | None) -> None
         )
     catalog = _catalog_for(spec.item_list, lambda name: load_catalog_cached(catalog_dir, name))
     _check_ids(spec.item_list, catalog)
+    if catalog.matching == "decoded":
+        _decoded_pieces(spec.item_list, catalog)
 
 
 def _check_tokens(field: str, tokens: tuple[int, ...], vocab_size: int, eos: int) -> None:
@@ -180,6 +182,28 @@ def _item_list_plan(
     )
 
 
+def _decoded_pieces(spec: ItemListSpec, catalog: Catalog) -> tuple[bytes, bytes]:
+    """Separator and terminator as UTF-8, checked so that each byte says where the list is."""
+    separator = spec.separator.encode("utf-8")
+    terminator = spec.terminator.encode("utf-8")
+    if terminator and terminator[0] == separator[0]:
+        raise ConstraintConfigError(
+            "constraints.item_list.terminator",
+            f"terminator and separator both start with {chr(separator[0])!r} (byte "
+            f"{separator[0]}); after an item the next byte must say which one follows",
+        )
+    for field_name, piece in (("separator", separator), ("terminator", terminator)):
+        owner = catalog.byte_continuations.get(piece[0]) if piece else None
+        if owner is not None:
+            raise ConstraintConfigError(
+                f"constraints.item_list.{field_name}",
+                f"its first byte {piece[0]} also continues catalog item {owner!r} into a longer "
+                f"item of catalog {catalog.name!r}; choose a {field_name} that cannot continue an "
+                "item",
+            )
+    return separator, terminator
+
+
 def _decoded_plan(
     spec: ItemListSpec,
     tokenized: TokenizedCatalog,
@@ -193,23 +217,7 @@ def _decoded_plan(
             "constraints.item_list.catalog",
             f"the token byte table has {len(table)} entries for a vocabulary of {vocab_size}",
         )
-    separator = spec.separator.encode("utf-8")
-    terminator = spec.terminator.encode("utf-8")
-    if terminator and terminator[0] == separator[0]:
-        raise ConstraintConfigError(
-            "constraints.item_list.terminator",
-            f"terminator and separator both start with {chr(separator[0])!r} (byte "
-            f"{separator[0]}); after an item the next byte must say which one follows",
-        )
-    name = tokenized.catalog.name
-    for field_name, piece in (("separator", separator), ("terminator", terminator)):
-        owner = tokenized.byte_continuations.get(piece[0]) if piece else None
-        if owner is not None:
-            raise ConstraintConfigError(
-                f"constraints.item_list.{field_name}",
-                f"its first byte {piece[0]} also continues catalog item {owner!r} into a longer "
-                f"item of catalog {name!r}; choose a {field_name} that cannot continue an item",
-            )
+    separator, terminator = _decoded_pieces(spec, tokenized.catalog)
     return ItemListPlan(
         catalog=tokenized,
         prefix=(),

@@ -113,3 +113,15 @@ def test_decoded_catalog_needs_the_token_byte_table() -> None:
         )
     assert info.value.field == "constraints.item_list.catalog"
     assert "token bytes" in str(info.value)
+
+
+def test_validate_params_refuses_ambiguous_pieces_before_the_batch(tmp_path: Path) -> None:
+    write_catalog(tmp_path, "cat", ITEMS)
+    write_matching(tmp_path, "cat", "decoded")
+    good = parse_constraints({"version": 1, "item_list": {"catalog": "cat", "separator": ";"}})
+    check_catalog_fields(good, tmp_path)
+    bad = parse_constraints({"version": 1, "item_list": {"catalog": "cat", "separator": ", "}})
+    with pytest.raises(ConstraintConfigError) as info:
+        check_catalog_fields(bad, tmp_path)
+    assert info.value.field == "constraints.item_list.separator"
+    assert "continues catalog item 'a'" in str(info.value)
