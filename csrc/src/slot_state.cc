@@ -355,12 +355,16 @@ bool SlotState::EndAllowed(const Cursor& c) const {
 }
 
 bool SlotState::WalkByte(uint32_t vnode, const Cursor& c, uint8_t byte, uint32_t* row) {
-  const VocabTrie& vocab = *constraint_->item_list.vocab;
-  const uint32_t child_id = vocab.Child(vnode, byte);
-  if (child_id == VocabTrie::kNone) return false;
+  const uint32_t child = constraint_->item_list.vocab->Child(vnode, byte);
+  if (child == VocabTrie::kNone) return false;
   Cursor next = c;
   if (!StepByte(next, byte)) return false;  // prunes every token under this child
-  const VocabNode& child = vocab.node(child_id);
+  return Descend(child, next, row);
+}
+
+bool SlotState::Descend(uint32_t vchild, const Cursor& next, uint32_t* row) {
+  const VocabTrie& vocab = *constraint_->item_list.vocab;
+  const VocabNode& child = vocab.node(vchild);
   const int32_t eos = constraint_->eos_token_id;
   const int32_t* tokens = vocab.tokens(child);
   bool found = false;
@@ -370,7 +374,7 @@ bool SlotState::WalkByte(uint32_t vnode, const Cursor& c, uint8_t byte, uint32_t
     SetBit(row, tokens[k]);
     found = true;
   }
-  if (child.num_children > 0 && Walk(child_id, next, row)) found = true;
+  if (child.num_children > 0 && Walk(vchild, next, row)) found = true;
   return found;
 }
 
@@ -395,9 +399,21 @@ bool SlotState::Walk(uint32_t vnode, const Cursor& c, uint32_t* row) {
   const uint64_t* bits = available();
   bool found = false;
   uint32_t r = NextSetBit(bits, node.lo + (node.item_rank >= 0 ? 1u : 0u), node.hi);
+  const VocabTrie& vocab = *rule.vocab;
   while (r < node.hi) {
-    const TrieNode& child = trie.node(trie.ChildContaining(c.node, r));
-    if (WalkByte(vnode, c, static_cast<uint8_t>(child.token), row)) {
+    const uint32_t child_id = trie.ChildContaining(c.node, r);
+    const TrieNode& child = trie.node(child_id);
+    const auto byte = static_cast<uint8_t>(child.token);
+    bool hit = false;
+    if (!IsLocal(r, c)) {
+      // r is available and below the child: StepByte's checks are already answered.
+      const uint32_t vchild = vocab.Child(vnode, byte);
+      hit = vchild != VocabTrie::kNone &&
+            Descend(vchild, Cursor{Phase::kItem, 0, child_id, c.count, c.num_local}, row);
+    } else {
+      hit = WalkByte(vnode, c, byte, row);
+    }
+    if (hit) {
       if (row == nullptr) return true;
       found = true;
     }

@@ -87,10 +87,17 @@ std::shared_ptr<const VocabTrie> VocabTrie::Build(const uint8_t* bytes, std::siz
     trie->children_[nodes[parent[i]].first_child + filled[parent[i]]++] =
         static_cast<uint32_t>(i);
   }
+  trie->root_children_.fill(kNone);
+  const VocabNode& root = nodes[kRoot];
+  for (uint32_t i = 0; i < root.num_children; ++i) {
+    const uint32_t child = trie->children_[root.first_child + i];
+    trie->root_children_[nodes[child].byte] = child;
+  }
   return trie;
 }
 
 uint32_t VocabTrie::Child(uint32_t node, uint8_t byte) const {
+  if (node == kRoot) return root_children_[byte];
   const VocabNode& n = nodes_[node];
   const uint32_t* first = children_.data() + n.first_child;
   const uint32_t* last = first + n.num_children;

@@ -79,6 +79,8 @@ class SlotState {
   bool Walk(uint32_t vnode, const Cursor& c, uint32_t* row);
   // Walk's step along one byte: the vocabulary child by `byte`, if `c` accepts the byte.
   bool WalkByte(uint32_t vnode, const Cursor& c, uint8_t byte, uint32_t* row);
+  // Sets the tokens ending at vocabulary node `vchild` and walks below it from `next`.
+  bool Descend(uint32_t vchild, const Cursor& next, uint32_t* row);
   bool FillDecodedRow(uint32_t* row);  // returns whether end of sequence was forced
   void AdvanceDecoded(int32_t token);
 

@@ -1,6 +1,7 @@
 // An immutable trie over the decoded bytes of every vocabulary token (decoded matching).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -44,6 +45,7 @@ class VocabTrie {
  private:
   VocabTrie() = default;
 
+  std::array<uint32_t, 256> root_children_{};  // the root's child by byte, or kNone
   std::vector<VocabNode> nodes_;
   std::vector<uint32_t> children_;
   std::vector<int32_t> tokens_;  // token ids sorted by bytes, then id
