@@ -16,6 +16,7 @@ from runtime.constraints import _engine
 from runtime.constraints.engine import (
     ConstraintEngine,
     compile_byte_catalog,
+    compile_catalog,
     compile_plan,
     compile_vocabulary,
 )
@@ -52,8 +53,6 @@ def test_engine_accepts_a_straddling_token_in_decoded_mode_only() -> None:
     canonical = plan_for(config, tokenize(items, tokenizer, "canonical"), tokenizer, table)
     assert _bit(_engine_row(decoded, []), straddle)
     engine = ConstraintEngine(1, canonical.vocab_size, 1)
-    from runtime.constraints.engine import compile_catalog
-
     tokenized = canonical.item_list.catalog
     engine.add(0, compile_plan(canonical, compile_catalog(tokenized, canonical.vocab_size)))
     mask = np.zeros((1, engine.words), dtype=np.int32)
