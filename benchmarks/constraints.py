@@ -7,6 +7,11 @@ each request by its next token and filling the whole batch's next-token bitmask.
 runs the same kind of output over a 10,000-item catalog written as an EBNF alternation (it
 has no per-request allow lists and cannot forbid repeats).
 
+Decoded matching (``mode: decoded`` rows) runs the same requests over the same catalog with
+the items as text: the vocabulary's tokens get byte strings (syllable words, the 256 single
+bytes, punctuation), the items are their tokens' text, and the engine walks the vocabulary's
+byte trie jointly with the catalog's byte trie each step.
+
     python -m benchmarks.constraints [--quick] [--json PATH]
 """
 
@@ -28,7 +33,13 @@ import numpy as np
 
 from runtime.constraints import _engine
 from runtime.constraints.catalog import Catalog, TokenizedCatalog
-from runtime.constraints.engine import ConstraintEngine, compile_catalog, compile_plan
+from runtime.constraints.engine import (
+    ConstraintEngine,
+    compile_byte_catalog,
+    compile_catalog,
+    compile_plan,
+    compile_vocabulary,
+)
 from runtime.constraints.plan import ConstraintPlan, ItemListPlan
 from runtime.constraints.reference import ReferenceConstraint, _build_trie
 
@@ -43,6 +54,7 @@ class Workload:
     catalog: TokenizedCatalog
     native: _engine.Catalog
     compile_s: float
+    vocabulary: _engine.Vocabulary | None = None
 
 
 def _vocab_strings() -> list[str]:
@@ -151,7 +163,7 @@ def _next_tokens(reqs: _Requests, restart: Callable[[int], None]) -> list[int]:
 def bench_engine(w: Workload, reqs: _Requests, threads: int, steps: int) -> dict[str, float]:
     batch = len(reqs.plans)
     engine = ConstraintEngine(batch, VOCAB, threads)
-    constraints = [compile_plan(p, w.native) for p in reqs.plans]
+    constraints = [compile_plan(p, w.native, w.vocabulary) for p in reqs.plans]
     for slot, constraint in enumerate(constraints):
         engine.add(slot, constraint)
         engine.advance(slot, reqs.paths[slot][: reqs.positions[slot]])
@@ -229,6 +241,59 @@ class _Xgrammar:
         return _stats(samples[2:], batch)
 
 
+def _token_bytes() -> tuple[bytes | None, ...]:
+    """Byte strings for the synthetic vocabulary: words as text, the 256 single bytes among the
+    control ids, punctuation; end of sequence has none (a special token)."""
+    table: list[bytes | None] = [s.encode("utf-8") for s in _vocab_strings()]
+    for b in range(256):
+        table[100 + b] = bytes([b])
+    table[EOS] = None
+    return tuple(table)
+
+
+def _decoded_workload(catalog: TokenizedCatalog) -> tuple[Workload, TokenizedCatalog, float]:
+    """The catalog with each item's text spelled by its tokens, compiled over bytes."""
+    vocab = _vocab_strings()
+    texts = tuple("".join(vocab[t] for t in seq) for seq in catalog.tokens)
+    ids = catalog.catalog.ids
+    text_catalog = Catalog("bench", ids, texts, catalog.catalog.index, matching="decoded")
+    decoded = TokenizedCatalog(text_catalog, catalog.tokens, {}, frozenset())
+    start = time.perf_counter()
+    native = compile_byte_catalog(decoded)
+    compile_s = time.perf_counter() - start
+    table = _token_bytes()
+    start = time.perf_counter()
+    vocabulary = compile_vocabulary(table)
+    vocab_s = time.perf_counter() - start
+    return Workload(decoded, native, compile_s, vocabulary), decoded, vocab_s
+
+
+def _decoded_requests(reqs: _Requests, catalog: TokenizedCatalog) -> _Requests:
+    """The same requests matched on decoded bytes (their token paths spell valid lists)."""
+    table = _token_bytes()
+    plans = []
+    for plan in reqs.plans:
+        spec = plan.item_list
+        assert spec is not None
+        item_list = ItemListPlan(
+            catalog=catalog,
+            prefix=(),
+            separator=(),
+            terminator=(),
+            min_items=spec.min_items,
+            max_items=spec.max_items,
+            unique=spec.unique,
+            allowed=spec.allowed,
+            matching="decoded",
+            prefix_bytes=b"[",
+            separator_bytes=b",",
+            terminator_bytes=b"]",
+            token_bytes=table,
+        )
+        plans.append(ConstraintPlan(VOCAB, EOS, item_list, None, ()))
+    return _Requests(plans, list(reqs.paths), list(reqs.positions))
+
+
 def _python_trie_footprint(catalog: TokenizedCatalog) -> tuple[float, float]:
     spec = _plan(catalog, tuple(range(len(catalog.tokens)))).item_list
     assert spec is not None
@@ -276,6 +341,34 @@ def run(quick: bool) -> list[dict[str, Any]]:
             "items": 10_000,
         }
     )
+    decoded_w, decoded_catalog, vocab_s = _decoded_workload(catalog)
+    compile_rows.append(
+        {
+            "impl": "engine_all_threads",
+            "mode": "decoded",
+            "compile_s": decoded_w.compile_s,
+            "bytes_per_token": decoded_w.native.memory_bytes / catalog.num_tokens,
+            "items": 100_000,
+            "vocab_compile_s": vocab_s,
+            "vocab_mb": decoded_w.vocabulary.memory_bytes / 1e6,  # type: ignore[union-attr]
+        }
+    )
+    for batch in [64] if quick else [1, 64, 256]:
+        reqs = _requests(catalog, batch, 2_000, batch * 7 + 2_000)
+        for mode, run_w, run_reqs in (
+            ("canonical", w, _copy(reqs)),
+            ("decoded", decoded_w, _decoded_requests(reqs, decoded_catalog)),
+        ):
+            stats = bench_engine(run_w, run_reqs, threads, steps)
+            rows.append(
+                {
+                    "impl": "engine_all_threads",
+                    "mode": mode,
+                    "batch": batch,
+                    "allow_size": 2_000,
+                    **stats,
+                }
+            )
     for allow in (2_000, 50_000):
         for batch in batches:
             seed = batch * 7 + allow
@@ -301,16 +394,33 @@ def run(quick: bool) -> list[dict[str, Any]]:
 def _print(rows: list[dict[str, Any]]) -> None:
     print(f"{'impl':<20}{'allow':>8}{'batch':>7}{'median_us':>12}{'p99_us':>12}{'us/request':>12}")
     for r in rows:
-        if "batch" in r:
+        if "batch" in r and "mode" not in r:
             print(
                 f"{r['impl']:<20}{r['allow_size']:>8}{r['batch']:>7}{r['median_us']:>12.1f}"
                 f"{r['p99_us']:>12.1f}{r['per_request_us']:>12.2f}"
             )
-    print(f"\n{'impl':<20}{'items':>8}{'compile_s':>12}{'bytes/token':>13}")
+    print(f"\n{'impl':<28}{'items':>8}{'compile_s':>12}{'bytes/token':>13}")
     for r in rows:
         if "compile_s" in r:
+            impl = r["impl"] + (" decoded" if r.get("mode") == "decoded" else "")
+            print(f"{impl:<28}{r['items']:>8}{r['compile_s']:>12.3f}{r['bytes_per_token']:>13.1f}")
+    modes = {(r["mode"], r["batch"]): r for r in rows if "mode" in r and "batch" in r}
+    if modes:
+        print("\nengine_all_threads, allow 2,000: canonical vs decoded matching, side by side")
+        print(f"{'batch':>7}{'canonical_us':>14}{'decoded_us':>12}{'decoded_p99':>13}{'ratio':>8}")
+        for (mode, batch), r in sorted(modes.items(), key=lambda kv: kv[0][1]):
+            if mode != "decoded":
+                continue
+            base = modes[("canonical", batch)]["median_us"]
             print(
-                f"{r['impl']:<20}{r['items']:>8}{r['compile_s']:>12.3f}{r['bytes_per_token']:>13.1f}"
+                f"{batch:>7}{base:>14.1f}{r['median_us']:>12.1f}{r['p99_us']:>13.1f}"
+                f"{r['median_us'] / base:>8.1f}"
+            )
+        vocab_rows = [r for r in rows if "vocab_compile_s" in r]
+        for r in vocab_rows:
+            print(
+                f"vocabulary byte trie: compiled in {r['vocab_compile_s']:.3f} s, "
+                f"{r['vocab_mb']:.1f} MB"
             )
 
 

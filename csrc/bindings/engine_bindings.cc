@@ -14,17 +14,23 @@
 #include "llm_serving/constraint.h"
 #include "llm_serving/errors.h"
 #include "llm_serving/parallelism.h"
+#include "llm_serving/vocab_trie.h"
 
 namespace py = pybind11;
 using llm_serving::BatchEngine;
 using llm_serving::CatalogTrie;
 using llm_serving::ConfigError;
 using llm_serving::Constraint;
+using llm_serving::VocabTrie;
 
 namespace {
 
 struct CatalogHandle {
   std::shared_ptr<const CatalogTrie> trie;
+};
+
+struct VocabularyHandle {
+  std::shared_ptr<const VocabTrie> trie;
 };
 
 struct ConstraintHandle {
@@ -33,7 +39,7 @@ struct ConstraintHandle {
 
 template <typename T>
 const char* TypeName() {
-  return sizeof(T) == 8 ? "int64" : "int32";
+  return sizeof(T) == 8 ? "int64" : sizeof(T) == 4 ? "int32" : "uint8";
 }
 
 // A checked view of a C-contiguous buffer of T with `ndim` dimensions.
@@ -88,6 +94,50 @@ ConstraintHandle Constraint_ItemList(const CatalogHandle& catalog, std::vector<i
       catalog.trie, std::move(prefix), std::move(separator), std::move(terminator), min_items,
       max_items.value_or(0), unique, ptr, count, !info.has_value(), eos_token_id, banned,
       vocab_size)};
+}
+
+VocabularyHandle Vocabulary_Init(const py::buffer& bytes, const py::buffer& offsets) {
+  auto b = Checked<uint8_t>(bytes, "bytes", 1, false);
+  auto o = Checked<int64_t>(offsets, "offsets", 1, false);
+  if (o.shape[0] < 2) throw ConfigError("offsets needs at least two entries (one token)");
+  if (o.shape[0] - 1 > INT32_MAX) throw ConfigError("too many tokens");
+  const auto* byte_ptr = static_cast<const uint8_t*>(b.ptr);
+  const auto* offset_ptr = static_cast<const int64_t*>(o.ptr);
+  const auto num_bytes = static_cast<std::size_t>(b.shape[0]);
+  const auto vocab_size = static_cast<int32_t>(o.shape[0] - 1);
+  py::gil_scoped_release release;
+  return {VocabTrie::Build(byte_ptr, num_bytes, offset_ptr, vocab_size)};
+}
+
+std::vector<int32_t> PieceBytes(const py::bytes& piece) {
+  const std::string text = piece;
+  std::vector<int32_t> out;
+  out.reserve(text.size());
+  for (unsigned char ch : text) out.push_back(ch);
+  return out;
+}
+
+ConstraintHandle Constraint_DecodedList(const CatalogHandle& catalog,
+                                        const VocabularyHandle& vocabulary,
+                                        const py::bytes& prefix, const py::bytes& separator,
+                                        const py::bytes& terminator, uint32_t min_items,
+                                        std::optional<uint32_t> max_items, bool unique,
+                                        const std::optional<py::buffer>& allowed,
+                                        int32_t eos_token_id, const std::vector<int32_t>& banned,
+                                        int32_t vocab_size) {
+  if (max_items.has_value() && *max_items == 0) throw ConfigError("max_items must be >= 1");
+  std::optional<py::buffer_info> info;
+  if (allowed.has_value()) info = Checked<int32_t>(*allowed, "allowed", 1, false);
+  const auto* ptr = info ? static_cast<const int32_t*>(info->ptr) : nullptr;
+  const std::size_t count = info ? static_cast<std::size_t>(info->shape[0]) : 0;
+  std::vector<int32_t> prefix_bytes = PieceBytes(prefix);
+  std::vector<int32_t> separator_bytes = PieceBytes(separator);
+  std::vector<int32_t> terminator_bytes = PieceBytes(terminator);
+  py::gil_scoped_release release;
+  return {llm_serving::MakeDecodedListConstraint(
+      catalog.trie, vocabulary.trie, std::move(prefix_bytes), std::move(separator_bytes),
+      std::move(terminator_bytes), min_items, max_items.value_or(0), unique, ptr, count,
+      !info.has_value(), eos_token_id, banned, vocab_size)};
 }
 
 ConstraintHandle Constraint_Machine(uint32_t num_states, uint32_t initial_state,
@@ -222,11 +272,28 @@ PYBIND11_MODULE(_engine, m) {
       .def_property_readonly("memory_bytes",
                              [](const CatalogHandle& c) { return c.trie->MemoryBytes(); });
 
+  py::class_<VocabularyHandle>(m, "Vocabulary",
+                               "The decoded bytes of every token, compiled into a byte trie.")
+      .def(py::init(&Vocabulary_Init), py::arg("bytes"), py::arg("offsets"))
+      .def_property_readonly("vocab_size",
+                             [](const VocabularyHandle& v) { return v.trie->vocab_size(); })
+      .def_property_readonly("num_nodes",
+                             [](const VocabularyHandle& v) { return v.trie->num_nodes(); })
+      .def_property_readonly("max_token_length",
+                             [](const VocabularyHandle& v) { return v.trie->max_token_length(); })
+      .def_property_readonly("memory_bytes",
+                             [](const VocabularyHandle& v) { return v.trie->MemoryBytes(); });
+
   py::class_<ConstraintHandle>(m, "Constraint", "One request's compiled constraint.")
       .def_static("item_list", &Constraint_ItemList, py::arg("catalog"), py::arg("prefix"),
                   py::arg("separator"), py::arg("terminator"), py::arg("min_items"),
                   py::arg("max_items"), py::arg("unique"), py::arg("allowed"),
                   py::arg("eos_token_id"), py::arg("banned"), py::arg("vocab_size"))
+      .def_static("decoded_item_list", &Constraint_DecodedList, py::arg("catalog"),
+                  py::arg("vocabulary"), py::arg("prefix"), py::arg("separator"),
+                  py::arg("terminator"), py::arg("min_items"), py::arg("max_items"),
+                  py::arg("unique"), py::arg("allowed"), py::arg("eos_token_id"),
+                  py::arg("banned"), py::arg("vocab_size"))
       .def_static("token_machine", &Constraint_Machine, py::arg("num_states"),
                   py::arg("initial_state"), py::arg("accepting"), py::arg("transitions"),
                   py::arg("eos_token_id"), py::arg("banned"), py::arg("vocab_size"))

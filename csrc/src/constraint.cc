@@ -55,6 +55,31 @@ void CheckPiece(const char* what, const std::vector<int32_t>& piece, int32_t eos
   }
 }
 
+void SetAvailable(ItemListRule& rule, const CatalogTrie& trie, uint32_t min_items,
+                  uint32_t max_items, const int32_t* allowed, std::size_t num_allowed,
+                  bool all_allowed) {
+  if (min_items < 1) throw ConfigError("min_items must be at least 1");
+  if (max_items != 0 && min_items > max_items) {
+    throw ConfigError("min_items (" + std::to_string(min_items) + ") must not exceed max_items (" +
+                      std::to_string(max_items) + ")");
+  }
+  const std::size_t n = trie.num_items();
+  rule.available.assign((n + 63) / 64, 0);
+  if (all_allowed) {
+    for (std::size_t r = 0; r < n; ++r) rule.available[r >> 6] |= uint64_t{1} << (r & 63u);
+  } else {
+    for (std::size_t i = 0; i < num_allowed; ++i) {
+      if (allowed[i] < 0 || static_cast<std::size_t>(allowed[i]) >= n) {
+        throw ConfigError("allowed item index " + std::to_string(allowed[i]) +
+                          " is not in the catalog of " + std::to_string(n) + " items");
+      }
+      const uint32_t rank = trie.rank_of_item(static_cast<uint32_t>(allowed[i]));
+      rule.available[rank >> 6] |= uint64_t{1} << (rank & 63u);
+    }
+  }
+  for (uint64_t word : rule.available) rule.num_available += __builtin_popcountll(word);
+}
+
 }  // namespace
 
 std::shared_ptr<const Constraint> MakeItemListConstraint(
@@ -78,35 +103,54 @@ std::shared_ptr<const Constraint> MakeItemListConstraint(
   if (separator[0] == term_first) {
     throw ConfigError("separator and terminator must start with different tokens");
   }
-  if (min_items < 1) throw ConfigError("min_items must be at least 1");
-  if (max_items != 0 && min_items > max_items) {
-    throw ConfigError("min_items (" + std::to_string(min_items) + ") must not exceed max_items (" +
-                      std::to_string(max_items) + ")");
-  }
   ItemListRule& rule = c->item_list;
-  const std::size_t n = trie->num_items();
-  rule.available.assign((n + 63) / 64, 0);
-  if (all_allowed) {
-    for (std::size_t r = 0; r < n; ++r) rule.available[r >> 6] |= uint64_t{1} << (r & 63u);
-  } else {
-    for (std::size_t i = 0; i < num_allowed; ++i) {
-      if (allowed[i] < 0 || static_cast<std::size_t>(allowed[i]) >= n) {
-        throw ConfigError("allowed item index " + std::to_string(allowed[i]) +
-                          " is not in the catalog of " + std::to_string(n) + " items");
-      }
-      const uint32_t rank = trie->rank_of_item(static_cast<uint32_t>(allowed[i]));
-      rule.available[rank >> 6] |= uint64_t{1} << (rank & 63u);
-    }
-  }
-  for (uint64_t word : rule.available) rule.num_available += __builtin_popcountll(word);
+  SetAvailable(rule, *trie, min_items, max_items, allowed, num_allowed, all_allowed);
   rule.root_mask.assign(c->words, 0);
-  const uint32_t end = static_cast<uint32_t>(n);
+  const auto end = static_cast<uint32_t>(trie->num_items());
   for (uint32_t r = NextSetBit(rule.available.data(), 0, end); r < end;) {
     const TrieNode& child = trie->node(trie->ChildContaining(CatalogTrie::kRoot, r));
     SetBit(rule.root_mask.data(), child.token);
     r = NextSetBit(rule.available.data(), child.hi, end);
   }
   rule.trie = std::move(trie);
+  rule.prefix = std::move(prefix);
+  rule.separator = std::move(separator);
+  rule.terminator = std::move(terminator);
+  rule.min_items = min_items;
+  rule.max_items = max_items;
+  rule.unique = unique;
+  return c;
+}
+
+std::shared_ptr<const Constraint> MakeDecodedListConstraint(
+    std::shared_ptr<const CatalogTrie> trie, std::shared_ptr<const VocabTrie> vocab,
+    std::vector<int32_t> prefix, std::vector<int32_t> separator, std::vector<int32_t> terminator,
+    uint32_t min_items, uint32_t max_items, bool unique, const int32_t* allowed,
+    std::size_t num_allowed, bool all_allowed, int32_t eos_token_id,
+    const std::vector<int32_t>& banned, int32_t vocab_size) {
+  auto c = NewConstraint(RuleKind::kItemList, eos_token_id, banned, vocab_size);
+  if (!trie) throw ConfigError("catalog is missing");
+  if (!vocab) throw ConfigError("vocabulary is missing");
+  if (trie->vocab_size() != 256) {
+    throw ConfigError("decoded matching needs the catalog compiled over bytes (vocab_size 256)");
+  }
+  if (vocab->vocab_size() != vocab_size) {
+    throw ConfigError("the vocabulary has " + std::to_string(vocab->vocab_size()) +
+                      " tokens, the constraint " + std::to_string(vocab_size));
+  }
+  for (const auto* piece : {&prefix, &separator, &terminator}) {
+    for (int32_t b : *piece) {
+      if (b < 0 || b > 255) throw ConfigError("pieces must be bytes, got " + std::to_string(b));
+    }
+  }
+  if (separator.empty()) throw ConfigError("separator must have at least one byte");
+  if (!terminator.empty() && terminator[0] == separator[0]) {
+    throw ConfigError("separator and terminator must start with different bytes");
+  }
+  ItemListRule& rule = c->item_list;
+  SetAvailable(rule, *trie, min_items, max_items, allowed, num_allowed, all_allowed);
+  rule.trie = std::move(trie);
+  rule.vocab = std::move(vocab);
   rule.prefix = std::move(prefix);
   rule.separator = std::move(separator);
   rule.terminator = std::move(terminator);

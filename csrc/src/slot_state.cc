@@ -14,6 +14,8 @@ SlotState::SlotState(std::shared_ptr<const Constraint> constraint)
   if (constraint_->kind == RuleKind::kItemList && rule.unique) {
     available_.resize(rule.available.size());
     root_mask_.resize(rule.root_mask.size());
+    // A token completes at most one item per byte it holds.
+    if (rule.vocab) locals_.resize(rule.vocab->max_token_length() + 1);
   }
   Reset();
 }
@@ -104,45 +106,53 @@ void SlotState::FillRow(uint32_t* row) {
   const Constraint& c = *constraint_;
   const std::size_t words = c.words;
   bool forced = false;
-  switch (phase_) {
-    case Phase::kItem:
-      forced = FillItemRow(row);
-      break;
-    case Phase::kPrefix:
-    case Phase::kSeparator:
-    case Phase::kTerminator: {
-      const ItemListRule& rule = c.item_list;
-      const auto& piece = phase_ == Phase::kPrefix      ? rule.prefix
-                          : phase_ == Phase::kSeparator ? rule.separator
-                                                        : rule.terminator;
-      std::memset(row, 0, words * sizeof(uint32_t));
-      SetBit(row, piece[pos_]);
-      break;
-    }
-    case Phase::kMachine: {
-      const MachineRule& m = c.machine;
-      std::memset(row, 0, words * sizeof(uint32_t));
-      for (uint32_t k = m.offsets[state_]; k < m.offsets[state_ + 1]; ++k) SetBit(row, m.tokens[k]);
-      const bool accepting = m.accepting[state_] != 0;
-      if (accepting) SetBit(row, c.eos_token_id);
-      if (!accepting && m.offsets[state_] == m.offsets[state_ + 1]) {
-        SetBit(row, c.eos_token_id);
-        forced = true;
+  const bool decoded = c.kind == RuleKind::kItemList && c.item_list.vocab != nullptr &&
+                       phase_ != Phase::kDone && phase_ != Phase::kFailed;
+  if (decoded) {
+    forced = FillDecodedRow(row);
+  } else {
+    switch (phase_) {
+      case Phase::kItem:
+        forced = FillItemRow(row);
+        break;
+      case Phase::kPrefix:
+      case Phase::kSeparator:
+      case Phase::kTerminator: {
+        const ItemListRule& rule = c.item_list;
+        const auto& piece = phase_ == Phase::kPrefix      ? rule.prefix
+                            : phase_ == Phase::kSeparator ? rule.separator
+                                                          : rule.terminator;
+        std::memset(row, 0, words * sizeof(uint32_t));
+        SetBit(row, piece[pos_]);
+        break;
       }
-      break;
+      case Phase::kMachine: {
+        const MachineRule& m = c.machine;
+        std::memset(row, 0, words * sizeof(uint32_t));
+        for (uint32_t k = m.offsets[state_]; k < m.offsets[state_ + 1]; ++k) {
+          SetBit(row, m.tokens[k]);
+        }
+        const bool accepting = m.accepting[state_] != 0;
+        if (accepting) SetBit(row, c.eos_token_id);
+        if (!accepting && m.offsets[state_] == m.offsets[state_ + 1]) {
+          SetBit(row, c.eos_token_id);
+          forced = true;
+        }
+        break;
+      }
+      case Phase::kFree: {
+        std::memset(row, 0xff, words * sizeof(uint32_t));
+        const uint32_t tail = static_cast<uint32_t>(c.vocab_size) & 31u;
+        if (tail != 0) row[words - 1] = (1u << tail) - 1;
+        break;
+      }
+      case Phase::kEnd:
+      case Phase::kDone:
+      case Phase::kFailed:
+        std::memset(row, 0, words * sizeof(uint32_t));
+        SetBit(row, c.eos_token_id);
+        break;
     }
-    case Phase::kFree: {
-      std::memset(row, 0xff, words * sizeof(uint32_t));
-      const uint32_t tail = static_cast<uint32_t>(c.vocab_size) & 31u;
-      if (tail != 0) row[words - 1] = (1u << tail) - 1;
-      break;
-    }
-    case Phase::kEnd:
-    case Phase::kDone:
-    case Phase::kFailed:
-      std::memset(row, 0, words * sizeof(uint32_t));
-      SetBit(row, c.eos_token_id);
-      break;
   }
   if (!c.not_banned.empty()) {
     uint32_t any = 0;
@@ -221,6 +231,11 @@ void SlotState::AdvanceItem(int32_t token) {
 void SlotState::Advance(int32_t token) {
   const Constraint& c = *constraint_;
   if (token < 0 || token >= c.vocab_size) return Fail();
+  if (c.kind == RuleKind::kItemList && c.item_list.vocab != nullptr &&
+      (phase_ == Phase::kPrefix || phase_ == Phase::kItem || phase_ == Phase::kSeparator ||
+       phase_ == Phase::kTerminator)) {
+    return AdvanceDecoded(token);
+  }
   switch (phase_) {
     case Phase::kItem:
       return AdvanceItem(token);
@@ -256,6 +271,206 @@ void SlotState::Advance(int32_t token) {
       }
       return Fail();
   }
+}
+
+bool SlotState::IsLocal(uint32_t rank, const Cursor& c) const {
+  for (uint32_t i = 0; i < c.num_local; ++i) {
+    if (locals_[i] == rank) return true;
+  }
+  return false;
+}
+
+bool SlotState::AnyAvailableExcept(uint32_t lo, uint32_t hi, const Cursor& c) const {
+  const uint64_t* bits = available();
+  // Skips at most the items this token completed, so the loop is short.
+  for (uint32_t r = NextSetBit(bits, lo, hi); r < hi; r = NextSetBit(bits, r + 1, hi)) {
+    if (!IsLocal(r, c)) return true;
+  }
+  return false;
+}
+
+SlotState::AfterItem SlotState::AfterAt(const Cursor& c) const {
+  const ItemListRule& rule = constraint_->item_list;
+  const TrieNode& node = rule.trie->node(c.node);
+  AfterItem after{};
+  const auto rank = static_cast<uint32_t>(node.item_rank);
+  after.complete = node.item_rank >= 0 && TestBit(available(), rank) && !IsLocal(rank, c);
+  if (after.complete) {
+    const uint32_t k = c.count + 1;
+    const uint32_t remaining = num_available_ - (rule.unique ? c.num_local + 1 : 0u);
+    after.can_separate = (rule.max_items == 0 || k < rule.max_items) && remaining > 0;
+    after.can_terminate = k >= rule.min_items;
+  }
+  return after;
+}
+
+bool SlotState::StepByte(Cursor& c, uint8_t byte) {
+  const ItemListRule& rule = constraint_->item_list;
+  switch (c.phase) {
+    case Phase::kPrefix:
+    case Phase::kSeparator:
+    case Phase::kTerminator: {
+      const auto& piece = c.phase == Phase::kPrefix      ? rule.prefix
+                          : c.phase == Phase::kSeparator ? rule.separator
+                                                         : rule.terminator;
+      if (piece[c.pos] != byte) return false;
+      if (++c.pos == piece.size()) {
+        c.phase = c.phase == Phase::kTerminator ? Phase::kEnd : Phase::kItem;
+        c.pos = 0;
+        c.node = CatalogTrie::kRoot;
+      }
+      return true;
+    }
+    case Phase::kItem: {
+      const CatalogTrie& trie = *rule.trie;
+      const uint32_t child = trie.Child(c.node, byte);
+      if (child != CatalogTrie::kNone &&
+          AnyAvailableExcept(trie.node(child).lo, trie.node(child).hi, c)) {
+        c.node = child;
+        return true;
+      }
+      // Plans refuse pieces whose first byte continues an item, so ending here is the only
+      // reading left.
+      const AfterItem after = AfterAt(c);
+      const bool separate = after.can_separate && byte == rule.separator[0];
+      const bool terminate = !separate && after.can_terminate && !rule.terminator.empty() &&
+                             byte == rule.terminator[0];
+      if (!separate && !terminate) return false;
+      if (rule.unique) locals_[c.num_local++] = static_cast<uint32_t>(trie.node(c.node).item_rank);
+      ++c.count;
+      c.phase = separate ? Phase::kSeparator : Phase::kTerminator;
+      c.pos = 0;
+      c.node = CatalogTrie::kRoot;
+      return StepByte(c, byte);
+    }
+    default:
+      return false;
+  }
+}
+
+bool SlotState::EndAllowed(const Cursor& c) const {
+  if (c.phase == Phase::kEnd) return true;
+  if (c.phase != Phase::kItem || !constraint_->item_list.terminator.empty()) return false;
+  return AfterAt(c).can_terminate;
+}
+
+bool SlotState::WalkByte(uint32_t vnode, const Cursor& c, uint8_t byte, uint32_t* row) {
+  const uint32_t child = constraint_->item_list.vocab->Child(vnode, byte);
+  if (child == VocabTrie::kNone) return false;
+  Cursor next = c;
+  if (!StepByte(next, byte)) return false;  // prunes every token under this child
+  return Descend(child, next, row);
+}
+
+bool SlotState::Descend(uint32_t vchild, const Cursor& next, uint32_t* row) {
+  const VocabTrie& vocab = *constraint_->item_list.vocab;
+  const VocabNode& child = vocab.node(vchild);
+  const int32_t eos = constraint_->eos_token_id;
+  const int32_t* tokens = vocab.tokens(child);
+  bool found = false;
+  for (uint32_t k = 0; k < child.tokens_end - child.tokens_begin; ++k) {
+    if (tokens[k] == eos) continue;
+    if (row == nullptr) return true;
+    SetBit(row, tokens[k]);
+    found = true;
+  }
+  if (child.num_children > 0 && Walk(vchild, next, row)) found = true;
+  return found;
+}
+
+bool SlotState::Walk(uint32_t vnode, const Cursor& c, uint32_t* row) {
+  const ItemListRule& rule = constraint_->item_list;
+  switch (c.phase) {
+    case Phase::kPrefix:
+      return WalkByte(vnode, c, static_cast<uint8_t>(rule.prefix[c.pos]), row);
+    case Phase::kSeparator:
+      return WalkByte(vnode, c, static_cast<uint8_t>(rule.separator[c.pos]), row);
+    case Phase::kTerminator:
+      return WalkByte(vnode, c, static_cast<uint8_t>(rule.terminator[c.pos]), row);
+    case Phase::kItem:
+      break;
+    default:
+      return false;
+  }
+  // Only the catalog children that hold an available item are tried (found by scanning the
+  // item bitset, skipping whole subtrees), then the separator and terminator.
+  const CatalogTrie& trie = *rule.trie;
+  const TrieNode& node = trie.node(c.node);
+  const uint64_t* bits = available();
+  bool found = false;
+  uint32_t r = NextSetBit(bits, node.lo + (node.item_rank >= 0 ? 1u : 0u), node.hi);
+  const VocabTrie& vocab = *rule.vocab;
+  while (r < node.hi) {
+    const uint32_t child_id = trie.ChildContaining(c.node, r);
+    const TrieNode& child = trie.node(child_id);
+    const auto byte = static_cast<uint8_t>(child.token);
+    bool hit = false;
+    if (!IsLocal(r, c)) {
+      // r is available and below the child: StepByte's checks are already answered.
+      const uint32_t vchild = vocab.Child(vnode, byte);
+      hit = vchild != VocabTrie::kNone &&
+            Descend(vchild, Cursor{Phase::kItem, 0, child_id, c.count, c.num_local}, row);
+    } else {
+      hit = WalkByte(vnode, c, byte, row);
+    }
+    if (hit) {
+      if (row == nullptr) return true;
+      found = true;
+    }
+    r = NextSetBit(bits, child.hi, node.hi);
+  }
+  const AfterItem after = AfterAt(c);
+  if (after.can_separate && WalkByte(vnode, c, static_cast<uint8_t>(rule.separator[0]), row)) {
+    if (row == nullptr) return true;
+    found = true;
+  }
+  if (after.can_terminate && !rule.terminator.empty() &&
+      WalkByte(vnode, c, static_cast<uint8_t>(rule.terminator[0]), row)) {
+    found = true;
+  }
+  return found;
+}
+
+bool SlotState::FillDecodedRow(uint32_t* row) {
+  const Constraint& c = *constraint_;
+  std::memset(row, 0, c.words * sizeof(uint32_t));
+  const Cursor here = Here();
+  bool any = Walk(VocabTrie::kRoot, here, row);
+  if (EndAllowed(here)) {
+    SetBit(row, c.eos_token_id);
+    any = true;
+  }
+  if (!any) SetBit(row, c.eos_token_id);
+  return !any;
+}
+
+void SlotState::AdvanceDecoded(int32_t token) {
+  const Constraint& c = *constraint_;
+  Cursor here = Here();
+  if (token == c.eos_token_id) {
+    // End of sequence where the list may end, or where no token is left (a forced end).
+    if (EndAllowed(here) || !Walk(VocabTrie::kRoot, here, nullptr)) {
+      phase_ = Phase::kDone;
+      return;
+    }
+    return Fail();
+  }
+  const VocabTrie& vocab = *c.item_list.vocab;
+  const std::size_t length = vocab.length(token);
+  if (length == 0) return Fail();
+  const uint8_t* bytes = vocab.bytes(token);
+  for (std::size_t i = 0; i < length; ++i) {
+    if (!StepByte(here, bytes[i])) return Fail();
+  }
+  for (uint32_t i = 0; i < here.num_local; ++i) {
+    const uint32_t rank = locals_[i];
+    available_[rank >> 6] &= ~(uint64_t{1} << (rank & 63u));
+    --num_available_;
+  }
+  phase_ = here.phase;
+  pos_ = here.pos;
+  node_ = here.node;
+  count_ = here.count;
 }
 
 }  // namespace llm_serving

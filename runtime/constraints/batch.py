@@ -44,6 +44,7 @@ def build_plan(
         encode=registry.encode,
         vocab_size=vocab_size,
         eos_token_id=eos_token_id,
+        token_bytes=registry.token_bytes,
     )
 
 
@@ -92,10 +93,12 @@ class ConstraintBatch:
         eos = eos if eos is not None else self.default_eos_token_id
         try:
             plan = build_plan(config, self.registry, self.vocab_size, eos)
-            catalog = None
+            catalog = vocabulary = None
             if plan.item_list is not None:
                 catalog = self.registry.get(plan.item_list.catalog.catalog.name).native
-            constraint = compile_plan(plan, catalog)
+                if plan.item_list.matching == "decoded":
+                    vocabulary = self.registry.vocabulary()
+            constraint = compile_plan(plan, catalog, vocabulary)
         except ValueError as exc:
             # validate_params runs without the tokenizer; what only the tokenizer can reject
             # ends the request instead of crashing the engine loop.

@@ -4,6 +4,11 @@ A catalog named ``films`` is the file ``films.jsonl`` in the catalog directory, 
 serving processes find through ``LLM_SERVING_CATALOG_DIR`` (the entrypoint prepares that folder
 from the model package's manifest, linking ``<name>.jsonl`` to each catalog file). Versions
 are part of the name (``films-2026-06``), so a new version is a new file.
+
+A catalog is matched in one of two modes, declared per catalog in the package manifest and
+carried into the catalog directory as a sidecar ``<name>.meta.json`` (``{"matching": ...}``):
+``canonical`` (the default, also when the sidecar is absent) accepts the canonical tokenization
+of each piece; ``decoded`` accepts every token sequence whose decoded bytes spell a valid list.
 """
 
 from __future__ import annotations
@@ -12,26 +17,31 @@ import json
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from functools import lru_cache
+from dataclasses import dataclass, field, replace
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "CATALOG_DIR_ENV",
+    "MATCHING_MODES",
     "Catalog",
     "CatalogError",
     "TokenizedCatalog",
     "catalog_dir_from_env",
     "load_catalog",
     "load_catalog_cached",
+    "metadata_path",
     "read_catalog",
+    "read_matching",
     "tokenize_catalog",
     "tokenizer_encoder",
 ]
 
 #: Environment variable naming the directory that holds ``<name>.jsonl`` catalogs.
 CATALOG_DIR_ENV = "LLM_SERVING_CATALOG_DIR"
+#: How a catalog's items are matched: canonical tokens (default) or decoded bytes.
+MATCHING_MODES = ("canonical", "decoded")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")
 
 #: Turns texts into token ids, the canonical tokenization of each text on its own.
@@ -50,6 +60,22 @@ class Catalog:
     ids: tuple[str, ...]
     texts: tuple[str, ...]
     index: dict[str, int] = field(repr=False, compare=False)
+    #: One of :data:`MATCHING_MODES`.
+    matching: str = "canonical"
+
+    @cached_property
+    def byte_continuations(self) -> dict[int, str]:
+        """Each byte that follows a complete item's UTF-8 text inside a longer item, with that
+        item's id (decoded mode: a separator or terminator starting with it is ambiguous)."""
+        texts = sorted((t.encode("utf-8"), k) for k, t in enumerate(self.texts))
+        found: dict[int, str] = {}
+        # In sorted order every item that extends an item follows it contiguously.
+        for i, (text, k) in enumerate(texts):
+            for longer, _ in texts[i + 1 :]:
+                if not longer.startswith(text):
+                    break
+                found.setdefault(longer[len(text)], self.ids[k])
+        return found
 
 
 @dataclass(frozen=True)
@@ -87,7 +113,32 @@ def load_catalog(directory: Path, name: str) -> Catalog:
         raise CatalogError(
             f"unknown catalog {name!r}: no file {path}; available: {', '.join(available) or 'none'}"
         )
-    return read_catalog(path, name)
+    catalog = read_catalog(path, name)
+    meta = metadata_path(directory, name)
+    if meta.is_file():
+        catalog = replace(catalog, matching=read_matching(meta))
+    return catalog
+
+
+def metadata_path(directory: Path, name: str) -> Path:
+    """The sidecar ``<name>.meta.json`` beside ``<name>.jsonl`` that declares its matching mode."""
+    return directory / f"{name}.meta.json"
+
+
+def read_matching(path: Path) -> str:
+    """The ``matching`` mode declared in a catalog sidecar file (default ``canonical``)."""
+    try:
+        value: Any = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CatalogError(f"{path}: cannot read the catalog metadata: {exc}") from None
+    if not isinstance(value, dict) or not set(value) <= {"matching"}:
+        raise CatalogError(f'{path}: expected an object with the only key "matching"')
+    matching = value.get("matching", "canonical")
+    if matching not in MATCHING_MODES:
+        raise CatalogError(
+            f"{path}: field 'matching' must be one of {', '.join(MATCHING_MODES)}, got {matching!r}"
+        )
+    return str(matching)
 
 
 def read_catalog(path: Path, name: str) -> Catalog:
@@ -144,17 +195,21 @@ def _parse_line(path: Path, number: int, line: str) -> tuple[str, str]:
 
 
 @lru_cache(maxsize=64)
-def _load_cached(directory: Path, name: str, mtime_ns: int) -> Catalog:
+def _load_cached(directory: Path, name: str, mtimes_ns: tuple[int, int]) -> Catalog:
     return load_catalog(directory, name)
+
+
+def _mtime_ns(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return -1
 
 
 def load_catalog_cached(directory: Path, name: str) -> Catalog:
     """``load_catalog`` cached per process; a rewritten file (new mtime) is read again."""
-    try:
-        mtime = (directory / f"{name}.jsonl").stat().st_mtime_ns
-    except OSError:
-        mtime = -1
-    return _load_cached(directory, name, mtime)
+    mtimes = (_mtime_ns(directory / f"{name}.jsonl"), _mtime_ns(metadata_path(directory, name)))
+    return _load_cached(directory, name, mtimes)
 
 
 def tokenizer_encoder(tokenizer: Any) -> Encoder:

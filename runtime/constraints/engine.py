@@ -9,13 +9,16 @@ import numpy as np
 from runtime.constraints import _engine
 from runtime.constraints.catalog import TokenizedCatalog
 from runtime.constraints.plan import ConstraintPlan
+from runtime.constraints.token_bytes import TokenBytes
 
 __all__ = [
     "ConstraintEngine",
     "EngineConfigError",
     "EngineStateError",
+    "compile_byte_catalog",
     "compile_catalog",
     "compile_plan",
+    "compile_vocabulary",
 ]
 
 EngineConfigError = _engine.EngineConfigError
@@ -33,14 +36,53 @@ def compile_catalog(tokenized: TokenizedCatalog, vocab_size: int) -> _engine.Cat
     return _engine.Catalog(tokens, offsets, vocab_size)
 
 
-def compile_plan(plan: ConstraintPlan, catalog: _engine.Catalog | None) -> _engine.Constraint:
-    """Build the engine's constraint for ``plan``; ``catalog`` is needed for item lists."""
+def compile_byte_catalog(tokenized: TokenizedCatalog) -> _engine.Catalog:
+    """Compile a catalog's items as UTF-8 bytes (decoded matching) into the engine's trie."""
+    texts = [t.encode("utf-8") for t in tokenized.catalog.texts]
+    offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)), out=offsets[1:])
+    data = np.frombuffer(b"".join(texts), dtype=np.uint8).astype(np.int32)
+    return _engine.Catalog(data, offsets, 256)
+
+
+def compile_vocabulary(table: TokenBytes) -> _engine.Vocabulary:
+    """Compile the vocabulary's token bytes (None: no bytes) into the engine's byte trie."""
+    pieces = [b or b"" for b in table]
+    offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces)), out=offsets[1:])
+    return _engine.Vocabulary(np.frombuffer(b"".join(pieces), dtype=np.uint8), offsets)
+
+
+def compile_plan(
+    plan: ConstraintPlan,
+    catalog: _engine.Catalog | None,
+    vocabulary: _engine.Vocabulary | None = None,
+) -> _engine.Constraint:
+    """Build the engine's constraint for ``plan``; ``catalog`` is needed for item lists (its
+    byte trie in decoded matching, which also needs the compiled ``vocabulary``)."""
     banned = list(plan.banned)
     if plan.item_list is not None:
         spec = plan.item_list
         if catalog is None:
             raise ValueError("an item-list plan needs its compiled catalog")
         allowed = None if spec.allowed is None else np.asarray(spec.allowed, dtype=np.int32)
+        if spec.matching == "decoded":
+            if vocabulary is None:
+                raise ValueError("a decoded item-list plan needs the compiled vocabulary")
+            return _engine.Constraint.decoded_item_list(
+                catalog,
+                vocabulary,
+                spec.prefix_bytes,
+                spec.separator_bytes,
+                spec.terminator_bytes,
+                spec.min_items,
+                spec.max_items,
+                spec.unique,
+                allowed,
+                plan.eos_token_id,
+                banned,
+                plan.vocab_size,
+            )
         return _engine.Constraint.item_list(
             catalog,
             list(spec.prefix),

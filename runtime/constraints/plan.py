@@ -8,7 +8,7 @@ the catalog, the tokenizer or the vocabulary happens here and raises
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from runtime.constraints.catalog import (
@@ -19,6 +19,7 @@ from runtime.constraints.catalog import (
     load_catalog_cached,
 )
 from runtime.constraints.schema import ConstraintConfigError, ConstraintSpec, ItemListSpec
+from runtime.constraints.token_bytes import TokenBytes
 
 __all__ = [
     "ConstraintPlan",
@@ -42,6 +43,13 @@ class ItemListPlan:
     max_items: int | None
     unique: bool
     allowed: tuple[int, ...] | None
+    #: ``canonical`` (the token fields above) or ``decoded`` (the byte fields below).
+    matching: str = "canonical"
+    prefix_bytes: bytes = b""
+    separator_bytes: bytes = b""
+    terminator_bytes: bytes = b""
+    #: Decoded mode: the bytes of every token id (None: special, never allowed).
+    token_bytes: TokenBytes | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,8 @@ def check_catalog_fields(spec: ConstraintSpec, catalog_dir: Path | None) -> None
         )
     catalog = _catalog_for(spec.item_list, lambda name: load_catalog_cached(catalog_dir, name))
     _check_ids(spec.item_list, catalog)
+    if catalog.matching == "decoded":
+        _decoded_pieces(spec.item_list, catalog)
 
 
 def _check_tokens(field: str, tokens: tuple[int, ...], vocab_size: int, eos: int) -> None:
@@ -111,6 +121,7 @@ def _item_list_plan(
     encode: Encoder,
     vocab_size: int,
     eos: int,
+    token_bytes: Callable[[], TokenBytes] | None,
 ) -> ItemListPlan:
     try:
         tokenized = catalogs(spec.catalog)
@@ -118,6 +129,19 @@ def _item_list_plan(
         raise ConstraintConfigError("constraints.item_list.catalog", str(exc)) from None
     catalog = tokenized.catalog
     _check_ids(spec, catalog)
+    allowed: tuple[int, ...] | None = None
+    if spec.allow is not None or spec.deny:
+        deny = {catalog.index[i] for i in spec.deny}
+        base = (catalog.index[i] for i in spec.allow) if spec.allow else range(len(catalog.ids))
+        allowed = tuple(sorted({i for i in base if i not in deny}))
+    if catalog.matching == "decoded":
+        if token_bytes is None:
+            raise ConstraintConfigError(
+                "constraints.item_list.catalog",
+                f"catalog {catalog.name!r} is matched on decoded text, which needs the "
+                "tokenizer's token bytes; none were given",
+            )
+        return _decoded_plan(spec, tokenized, allowed, token_bytes(), vocab_size)
     prefix, separator, terminator = (
         tuple(ids) if text else () for text, ids in zip(*_encode_pieces(spec, encode), strict=True)
     )
@@ -146,11 +170,6 @@ def _item_list_plan(
             f"catalog {catalog.name!r} has tokens outside the vocabulary of {vocab_size} "
             "or the end-of-sequence token; was it tokenized with this model's tokenizer?",
         )
-    allowed: tuple[int, ...] | None = None
-    if spec.allow is not None or spec.deny:
-        deny = {catalog.index[i] for i in spec.deny}
-        base = (catalog.index[i] for i in spec.allow) if spec.allow else range(len(catalog.ids))
-        allowed = tuple(sorted({i for i in base if i not in deny}))
     return ItemListPlan(
         catalog=tokenized,
         prefix=prefix,
@@ -160,6 +179,59 @@ def _item_list_plan(
         max_items=spec.max_items,
         unique=spec.unique,
         allowed=allowed,
+    )
+
+
+def _decoded_pieces(spec: ItemListSpec, catalog: Catalog) -> tuple[bytes, bytes]:
+    """Separator and terminator as UTF-8, checked so that each byte says where the list is."""
+    separator = spec.separator.encode("utf-8")
+    terminator = spec.terminator.encode("utf-8")
+    if terminator and terminator[0] == separator[0]:
+        raise ConstraintConfigError(
+            "constraints.item_list.terminator",
+            f"terminator and separator both start with {chr(separator[0])!r} (byte "
+            f"{separator[0]}); after an item the next byte must say which one follows",
+        )
+    for field_name, piece in (("separator", separator), ("terminator", terminator)):
+        owner = catalog.byte_continuations.get(piece[0]) if piece else None
+        if owner is not None:
+            raise ConstraintConfigError(
+                f"constraints.item_list.{field_name}",
+                f"its first byte {piece[0]} also continues catalog item {owner!r} into a longer "
+                f"item of catalog {catalog.name!r}; choose a {field_name} that cannot continue an "
+                "item",
+            )
+    return separator, terminator
+
+
+def _decoded_plan(
+    spec: ItemListSpec,
+    tokenized: TokenizedCatalog,
+    allowed: tuple[int, ...] | None,
+    table: TokenBytes,
+    vocab_size: int,
+) -> ItemListPlan:
+    """Decoded mode: the pieces as UTF-8, checked so that each byte says where the list is."""
+    if len(table) != vocab_size:
+        raise ConstraintConfigError(
+            "constraints.item_list.catalog",
+            f"the token byte table has {len(table)} entries for a vocabulary of {vocab_size}",
+        )
+    separator, terminator = _decoded_pieces(spec, tokenized.catalog)
+    return ItemListPlan(
+        catalog=tokenized,
+        prefix=(),
+        separator=(),
+        terminator=(),
+        min_items=spec.min_items,
+        max_items=spec.max_items,
+        unique=spec.unique,
+        allowed=allowed,
+        matching="decoded",
+        prefix_bytes=spec.prefix.encode("utf-8"),
+        separator_bytes=separator,
+        terminator_bytes=terminator,
+        token_bytes=table,
     )
 
 
@@ -177,15 +249,22 @@ def resolve_constraints(
     encode: Encoder,
     vocab_size: int,
     eos_token_id: int,
+    token_bytes: Callable[[], TokenBytes] | None = None,
 ) -> ConstraintPlan:
-    """Turn ``spec`` into token ids for a model with ``vocab_size`` logits."""
+    """Turn ``spec`` into token ids for a model with ``vocab_size`` logits.
+
+    ``token_bytes`` gives the vocabulary's byte table; only catalogs matched in decoded mode
+    call it.
+    """
     if not 0 <= eos_token_id < vocab_size:
         raise ConstraintConfigError(
             "constraints", f"end-of-sequence token {eos_token_id} is outside the vocabulary"
         )
     item_list = None
     if spec.item_list is not None:
-        item_list = _item_list_plan(spec.item_list, catalogs, encode, vocab_size, eos_token_id)
+        item_list = _item_list_plan(
+            spec.item_list, catalogs, encode, vocab_size, eos_token_id, token_bytes
+        )
     machine = None
     if spec.token_machine is not None:
         m = spec.token_machine

@@ -22,6 +22,7 @@ from runtime.constraints.masking import apply_bitmask_inplace
 from runtime.constraints.plan import check_catalog_fields
 from runtime.constraints.registry import CatalogRegistry
 from runtime.constraints.schema import parse_constraints
+from runtime.constraints.token_bytes import TokenBytes, token_bytes_table
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -30,6 +31,7 @@ __all__ = [
     "EXTRA_ARGS_KEY",
     "ConstraintLogitsProcessor",
     "LazyEncoder",
+    "catalog_registry",
     "load_tokenizer",
     "model_eos_token_id",
 ]
@@ -60,12 +62,30 @@ class LazyEncoder:
 
     def __init__(self, name_or_path: str) -> None:
         self._name_or_path = name_or_path
+        self._tokenizer: Tokenizer | None = None
         self._encode: Encoder | None = None
+
+    def _loaded(self) -> Tokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self._name_or_path)
+        return self._tokenizer
 
     def __call__(self, texts: Sequence[str]) -> list[list[int]]:
         if self._encode is None:
-            self._encode = tokenizer_encoder(load_tokenizer(self._name_or_path))
+            self._encode = tokenizer_encoder(self._loaded())
         return self._encode(texts)
+
+    def token_bytes(self, vocab_size: int) -> TokenBytes:
+        """The decoded bytes of every token id, from the same tokenizer (decoded matching)."""
+        return token_bytes_table(self._loaded(), vocab_size)
+
+
+def catalog_registry(tokenizer: str, vocab_size: int) -> CatalogRegistry:
+    """The process's catalogs, tokenized (and decoded) with the model's tokenizer."""
+    encoder = LazyEncoder(tokenizer)
+    return CatalogRegistry(
+        catalog_dir_from_env(), encoder, vocab_size, lambda: encoder.token_bytes(vocab_size)
+    )
 
 
 def model_eos_token_id(vllm_config: Any) -> int | None:
@@ -94,9 +114,7 @@ class ConstraintLogitsProcessor(LogitsProcessor):
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
         model_config = vllm_config.model_config
         vocab_size = model_config.get_vocab_size()
-        registry = CatalogRegistry(
-            catalog_dir_from_env(), LazyEncoder(model_config.tokenizer), vocab_size
-        )
+        registry = catalog_registry(model_config.tokenizer, vocab_size)
         self.batch = ConstraintBatch(
             max_batch=vllm_config.scheduler_config.max_num_seqs,
             vocab_size=vocab_size,

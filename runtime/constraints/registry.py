@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,14 +15,16 @@ from runtime.constraints.catalog import (
     load_catalog,
     tokenize_catalog,
 )
-from runtime.constraints.engine import compile_catalog
+from runtime.constraints.engine import compile_byte_catalog, compile_catalog, compile_vocabulary
+from runtime.constraints.token_bytes import TokenBytes
 
 __all__ = ["CatalogRegistry", "CompiledCatalog"]
 
 
 @dataclass(frozen=True)
 class CompiledCatalog:
-    """A catalog's tokens (for plans and the reference) and its compiled engine trie."""
+    """A catalog's tokens (for plans and the reference) and its compiled engine trie (over
+    token ids, or over the items' bytes for a catalog matched in decoded mode)."""
 
     tokenized: TokenizedCatalog
     native: _engine.Catalog
@@ -30,12 +33,39 @@ class CompiledCatalog:
 class CatalogRegistry:
     """Catalogs of one directory for one tokenizer and vocabulary, shared by all requests."""
 
-    def __init__(self, directory: Path | None, encode: Encoder, vocab_size: int) -> None:
+    def __init__(
+        self,
+        directory: Path | None,
+        encode: Encoder,
+        vocab_size: int,
+        token_bytes: Callable[[], TokenBytes] | None = None,
+    ) -> None:
         self._directory = directory
         self._encode = encode
         self._vocab_size = vocab_size
+        self._token_bytes_source = token_bytes
         self._compiled: dict[str, CompiledCatalog] = {}
+        self._table: TokenBytes | None = None
+        self._vocabulary: _engine.Vocabulary | None = None
         self._lock = threading.Lock()
+        self._vocabulary_lock = threading.Lock()
+
+    def token_bytes(self) -> TokenBytes:
+        """The vocabulary's token bytes, built once on first use (decoded catalogs need them)."""
+        with self._vocabulary_lock:
+            if self._table is None:
+                if self._token_bytes_source is None:
+                    raise CatalogError("this server has no tokenizer to decode token bytes with")
+                self._table = self._token_bytes_source()
+            return self._table
+
+    def vocabulary(self) -> _engine.Vocabulary:
+        """The engine's byte trie of the vocabulary, compiled once per process."""
+        table = self.token_bytes()
+        with self._vocabulary_lock:
+            if self._vocabulary is None:
+                self._vocabulary = compile_vocabulary(table)
+            return self._vocabulary
 
     @property
     def encode(self) -> Encoder:
@@ -51,7 +81,11 @@ class CatalogRegistry:
                         "no catalog directory is configured (set LLM_SERVING_CATALOG_DIR)"
                     )
                 tokenized = tokenize_catalog(load_catalog(self._directory, name), self._encode)
-                found = CompiledCatalog(tokenized, compile_catalog(tokenized, self._vocab_size))
+                if tokenized.catalog.matching == "decoded":
+                    native = compile_byte_catalog(tokenized)
+                else:
+                    native = compile_catalog(tokenized, self._vocab_size)
+                found = CompiledCatalog(tokenized, native)
                 self._compiled[name] = found
             return found
 

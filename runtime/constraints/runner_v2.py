@@ -19,15 +19,13 @@ import numpy as np
 import torch
 
 from runtime.constraints.batch import ConstraintBatch
-from runtime.constraints.catalog import catalog_dir_from_env
 from runtime.constraints.masking import apply_bitmask_inplace
 from runtime.constraints.processor import (
     EXTRA_ARGS_KEY,
     ConstraintLogitsProcessor,
-    LazyEncoder,
+    catalog_registry,
     model_eos_token_id,
 )
-from runtime.constraints.registry import CatalogRegistry
 
 try:
     from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as RunnerV2Processor
@@ -53,9 +51,7 @@ class ConstraintLogitsProcessorV2(RunnerV2Processor):  # type: ignore[misc,valid
             )
         model_config = vllm_config.model_config
         vocab_size = model_config.get_vocab_size()
-        registry = CatalogRegistry(
-            catalog_dir_from_env(), LazyEncoder(model_config.tokenizer), vocab_size
-        )
+        registry = catalog_registry(model_config.tokenizer, vocab_size)
         self.req_states = req_states
         self.batch = ConstraintBatch(
             max_batch=req_states.max_num_reqs,

@@ -82,13 +82,18 @@ def link_catalogs(manifest: Manifest, unpacked: Path, folder: Path) -> Path:
     """A fresh ``folder`` holding ``<name>.jsonl`` -> each manifest catalog in the package.
 
     This is the ``LLM_SERVING_CATALOG_DIR`` the constraint processor reads: the manifest names
-    catalogs freely (any path in the archive), the processor finds them by name.
+    catalogs freely (any path in the archive), the processor finds them by name. A catalog
+    matched in decoded mode also gets its ``<name>.meta.json`` sidecar; canonical is the
+    default when there is none.
     """
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     for catalog in manifest.catalogs:
         (folder / f"{catalog.name}.jsonl").symlink_to(unpacked / catalog.path)
+        if catalog.matching != "canonical":
+            meta = {"matching": catalog.matching}
+            (folder / f"{catalog.name}.meta.json").write_text(json.dumps(meta) + "\n")
     return folder
 
 

@@ -94,6 +94,11 @@ class Catalog(_Strict):
 
     name: str = Field(pattern=_ID_PATTERN)
     path: str = Field(description="catalog path inside the archive")
+    matching: Literal["canonical", "decoded"] = Field(
+        default="canonical",
+        description="how constraints match items: the canonical tokenization of each piece, "
+        "or every token sequence whose decoded text spells a valid list",
+    )
 
     _check_path = field_validator("path")(check_relative_path)
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tokenizers import Tokenizer
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdateBuilder, MoveDirectionality
 
@@ -25,8 +26,10 @@ from runtime.constraints.plan import resolve_constraints
 from runtime.constraints.processor import ConstraintLogitsProcessor
 from runtime.constraints.reference import ReferenceConstraint, words_per_row
 from runtime.constraints.schema import parse_constraints
+from runtime.constraints.token_bytes import token_bytes_table
 from tests.constraints.conftest import vllm_config
-from tests.constraints.toy import word_tokenizer, write_catalog
+from tests.constraints.decoded_support import spells_valid_list
+from tests.constraints.toy import word_tokenizer, write_catalog, write_matching
 
 ITEM_WORDS = ["a", "b", "c", "d", "e"]
 PUNCT = ["[", "]", ";", "and", ".", "end", "list:", "x"]
@@ -140,15 +143,25 @@ def _check_item_list(req: _Request, plan: Any, tokenizer: Any) -> None:
         assert len(set(texts)) == len(texts), texts
 
 
-def _run_history(items: list[tuple[str, str]], configs: list[dict], seed: int, vocab: int) -> None:
+def _run_history(
+    items: list[tuple[str, str]],
+    configs: list[dict],
+    seed: int,
+    vocab: int,
+    tokenizer: Tokenizer | None = None,
+    matching: str = "canonical",
+) -> None:
+    """Drive the processor through a random history; ``matching`` is the catalog's mode."""
     rng = random.Random(seed)
     requests: dict[int, _Request] = {}
-    words = ITEM_WORDS + PUNCT
-    tokenizer = word_tokenizer(words)
+    if tokenizer is None:
+        tokenizer = word_tokenizer(ITEM_WORDS + PUNCT)
+    table = token_bytes_table(tokenizer, vocab)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         tokenizer.save(str(root / "tokenizer.json"))
         write_catalog(root, "cat", items)
+        write_matching(root, "cat", matching)
         with mock.patch.dict(os.environ, {"LLM_SERVING_CATALOG_DIR": str(root)}):
             encode = tokenizer_encoder(tokenizer)
             tokenized = tokenize_catalog(load_catalog(root, "cat"), encode)
@@ -163,6 +176,7 @@ def _run_history(items: list[tuple[str, str]], configs: list[dict], seed: int, v
                     encode=encode,
                     vocab_size=vocab,
                     eos_token_id=EOS,
+                    token_bytes=lambda: table,
                 )
 
             plans = [plan_of(c) for c in configs]
@@ -279,7 +293,11 @@ def _run_history(items: list[tuple[str, str]], configs: list[dict], seed: int, v
                     and req.reference.dead_ends == 0
                     and req.reference.rejected_tokens == 0
                 ):
-                    _check_item_list(req, plan, tokenizer)
+                    if matching == "decoded":
+                        text = b"".join(table[t] or b"" for t in req.output[:-1])
+                        assert spells_valid_list(text, plan.item_list), (req.rid, text)
+                    else:
+                        _check_item_list(req, plan, tokenizer)
 
 
 @settings(

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tokenizers import Tokenizer
 from vllm import SamplingParams
 
 from runtime.constraints.catalog import load_catalog, tokenize_catalog, tokenizer_encoder
@@ -22,6 +23,7 @@ from runtime.constraints.plan import resolve_constraints
 from runtime.constraints.reference import ReferenceConstraint
 from runtime.constraints.runner_v2 import ConstraintLogitsProcessorV2
 from runtime.constraints.schema import parse_constraints
+from runtime.constraints.token_bytes import token_bytes_table
 from tests.constraints.conftest import vllm_config
 from tests.constraints.mrv2_standin import RequestStatesStandIn, logits_context
 from tests.constraints.test_processor_properties import (
@@ -31,19 +33,30 @@ from tests.constraints.test_processor_properties import (
     catalogs,
     constraint_configs,
 )
-from tests.constraints.toy import word_tokenizer, write_catalog
+from tests.constraints.toy import word_tokenizer, write_catalog, write_matching
 
 MAX_REQS = 6
 PROMPT = [3, 4]
 
 
-def _run(items: list[tuple[str, str]], configs: list[dict | None], seed: int, vocab: int) -> None:
+def _run(
+    items: list[tuple[str, str]],
+    configs: list[dict | None],
+    seed: int,
+    vocab: int,
+    tokenizer: Tokenizer | None = None,
+    matching: str = "canonical",
+) -> None:
+    """Drive the V2 adapter through a random history; ``matching`` is the catalog's mode."""
     rng = random.Random(seed)
-    tokenizer = word_tokenizer(ITEM_WORDS + PUNCT)
+    if tokenizer is None:
+        tokenizer = word_tokenizer(ITEM_WORDS + PUNCT)
+    table = token_bytes_table(tokenizer, vocab)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         tokenizer.save(str(root / "tokenizer.json"))
         write_catalog(root, "cat", items)
+        write_matching(root, "cat", matching)
         with mock.patch.dict(os.environ, {"LLM_SERVING_CATALOG_DIR": str(root)}):
             encode = tokenizer_encoder(tokenizer)
             tokenized = tokenize_catalog(load_catalog(root, "cat"), encode)
@@ -75,6 +88,7 @@ def _run(items: list[tuple[str, str]], configs: list[dict | None], seed: int, vo
                             encode=encode,
                             vocab_size=vocab,
                             eos_token_id=EOS,
+                            token_bytes=lambda: table,
                         )
                         ref = ReferenceConstraint(plan)
                         for token in output:

@@ -24,6 +24,7 @@ TESTS = [
     "tests/constraints/test_processor_properties.py",
     "tests/constraints/test_runner_v2_properties.py",
     "tests/constraints/test_config_errors.py",
+    "tests/constraints/test_decoded_properties.py",
 ]
 # Imports the sanitized module under the regular name before anything imports the package.
 RUNNER = """

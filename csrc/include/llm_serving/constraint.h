@@ -7,14 +7,18 @@
 #include <vector>
 
 #include "llm_serving/catalog_trie.h"
+#include "llm_serving/vocab_trie.h"
 
 namespace llm_serving {
 
 enum class RuleKind : uint8_t { kFree, kItemList, kMachine };
 
-// prefix item (separator item)* terminator, then end of sequence, over a catalog trie.
+// prefix item (separator item)* terminator, then end of sequence, over a catalog trie. In
+// decoded matching `vocab` is set, the trie and the pieces hold bytes (0..255), and a token is
+// allowed when all its bytes are consumed from the current position.
 struct ItemListRule {
   std::shared_ptr<const CatalogTrie> trie;
+  std::shared_ptr<const VocabTrie> vocab;  // decoded matching only
   std::vector<int32_t> prefix;
   std::vector<int32_t> separator;
   std::vector<int32_t> terminator;  // empty: the list ends with end of sequence
@@ -23,7 +27,7 @@ struct ItemListRule {
   bool unique = false;
   std::vector<uint64_t> available;  // one bit per item rank
   uint32_t num_available = 0;
-  std::vector<uint32_t> root_mask;  // first tokens of the available items
+  std::vector<uint32_t> root_mask;  // first tokens of the available items (canonical only)
 };
 
 // A deterministic automaton in compressed rows: state s owns [offsets[s], offsets[s+1]).
@@ -53,6 +57,15 @@ std::shared_ptr<const Constraint> MakeItemListConstraint(
     uint32_t max_items, bool unique, const int32_t* allowed, std::size_t num_allowed,
     bool all_allowed, int32_t eos_token_id, const std::vector<int32_t>& banned,
     int32_t vocab_size);
+
+// Decoded matching: `trie` is compiled over the items' UTF-8 bytes (a vocabulary of 256), the
+// pieces are bytes, and `vocab` holds the model vocabulary's token bytes.
+std::shared_ptr<const Constraint> MakeDecodedListConstraint(
+    std::shared_ptr<const CatalogTrie> trie, std::shared_ptr<const VocabTrie> vocab,
+    std::vector<int32_t> prefix, std::vector<int32_t> separator, std::vector<int32_t> terminator,
+    uint32_t min_items, uint32_t max_items, bool unique, const int32_t* allowed,
+    std::size_t num_allowed, bool all_allowed, int32_t eos_token_id,
+    const std::vector<int32_t>& banned, int32_t vocab_size);
 
 // `transitions` is num_transitions rows of (state, token, next_state).
 std::shared_ptr<const Constraint> MakeMachineConstraint(

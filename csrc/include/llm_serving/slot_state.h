@@ -47,6 +47,16 @@ class SlotState {
     bool can_terminate;
   };
 
+  // A position in decoded matching's byte language; items completed by bytes not yet
+  // committed are locals_[0, num_local) (unique lists only).
+  struct Cursor {
+    Phase phase;
+    uint32_t pos;
+    uint32_t node;
+    uint32_t count;
+    uint32_t num_local;
+  };
+
   const uint64_t* available() const;
   bool AnyAvailable(uint32_t lo, uint32_t hi) const;
   AfterItem After() const;
@@ -57,6 +67,23 @@ class SlotState {
   void StepPiece(const std::vector<int32_t>& piece, int32_t token, Phase then);
   void Fail();
 
+  // Decoded matching.
+  Cursor Here() const { return {phase_, pos_, node_, count_, 0}; }
+  bool IsLocal(uint32_t rank, const Cursor& c) const;
+  bool AnyAvailableExcept(uint32_t lo, uint32_t hi, const Cursor& c) const;
+  AfterItem AfterAt(const Cursor& c) const;
+  bool StepByte(Cursor& c, uint8_t byte);
+  bool EndAllowed(const Cursor& c) const;
+  // Sets the bit of every token below `vnode` whose bytes `c` accepts; with a null row it
+  // stops at the first such token. Returns whether it found one.
+  bool Walk(uint32_t vnode, const Cursor& c, uint32_t* row);
+  // Walk's step along one byte: the vocabulary child by `byte`, if `c` accepts the byte.
+  bool WalkByte(uint32_t vnode, const Cursor& c, uint8_t byte, uint32_t* row);
+  // Sets the tokens ending at vocabulary node `vchild` and walks below it from `next`.
+  bool Descend(uint32_t vchild, const Cursor& next, uint32_t* row);
+  bool FillDecodedRow(uint32_t* row);  // returns whether end of sequence was forced
+  void AdvanceDecoded(int32_t token);
+
   std::shared_ptr<const Constraint> constraint_;
   Phase phase_ = Phase::kFree;
   uint32_t pos_ = 0;
@@ -66,6 +93,7 @@ class SlotState {
   uint32_t num_available_ = 0;
   std::vector<uint64_t> available_;  // unique lists only
   std::vector<uint32_t> root_mask_;  // unique lists only
+  std::vector<uint32_t> locals_;     // decoded unique lists: one entry per byte of a token
   uint64_t dead_ends_ = 0;
   uint64_t rejected_tokens_ = 0;
 };
