@@ -456,14 +456,15 @@ void Relay::Finish(Connection& conn, bool pump_up, bool pump_down) {
 
 void Relay::Drop(Connection& conn) {
   conn.closed = true;
-  conn.sockets[0].Reset();  // closing removes the sockets from the epoll set
-  conn.sockets[1].Reset();
   auto found = connections_.find(&conn);
   if (found != connections_.end()) {
+    // Counted down before the close, so a peer that saw the close also sees the count.
+    --connections_count_;
     dropped_.push_back(std::move(found->second));
     connections_.erase(found);
-    --connections_count_;
   }
+  conn.sockets[0].Reset();  // closing removes the sockets from the epoll set
+  conn.sockets[1].Reset();
 }
 
 }  // namespace llm_serving::relay

@@ -5,7 +5,7 @@ shutdown."""
 
 from __future__ import annotations
 
-from runtime.entrypoint._relay import Relay
+from runtime.entrypoint import _relay
 
 __all__ = ["PortGate"]
 
@@ -31,37 +31,37 @@ class PortGate:
         self.host, self.port = host, port
         self.upstream_host, self.upstream_port = upstream_host, upstream_port
         self.splice = splice
-        self._relay: Relay | None = None
+        self._native: _relay.Relay | None = None
 
     @property
     def is_open(self) -> bool:
         """Whether the public port is accepting connections."""
-        return self._relay is not None and self._relay.accepting
+        return self._native is not None and self._native.accepting
 
     @property
     def connections(self) -> int:
         """How many client connections are being relayed now."""
-        return 0 if self._relay is None else self._relay.connections
+        return 0 if self._native is None else self._native.connections
 
     async def open(self) -> None:
         """Bind the public port and start relaying (raises OSError if the port is taken)."""
         # The relay thread starts here, not in __init__: a gate that never opens costs nothing.
-        if self._relay is None:
-            self._relay = Relay(self.upstream_host, self.upstream_port, splice=self.splice)
-        self.port = self._relay.open(self.host, self.port, _BACKLOG)
+        if self._native is None:
+            self._native = _relay.Relay(self.upstream_host, self.upstream_port, splice=self.splice)
+        self.port = self._native.open(self.host, self.port, _BACKLOG)
 
     async def stop_accepting(self) -> None:
         """Unbind the public port; relayed connections stay up so in-flight replies arrive."""
-        if self._relay is not None:
-            self._relay.stop_accepting()
+        if self._native is not None:
+            self._native.stop_accepting()
 
     def close_connections(self) -> None:
         """Close every relayed connection (after the server behind them has stopped)."""
-        if self._relay is not None:
-            self._relay.close_connections()
+        if self._native is not None:
+            self._native.close_connections()
 
     def close(self) -> None:
         """Close the port and every connection, and stop the relay thread."""
-        if self._relay is not None:
-            self._relay.close()
-            self._relay = None
+        if self._native is not None:
+            self._native.close()
+            self._native = None
