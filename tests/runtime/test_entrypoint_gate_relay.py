@@ -188,9 +188,9 @@ def test_half_close_travels_both_ways(relays: list[_relay.Relay], splice: bool) 
 
     def answer_after_eof(conn: socket.socket) -> None:
         request = read_all(conn)
+        seen.append(request)
         conn.sendall(b"answer to " + request)
         conn.shutdown(socket.SHUT_WR)
-        seen.append(request)
 
     upstream = Upstream(answer_after_eof)
     try:
