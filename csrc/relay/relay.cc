@@ -303,6 +303,7 @@ void Relay::Close() {
   Call([this] {
     CloseListeners();
     while (!connections_.empty()) Drop(*connections_.begin()->second);
+    quit_ = true;
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   });
@@ -378,8 +379,7 @@ void Relay::Loop() {
     // Closed objects live until the end of the batch: later events may still point at them.
     dropped_.clear();
     dropped_listeners_.clear();
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (stopping_) break;
+    if (quit_) break;
   }
   // Callers that queued work before the stop get their answer instead of waiting forever.
   RunTasks();

@@ -94,6 +94,7 @@ class Relay {
   std::vector<std::unique_ptr<Listener>> dropped_listeners_;
   std::unordered_map<Connection*, std::unique_ptr<Connection>> connections_;
   std::vector<std::unique_ptr<Connection>> dropped_;
+  bool quit_ = false;  // set by Close's task, on the relay thread
   std::atomic<bool> accepting_{false};
   std::atomic<std::size_t> connections_count_{0};
 
