@@ -184,6 +184,14 @@ def _connect(port: int) -> float:
     return time.perf_counter() - started
 
 
+def _cpu_ns(pid: int) -> int:
+    """CPU time every thread of ``pid`` has run so far (Linux schedstat), in nanoseconds."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        total += int((task / "schedstat").read_text().split()[0])
+    return total
+
+
 def bench_gate(quick: bool) -> list[dict[str, Any]]:
     """Unary latency, streamed tokens/s and connection set-up: direct, native gate, asyncio.
 
@@ -209,8 +217,9 @@ def bench_gate(quick: bool) -> list[dict[str, Any]]:
             )
         )
     rounds, unary_n, streams, stream_tokens, connects = (
-        (7, 150, 2, 200, 50) if quick else (15, 400, 4, 300, 200)
+        (9, 150, 3, 200, 50) if quick else (15, 400, 6, 300, 200)
     )
+    gate_pids = {impl: processes[1 + i].pid for i, impl in enumerate(GATE_IMPLS[1:])}
     try:
         for port in ports.values():
             _wait_port(port)
@@ -225,9 +234,13 @@ def bench_gate(quick: bool) -> list[dict[str, Any]]:
             impl: {"p50_us": [], "p99_us": [], "tokens_per_s": [], "connect_us": []}
             for impl in GATE_IMPLS
         }
+        gate_cpu_ns = dict.fromkeys(gate_pids, 0)
         for r in range(rounds):
             for impl in GATE_IMPLS[r % 3 :] + GATE_IMPLS[: r % 3]:
+                cpu_before = _cpu_ns(gate_pids[impl]) if impl in gate_pids else 0
                 values = np.array([_unary(clients[impl]) for _ in range(unary_n)]) * 1e6
+                if impl in gate_pids:
+                    gate_cpu_ns[impl] += _cpu_ns(gate_pids[impl]) - cpu_before
                 rates = [_stream_tokens(clients[impl], stream_tokens) for _ in range(streams)]
                 setups = [_connect(ports[impl]) * 1e6 for _ in range(connects)]
                 measured = per_round[impl]
@@ -248,6 +261,9 @@ def bench_gate(quick: bool) -> list[dict[str, Any]]:
     for impl, measured in per_round.items():
         row: dict[str, Any] = {"impl": impl, "rounds": rounds, "requests": rounds * unary_n}
         row |= {key: round(statistics.median(v), 1) for key, v in measured.items()}
+        if impl in gate_cpu_ns:
+            # What relaying one unary call costs the gate process (both messages, all threads).
+            row["gate_cpu_us_per_request"] = round(gate_cpu_ns[impl] / 1e3 / (rounds * unary_n), 1)
         if impl != "direct":
             direct = per_round["direct"]
             for key, values in measured.items():
