@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <system_error>
@@ -19,8 +20,10 @@
 namespace llm_serving::relay {
 namespace {
 
-// Bytes moved per splice/read; also the copy buffer of a direction in read/write mode.
+// Bytes moved per splice (a default pipe's capacity).
 constexpr std::size_t kChunk = 1 << 16;
+// The relay thread's copy buffer: a read that fills it switches its direction to splice.
+constexpr std::size_t kScratch = 1 << 14;
 constexpr int kMaxEvents = 128;
 // epoll tags: 0 is the wake-up eventfd; otherwise an 8-aligned pointer whose bit 1 marks a
 // listener and whose bit 0 is the connection side (0 public client, 1 upstream).
@@ -114,47 +117,53 @@ void Fd::Reset() {
   if (fd_ >= 0) close(std::exchange(fd_, -1));
 }
 
-// One direction of a relayed connection: bytes read from `src` wait in the pipe (or the copy
-// buffer) until `dst` takes them. It stops reading while they wait, which is the back-pressure.
+// One direction of a relayed connection. Small reads (gRPC frames, streamed tokens) go through
+// the relay thread's scratch buffer straight to `dst`: for a few hundred bytes a copy is cheaper
+// than splice's page references. A read that fills the scratch buffer means bulk data: the
+// direction then splices through its pipe (zero-copy) until a read comes back short. Bytes `dst`
+// cannot take yet wait in the pipe or in `leftover`, and nothing more is read meanwhile: that is
+// the back-pressure.
 struct Direction {
   int src = -1;
   int dst = -1;
-  Fd pipe_read;
+  bool can_splice = false;
+  bool bulk = false;
+  Fd pipe_read;  // created at the first bulk read
   Fd pipe_write;
-  std::vector<char> buffer;
+  std::vector<char> leftover;
   std::size_t head = 0;
   std::size_t pending = 0;
+  bool in_pipe = false;  // whether the pending bytes are in the pipe or in `leftover`
   bool eof = false;      // src sent FIN
   bool shut = false;     // dst got our FIN: this direction is finished
   bool blocked = false;  // dst's send buffer is full; its EPOLLOUT resumes us
 
-  void UseCopies() {
-    pipe_read.Reset();
-    pipe_write.Reset();
-    buffer.resize(kChunk);
-  }
-
-  void Init(int from, int to, bool use_splice) {
-    src = from;
-    dst = to;
-    int fds[2];
-    if (use_splice && pipe2(fds, O_NONBLOCK | O_CLOEXEC) == 0) {
-      pipe_read = Fd(fds[0]);
-      pipe_write = Fd(fds[1]);
-    } else {
-      UseCopies();
-    }
-  }
-
   enum class State { kWaiting, kDone, kFailed };
 
+  void StopSplicing() {
+    can_splice = false;
+    bulk = false;
+    pipe_read.Reset();
+    pipe_write.Reset();
+  }
+
+  bool HasPipe() {
+    if (!pipe_read) {
+      int fds[2];
+      if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) < 0) return false;  // e.g. EMFILE: keep copying
+      pipe_read = Fd(fds[0]);
+      pipe_write = Fd(fds[1]);
+    }
+    return true;
+  }
+
   // Moves bytes until a socket would block (edge-triggered epoll needs EAGAIN to re-arm).
-  State Pump() {
+  State Pump(std::vector<char>& scratch) {
     for (;;) {
       if (pending > 0) {
-        ssize_t n = pipe_read ? splice(pipe_read.get(), nullptr, dst, nullptr, pending,
-                                       SPLICE_F_MOVE | SPLICE_F_NONBLOCK)
-                              : send(dst, buffer.data() + head, pending, MSG_NOSIGNAL);
+        ssize_t n = in_pipe ? splice(pipe_read.get(), nullptr, dst, nullptr, pending,
+                                     SPLICE_F_MOVE | SPLICE_F_NONBLOCK)
+                            : send(dst, leftover.data() + head, pending, MSG_NOSIGNAL);
         if (n > 0) {
           pending -= static_cast<std::size_t>(n);
           head += static_cast<std::size_t>(n);
@@ -178,20 +187,36 @@ struct Direction {
       }
       head = 0;
       ssize_t n;
-      if (pipe_read) {
+      if (bulk && !HasPipe()) StopSplicing();
+      if (bulk) {
         n = splice(src, nullptr, pipe_write.get(), nullptr, kChunk,
                    SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
         if (n < 0 && errno == EINVAL) {
-          // A socket type without splice support: copy through user space instead.
-          UseCopies();
+          StopSplicing();  // a socket type without splice support: copy instead
           continue;
         }
+        if (n > 0) {
+          in_pipe = true;
+          pending = static_cast<std::size_t>(n);
+          bulk = static_cast<std::size_t>(n) == kChunk;
+          continue;
+        }
+        bulk = false;
       } else {
-        n = recv(src, buffer.data(), buffer.size(), 0);
-      }
-      if (n > 0) {
-        pending = static_cast<std::size_t>(n);
-        continue;
+        n = recv(src, scratch.data(), scratch.size(), 0);
+        if (n > 0) {
+          bulk = can_splice && static_cast<std::size_t>(n) == scratch.size();
+          ssize_t sent = send(dst, scratch.data(), static_cast<std::size_t>(n), MSG_NOSIGNAL);
+          if (sent < 0 && !WouldBlock() && errno != EINTR) return State::kFailed;
+          sent = std::max<ssize_t>(sent, 0);
+          if (sent < n) {
+            // dst is full: keep the rest; the loop's next write attempt arms EPOLLOUT.
+            leftover.assign(scratch.data() + sent, scratch.data() + n);
+            in_pipe = false;
+            pending = static_cast<std::size_t>(n - sent);
+          }
+          continue;
+        }
       }
       if (n == 0) {
         eof = true;
@@ -212,8 +237,11 @@ struct Connection {
   Connection(Fd client, Fd upstream, bool use_splice) {
     sockets[0] = std::move(client);
     sockets[1] = std::move(upstream);
-    directions[0].Init(sockets[0].get(), sockets[1].get(), use_splice);
-    directions[1].Init(sockets[1].get(), sockets[0].get(), use_splice);
+    for (int side = 0; side < 2; ++side) {
+      directions[side].src = sockets[side].get();
+      directions[side].dst = sockets[1 - side].get();
+      directions[side].can_splice = use_splice;
+    }
   }
 
   std::uint64_t Tag(int side) const { return reinterpret_cast<std::uintptr_t>(this) | side; }
@@ -225,7 +253,7 @@ struct Listener {
 };
 
 Relay::Relay(const std::string& upstream_host, int upstream_port, bool use_splice)
-    : use_splice_(use_splice) {
+    : use_splice_(use_splice), scratch_(kScratch) {
   AddrInfo found;
   Resolve(upstream_host, upstream_port, false, found);
   std::memcpy(&upstream_.storage, found.list->ai_addr, found.list->ai_addrlen);
@@ -288,7 +316,12 @@ int Relay::Open(const std::string& host, int port, int backlog) {
 }
 
 void Relay::StopAccepting() {
-  Call([this] { CloseListeners(); });
+  Call([this] {
+    // A client whose connect() already returned is in the backlog: relay it rather than reset
+    // it with the listener. Only a connection completing in the next microseconds is refused.
+    for (auto& listener : listeners_) Accept(listener->socket.get());
+    CloseListeners();
+  });
 }
 
 void Relay::CloseConnections() {
@@ -446,8 +479,8 @@ void Relay::Dispatch(Connection& conn, int side, std::uint32_t events) {
 
 void Relay::Finish(Connection& conn, bool pump_up, bool pump_down) {
   using State = Direction::State;
-  State up = pump_up ? conn.directions[0].Pump() : State::kWaiting;
-  State down = pump_down ? conn.directions[1].Pump() : State::kWaiting;
+  State up = pump_up ? conn.directions[0].Pump(scratch_) : State::kWaiting;
+  State down = pump_down ? conn.directions[1].Pump(scratch_) : State::kWaiting;
   if (up == State::kFailed || down == State::kFailed ||
       (conn.directions[0].shut && conn.directions[1].shut)) {
     Drop(conn);

@@ -1,6 +1,6 @@
 // The port gate's byte relay: one epoll thread moves bytes between each accepted public
-// connection and its own upstream connection with splice() through a pipe per direction
-// (read/write where splice is refused), so no per-request work ever reaches Python.
+// connection and its own upstream connection (small reads copied, bulk data spliced through a
+// pipe per direction), so no per-request work ever reaches Python.
 #ifndef LLM_SERVING_RELAY_RELAY_H_
 #define LLM_SERVING_RELAY_RELAY_H_
 
@@ -54,7 +54,7 @@ struct Listener;
 // from any thread; the ones that touch sockets run on the relay thread and wait for it.
 class Relay {
  public:
-  // Resolves the upstream address now; `use_splice` false forces read/write copies.
+  // Resolves the upstream address now; `use_splice` false copies bulk data too.
   Relay(const std::string& upstream_host, int upstream_port, bool use_splice);
   ~Relay();
   Relay(const Relay&) = delete;
@@ -63,7 +63,8 @@ class Relay {
   // Binds and listens on every address of `host` (throws std::system_error, e.g. EADDRINUSE);
   // returns the bound port (the one the kernel chose when `port` is 0).
   int Open(const std::string& host, int port, int backlog);
-  // Closes the listening sockets: new connections are refused, relayed ones stay up.
+  // Accepts what waits in the backlog, then closes the listening sockets: new connections
+  // are refused, relayed ones stay up.
   void StopAccepting();
   // Closes every relayed connection (both of its sockets).
   void CloseConnections();
@@ -87,6 +88,7 @@ class Relay {
 
   Address upstream_;
   bool use_splice_;
+  std::vector<char> scratch_;  // the relay thread's copy buffer
   Fd epoll_;
   Fd wake_;
   // Owned by the relay thread, like every socket below.

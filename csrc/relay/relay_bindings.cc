@@ -28,8 +28,8 @@ PYBIND11_MODULE(_relay, m) {
       .def(py::init<const std::string&, int, bool>(), py::arg("upstream_host"),
            py::arg("upstream_port"), py::arg("splice") = true,
            py::call_guard<py::gil_scoped_release>(),
-           "Resolve the upstream address and start the relay thread; splice=False copies "
-           "through user space instead of splice().")
+           "Resolve the upstream address and start the relay thread; splice=False copies bulk "
+           "data through user space instead of splice().")
       .def("open", &Relay::Open, py::arg("host"), py::arg("port"), py::arg("backlog") = 1024,
            py::call_guard<py::gil_scoped_release>(),
            "Bind and listen on every address of host; returns the bound port.")

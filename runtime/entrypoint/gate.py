@@ -15,8 +15,9 @@ _BACKLOG = 1024
 class PortGate:
     """A closed-until-opened TCP relay from ``host:port`` to ``upstream_host:upstream_port``.
 
-    ``splice=False`` copies through a user-space buffer instead of ``splice()`` (the relay also
-    falls back to that by itself on sockets that refuse splice).
+    Small reads are copied through the relay thread's buffer, bulk data is spliced (zero-copy)
+    through a pipe; ``splice=False`` copies bulk data too (as the relay does by itself on
+    sockets that refuse splice).
     """
 
     def __init__(
