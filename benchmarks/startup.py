@@ -192,10 +192,20 @@ def _cpu_ns(pid: int) -> int:
     return total
 
 
+def _alternate(round_: int, times: int, measure: Callable[[str], float]) -> dict[str, list[float]]:
+    """``measure`` each implementation in turn, ``times`` times, rotating who goes first."""
+    results: dict[str, list[float]] = {impl: [] for impl in GATE_IMPLS}
+    for i in range(times):
+        shift = (round_ + i) % len(GATE_IMPLS)
+        for impl in GATE_IMPLS[shift:] + GATE_IMPLS[:shift]:
+            results[impl].append(measure(impl))
+    return results
+
+
 def bench_gate(quick: bool) -> list[dict[str, Any]]:
     """Unary latency, streamed tokens/s and connection set-up: direct, native gate, asyncio.
 
-    Rounds interleave the three (order rotated each round) so that noise from the rest of the
+    Calls alternate between the three (order rotated) so that noise from the rest of the
     machine hits all alike; a gate's ratios are the medians of its per-round ratios to direct.
     """
     ports = {impl: _free_port() for impl in GATE_IMPLS}
@@ -216,8 +226,8 @@ def bench_gate(quick: bool) -> list[dict[str, Any]]:
                 cwd=ROOT,
             )
         )
-    rounds, unary_n, streams, stream_tokens, connects = (
-        (9, 150, 3, 200, 50) if quick else (15, 400, 6, 300, 200)
+    rounds, unary_n, streams, tokens, connects = (
+        (9, 200, 4, 150, 50) if quick else (15, 500, 8, 300, 200)
     )
     gate_pids = {impl: processes[1 + i].pid for i, impl in enumerate(GATE_IMPLS[1:])}
     try:
@@ -236,18 +246,17 @@ def bench_gate(quick: bool) -> list[dict[str, Any]]:
         }
         gate_cpu_ns = dict.fromkeys(gate_pids, 0)
         for r in range(rounds):
-            for impl in GATE_IMPLS[r % 3 :] + GATE_IMPLS[: r % 3]:
-                cpu_before = _cpu_ns(gate_pids[impl]) if impl in gate_pids else 0
-                values = np.array([_unary(clients[impl]) for _ in range(unary_n)]) * 1e6
-                if impl in gate_pids:
-                    gate_cpu_ns[impl] += _cpu_ns(gate_pids[impl]) - cpu_before
-                rates = [_stream_tokens(clients[impl], stream_tokens) for _ in range(streams)]
-                setups = [_connect(ports[impl]) * 1e6 for _ in range(connects)]
-                measured = per_round[impl]
-                measured["p50_us"].append(float(np.percentile(values, 50)))
-                measured["p99_us"].append(float(np.percentile(values, 99)))
-                measured["tokens_per_s"].append(statistics.median(rates))
-                measured["connect_us"].append(statistics.median(setups))
+            cpu_before = {impl: _cpu_ns(pid) for impl, pid in gate_pids.items()}
+            latencies = _alternate(r, unary_n, lambda impl: _unary(clients[impl]) * 1e6)
+            for impl, pid in gate_pids.items():
+                gate_cpu_ns[impl] += _cpu_ns(pid) - cpu_before[impl]
+            rates = _alternate(r, streams, lambda impl: _stream_tokens(clients[impl], tokens))
+            setups = _alternate(r, connects, lambda impl: _connect(ports[impl]) * 1e6)
+            for impl, measured in per_round.items():
+                measured["p50_us"].append(float(np.percentile(latencies[impl], 50)))
+                measured["p99_us"].append(float(np.percentile(latencies[impl], 99)))
+                measured["tokens_per_s"].append(statistics.median(rates[impl]))
+                measured["connect_us"].append(statistics.median(setups[impl]))
         for client in clients.values():
             client.close()
     finally:
