@@ -267,7 +267,12 @@ Relay::Relay(const std::string& upstream_host, int upstream_port, bool use_splic
   sigset_t all, previous;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, &previous);
-  thread_ = std::thread([this] { Loop(); });
+  try {
+    thread_ = std::thread([this] { Loop(); });
+  } catch (...) {
+    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+    throw;
+  }
   pthread_sigmask(SIG_SETMASK, &previous, nullptr);
 }
 
@@ -295,7 +300,9 @@ int Relay::Open(const std::string& host, int port, int backlog) {
     // Every address of the host gets the same port, the one chosen for the first.
     SetPort(ai->ai_addr, bound_port);
     if (bind(fd.get(), ai->ai_addr, ai->ai_addrlen) < 0) {
-      ThrowErrno("cannot bind " + host + ":" + std::to_string(bound_port));
+      const int error = errno;  // before building the message, which may allocate
+      throw std::system_error(error, std::generic_category(),
+                              "cannot bind " + host + ":" + std::to_string(bound_port));
     }
     if (listen(fd.get(), backlog) < 0) ThrowErrno("listen");
     bound_port = BoundPort(fd.get());
