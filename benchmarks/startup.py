@@ -1,9 +1,10 @@
 """Start-up benchmarks: unpack vs GNU tar, gRPC through the port gate vs direct, and the seconds
 each entrypoint stage adds against the tritonserver stand-in (load time zero).
 
-``python -m benchmarks.startup [--quick] [--json PATH]``. The full run unpacks a 2 GiB package
-of 512 files; ``--quick`` a 256 MiB package of 128 files, fewer requests and one start-up.
-Everything runs in separate processes (stand-in, gate, entrypoint) as in the pod.
+``python -m benchmarks.startup [--quick] [--json PATH] [--only unpack|gate|startup]``. The full
+run unpacks a 2 GiB package of 512 files; ``--quick`` a 256 MiB package of 128 files, fewer
+requests and one start-up. Everything runs in separate processes (stand-in, gates, entrypoint)
+as in the pod; the gate section also runs the former asyncio relay for comparison.
 """
 
 from __future__ import annotations
@@ -109,15 +110,27 @@ def bench_unpack(folder: Path, quick: bool, repeats: int) -> list[dict[str, Any]
 
 # --- gate vs direct -------------------------------------------------------------------------------
 
+# Each gate runs in its own process, as in the pod (the entrypoint process holds the gate).
 _GATE = """
 import asyncio, sys, uvloop
 from runtime.entrypoint.gate import PortGate
+from benchmarks._asyncio_relay import AsyncioPortGate
 async def main():
-    gate = PortGate("127.0.0.1", int(sys.argv[1]), "127.0.0.1", int(sys.argv[2]))
+    kind = PortGate if sys.argv[1] == "gate" else AsyncioPortGate
+    gate = kind("127.0.0.1", int(sys.argv[2]), "127.0.0.1", int(sys.argv[3]))
     await gate.open()
     await asyncio.Event().wait()
 uvloop.run(main())
 """
+# The HTTP/2 client preface and an empty SETTINGS frame: the server answers with its SETTINGS.
+_H2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+GATE_IMPLS = ("direct", "gate", "asyncio_gate")
+_RATIOS = {
+    "p50_us": "p50_ratio",
+    "p99_us": "p99_ratio",
+    "tokens_per_s": "tokens_per_s_ratio",
+    "connect_us": "connect_ratio",
+}
 
 
 def _unary(client: grpcclient.InferenceServerClient) -> float:
@@ -160,60 +173,113 @@ def _stream_tokens(client: grpcclient.InferenceServerClient, tokens: int) -> flo
     return received / elapsed
 
 
+def _connect(port: int) -> float:
+    """Seconds from connect() to the server's first HTTP/2 bytes on a fresh connection."""
+    started = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(_H2_HELLO)
+        if not sock.recv(1):
+            raise RuntimeError(f"port {port} closed the connection without answering")
+    return time.perf_counter() - started
+
+
+def _cpu_ns(pid: int) -> int:
+    """CPU time every thread of ``pid`` has run so far (Linux schedstat), in nanoseconds."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        total += int((task / "schedstat").read_text().split()[0])
+    return total
+
+
+def _alternate(round_: int, times: int, measure: Callable[[str], float]) -> dict[str, list[float]]:
+    """``measure`` each implementation in turn, ``times`` times, rotating who goes first."""
+    results: dict[str, list[float]] = {impl: [] for impl in GATE_IMPLS}
+    for i in range(times):
+        shift = (round_ + i) % len(GATE_IMPLS)
+        for impl in GATE_IMPLS[shift:] + GATE_IMPLS[:shift]:
+            results[impl].append(measure(impl))
+    return results
+
+
 def bench_gate(quick: bool) -> list[dict[str, Any]]:
-    backend_port, gate_port = _free_port(), _free_port()
+    """Unary latency, streamed tokens/s and connection set-up: direct, native gate, asyncio.
+
+    Calls alternate between the three (order rotated) so that noise from the rest of the
+    machine hits all alike; a gate's ratios are the medians of its per-round ratios to direct.
+    """
+    ports = {impl: _free_port() for impl in GATE_IMPLS}
     env = {**os.environ, "PYTHONPATH": str(ROOT), "KSERVE_STANDIN_LOAD_SECONDS": "0"}
-    standin = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.kserve_server", "--model-repository", ".",
-         f"--grpc-port={backend_port}", "--allow-http=false", "--model-control-mode=none"],
-        env=env, cwd=ROOT, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    gate = subprocess.Popen(
-        [sys.executable, "-c", _GATE, str(gate_port), str(backend_port)], env=env, cwd=ROOT
-    )
-    try:
-        _wait_port(backend_port)
-        _wait_port(gate_port)
-        clients = {
-            "direct": grpcclient.InferenceServerClient(f"127.0.0.1:{backend_port}"),
-            "gate": grpcclient.InferenceServerClient(f"127.0.0.1:{gate_port}"),
-        }
-        unary_n, streams, stream_tokens = (200, 10, 200) if quick else (1000, 30, 300)
-        latencies: dict[str, list[float]] = {k: [] for k in clients}
-        rates: dict[str, list[float]] = {k: [] for k in clients}
-        for client in clients.values():  # warm-up: connections, HTTP/2 windows
-            for _ in range(10):
-                _unary(client)
-        # Alternate request by request (and stream by stream, order flipped each time) so
-        # noise from other processes on the machine hits both sides alike.
-        for i in range(unary_n):
-            for impl in list(clients)[:: 1 if i % 2 else -1]:
-                latencies[impl].append(_unary(clients[impl]))
-        for i in range(streams):
-            for impl in list(clients)[:: 1 if i % 2 else -1]:
-                rates[impl].append(_stream_tokens(clients[impl], stream_tokens))
-        rows = []
-        for impl in clients:
-            values = np.array(latencies[impl]) * 1e6
-            rows.append(
-                {
-                    "impl": impl,
-                    "requests": len(values),
-                    "p50_us": round(float(np.percentile(values, 50)), 1),
-                    "p99_us": round(float(np.percentile(values, 99)), 1),
-                    "tokens_per_s": round(statistics.median(rates[impl]), 1),
-                }
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.support.kserve_server", "--model-repository", ".",
+             f"--grpc-port={ports['direct']}", "--allow-http=false",
+             "--model-control-mode=none"],
+            env=env, cwd=ROOT, stderr=subprocess.DEVNULL,
+        )
+    ]  # fmt: skip
+    for impl in GATE_IMPLS[1:]:
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-c", _GATE, impl, str(ports[impl]), str(ports["direct"])],
+                env=env,
+                cwd=ROOT,
             )
+        )
+    rounds, unary_n, streams, tokens, connects = (
+        (9, 200, 4, 150, 50) if quick else (15, 500, 8, 300, 200)
+    )
+    gate_pids = {impl: processes[1 + i].pid for i, impl in enumerate(GATE_IMPLS[1:])}
+    try:
+        for port in ports.values():
+            _wait_port(port)
+        clients = {
+            impl: grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+            for impl, port in ports.items()
+        }
+        for client in clients.values():  # warm-up: connections, HTTP/2 windows
+            for _ in range(20):
+                _unary(client)
+        per_round: dict[str, dict[str, list[float]]] = {
+            impl: {"p50_us": [], "p99_us": [], "tokens_per_s": [], "connect_us": []}
+            for impl in GATE_IMPLS
+        }
+        gate_cpu_ns = dict.fromkeys(gate_pids, 0)
+        for r in range(rounds):
+            cpu_before = {impl: _cpu_ns(pid) for impl, pid in gate_pids.items()}
+            latencies = _alternate(r, unary_n, lambda impl: _unary(clients[impl]) * 1e6)
+            for impl, pid in gate_pids.items():
+                gate_cpu_ns[impl] += _cpu_ns(pid) - cpu_before[impl]
+            rates = _alternate(r, streams, lambda impl: _stream_tokens(clients[impl], tokens))
+            setups = _alternate(r, connects, lambda impl: _connect(ports[impl]) * 1e6)
+            for impl, measured in per_round.items():
+                measured["p50_us"].append(float(np.percentile(latencies[impl], 50)))
+                measured["p99_us"].append(float(np.percentile(latencies[impl], 99)))
+                measured["tokens_per_s"].append(statistics.median(rates[impl]))
+                measured["connect_us"].append(statistics.median(setups[impl]))
         for client in clients.values():
             client.close()
-        return rows
     finally:
-        for process in (gate, standin):
+        for process in reversed(processes):
             process.send_signal(signal.SIGTERM)
             try:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 process.kill()
+    rows = []
+    for impl, measured in per_round.items():
+        row: dict[str, Any] = {"impl": impl, "rounds": rounds, "requests": rounds * unary_n}
+        row |= {key: round(statistics.median(v), 1) for key, v in measured.items()}
+        if impl in gate_cpu_ns:
+            # What relaying one unary call costs the gate process (both messages, all threads).
+            row["gate_cpu_us_per_request"] = round(gate_cpu_ns[impl] / 1e3 / (rounds * unary_n), 1)
+        if impl != "direct":
+            direct = per_round["direct"]
+            for key, values in measured.items():
+                ratios = [a / b for a, b in zip(values, direct[key], strict=True)]
+                row[_RATIOS[key]] = round(statistics.median(ratios), 3)
+        rows.append(row)
+    return rows
 
 
 # --- full start-up ------------------------------------------------------------------------------
@@ -292,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.startup", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="256 MiB package, fewer requests")
     parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument(
+        "--only", choices=["unpack", "gate", "startup"], action="append", help="run these only"
+    )
     args = parser.parse_args(argv)
     rows: list[dict[str, Any]] = []
     sections: list[tuple[str, Callable[[Path], list[dict[str, Any]]]]] = [
@@ -301,19 +370,25 @@ def main(argv: list[str] | None = None) -> int:
     ]
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
         for name, run in sections:
+            if args.only and name not in args.only:
+                continue
             folder = Path(tmp) / name
             folder.mkdir()
             section = run(folder)
             print(f"== {name}\n{_table(section)}\n", flush=True)
             rows += section
     by_impl = {r["impl"]: r for r in rows if r["impl"] != "stage"}
-    unpack_ratio = by_impl["unpack"]["mb_per_s"] / by_impl["gnu_tar"]["mb_per_s"]
-    print(f"unpack / gnu_tar speed: {unpack_ratio:.2f}")
-    print(
-        f"gate / direct: p50 {by_impl['gate']['p50_us'] / by_impl['direct']['p50_us']:.3f}, "
-        f"p99 {by_impl['gate']['p99_us'] / by_impl['direct']['p99_us']:.3f}, "
-        f"tokens/s {by_impl['gate']['tokens_per_s'] / by_impl['direct']['tokens_per_s']:.3f}"
-    )
+    if "unpack" in by_impl:
+        unpack_ratio = by_impl["unpack"]["mb_per_s"] / by_impl["gnu_tar"]["mb_per_s"]
+        print(f"unpack / gnu_tar speed: {unpack_ratio:.2f}")
+    for impl in GATE_IMPLS[1:]:
+        if (gate := by_impl.get(impl)) is None:
+            continue
+        print(
+            f"{impl} / direct (median of per-round ratios): p50 {gate['p50_ratio']:.3f}, "
+            f"p99 {gate['p99_ratio']:.3f}, tokens/s {gate['tokens_per_s_ratio']:.3f}, "
+            f"connect {gate['connect_ratio']:.3f}"
+        )
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     return 0
