@@ -81,6 +81,15 @@ class _Layout:
     plans: dict[str, np.ndarray] = field(default_factory=dict)
     described: set[str] = field(default_factory=set)
 
+    @property
+    def series(self) -> list[tuple[str, tuple[str, LabelSet]]]:
+        """Per entry, its metric and its (sample name, labels): how gauges are merged."""
+        if self._series is None:
+            self._series = [(metric, (sample, labels)) for metric, sample, labels, _ in self.parsed]
+        return self._series
+
+    _series: list[tuple[str, tuple[str, LabelSet]]] | None = None
+
     def matches(self, words: np.ndarray) -> bool:
         return len(words) * 8 == self.size and np.array_equal(words[self.key_idx], self.key_words)
 
@@ -178,35 +187,31 @@ class _Merge:
         self.totals[plan] += values
         self.plans[id(plan)] = plan
 
-    def add_gauges(
-        self,
-        parsed: list[_ParsedKey],
-        values: list[float],
-        stamps: list[float],
-        mode: str,
-        pid: str,
-    ) -> None:
-        for (metric, sample, labels, _), value, timestamp in zip(
-            parsed, values, stamps, strict=True
-        ):
-            series = self.gauges.setdefault(metric, {})
-            if mode in _RECENT_MODES:
+    def add_gauges(self, layout: _Layout, words: np.ndarray, mode: str, pid: str) -> None:
+        values = words[layout.value_idx].tolist()
+        if mode in _RECENT_MODES:
+            stamps = words[layout.value_idx + 1].tolist()
+            for (metric, key), value, timestamp in zip(layout.series, values, stamps, strict=True):
+                series = self.gauges.setdefault(metric, {})
                 # As prometheus_client: a gauge never set (timestamp 0) is not exposed.
-                current = series.get((sample, labels))
+                current = series.get(key)
                 if timestamp > (0.0 if current is None else current[1]):
-                    series[(sample, labels)] = (value, timestamp)
-            elif mode in _MIN_MODES + _MAX_MODES + _SUM_MODES:
-                current = series.get((sample, labels))
+                    series[key] = (value, timestamp)
+        elif mode in _MIN_MODES + _MAX_MODES + _SUM_MODES:
+            for (metric, key), value in zip(layout.series, values, strict=True):
+                series = self.gauges.setdefault(metric, {})
+                current = series.get(key)
                 if current is None:
-                    series[(sample, labels)] = (value, timestamp)
+                    series[key] = (value, 0.0)
                 elif mode in _MIN_MODES:
-                    series[(sample, labels)] = (min(current[0], value), 0.0)
+                    series[key] = (min(current[0], value), 0.0)
                 elif mode in _MAX_MODES:
-                    series[(sample, labels)] = (max(current[0], value), 0.0)
+                    series[key] = (max(current[0], value), 0.0)
                 else:
-                    series[(sample, labels)] = (current[0] + value, 0.0)
-            else:  # all / liveall: one series per process, told apart by a pid label
-                series[(sample, (*labels, ("pid", pid)))] = (value, timestamp)
+                    series[key] = (current[0] + value, 0.0)
+        else:  # all / liveall: one series per process, told apart by a pid label
+            for (metric, (sample, labels)), value in zip(layout.series, values, strict=True):
+                self.gauges.setdefault(metric, {})[(sample, (*labels, ("pid", pid)))] = (value, 0.0)
 
     def gauge_shape(self) -> tuple[tuple[str, tuple[tuple[str, LabelSet], ...]], ...]:
         return tuple((metric, tuple(series)) for metric, series in self.gauges.items())
@@ -337,6 +342,7 @@ class MultiprocReader:
 
     def __init__(self, directory: Path, mark_dead_processes: bool = False) -> None:
         self._directory = directory
+        self._prefix = os.path.join(directory, "")
         self._mark_dead = mark_dead_processes
         self._layouts: dict[tuple[bytes, ...], _Layout] = {}
         self._file_layouts: dict[str, _Layout] = {}
@@ -468,7 +474,7 @@ class MultiprocReader:
         for name, inode in listing:
             parts = name[:-3].split("_")
             typ, pid = parts[0], parts[-1]
-            path = os.path.join(self._directory, name)
+            path = self._prefix + name
             try:
                 got = self._mapped_words(name, inode, path)
                 if got is None:
@@ -483,17 +489,15 @@ class MultiprocReader:
                 corrupt.append(f"{name}: {exc}")
                 continue
             read += 1
-            values = words[layout.value_idx]
             if typ not in layout.described:
                 layout.described.add(typ)
                 for metric, _, _, help_text in layout.parsed:
                     self._meta.setdefault(metric, (typ, help_text))
             if typ == "gauge":
                 mode = parts[1] if len(parts) == 3 else "all"
-                stamps = words[layout.value_idx + 1].tolist()
-                merge.add_gauges(layout.parsed, values.tolist(), stamps, mode, pid)
+                merge.add_gauges(layout, words, mode, pid)
             else:
-                merge.add_sums(self._sum_plan(layout, typ), values)
+                merge.add_sums(self._sum_plan(layout, typ), words[layout.value_idx])
         del words  # no view of a mapping may outlive the read: unmapping needs none left
         key = (frozenset(merge.plans), merge.gauge_shape())
         plan = self._plan
