@@ -5,28 +5,24 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import httpx
 
 from runtime.metrics_proxy.exposition import (
     Encoder,
     Family,
-    LabelSet,
-    Layout,
     Sample,
-    format_value,
     gzip_body,
     negotiate,
     wants_gzip,
 )
-from runtime.metrics_proxy.fetch import Fetcher
-from runtime.metrics_proxy.merge import MergedTemplates
+from runtime.metrics_proxy.merge import merge_families
 from runtime.metrics_proxy.multiproc import MultiprocReader, MultiprocResult
 from runtime.metrics_proxy.settings import ProxySettings
-from runtime.metrics_proxy.triton import TritonScrapeError, TritonText, fetch_triton
+from runtime.metrics_proxy.triton import SeriesCache, TritonScrapeError, fetch_triton
 
 __all__ = ["ERROR_REASONS", "MetricsProxyApp", "ProxyConfigError", "create_app"]
 
@@ -40,8 +36,7 @@ ERROR_REASONS = {
 """Error counter label values per source, exposed at 0 from the start so rate() works."""
 
 
-_LOOP_TURNS_TO_SEND = 2
-_EMPTY = Layout(())
+_LOOP_TURNS_TO_SEND = 4
 
 
 class ProxyConfigError(ValueError):
@@ -52,9 +47,8 @@ class ProxyConfigError(ValueError):
 class _Collected:
     """One merge of the sources, shared by the scrapes that waited for it; encodings cached."""
 
-    layouts: tuple[Layout, ...]
-    values: list[float | str]
-    templates: MergedTemplates
+    families: list[Family]
+    encoder: Encoder
     bodies: dict[tuple[bool, bool], bytes] = field(default_factory=dict)
 
     def body(self, openmetrics: bool, gzipped: bool) -> bytes:
@@ -63,19 +57,12 @@ class _Collected:
         if body is None:
             body = self.bodies.get((openmetrics, False))
             if body is None:
-                template = self.templates.template(self.layouts, openmetrics)
-                body = self.bodies[(openmetrics, False)] = template.render(self.values)
+                body = self.bodies[(openmetrics, False)] = self.encoder.encode(
+                    self.families, openmetrics
+                )
             if gzipped:
                 body = self.bodies[key] = gzip_body(body)
         return body
-
-
-def _fillable(values: list[float]) -> Sequence[float | str]:
-    """Values for a template's ``%s`` holes: ``str`` of a finite float is its ``repr``, as
-    ``format_value`` writes it; infinities and NaN take Go's spelling."""
-    if all(map(math.isfinite, values)):
-        return values
-    return [format_value(v) for v in values]
 
 
 @dataclass
@@ -96,15 +83,10 @@ class MetricsProxyApp:
                 "at the directory vLLM writes its multiprocess metrics to"
             )
         self.settings = settings
-        try:
-            self._fetcher = Fetcher(settings.triton_url, settings.triton_max_bytes)
-        except ValueError as exc:
-            raise ProxyConfigError(f"METRICS_PROXY_TRITON_URL: {exc}") from exc
-        self._templates = MergedTemplates(Encoder(settings.constant_labels()))
-        self._triton_text = TritonText()
+        self._encoder = Encoder(settings.constant_labels())
+        self._triton_series: SeriesCache = {}
         self._reader = MultiprocReader(settings.multiproc_dir, settings.mark_dead_processes)
-        self._own_layout = Layout(())
-        self._own_shape: tuple[tuple[str, LabelSet], ...] = ()
+        self._client: httpx.AsyncClient | None = None
         self._inflight: asyncio.Future[_Collected] | None = None
         self._state = {
             source: _SourceState(errors=dict.fromkeys(reasons, 0.0))
@@ -117,12 +99,19 @@ class MetricsProxyApp:
         self._dropped = 0
 
     async def startup(self) -> None:
-        """Nothing to open: Triton's connection is made on the first scrape and kept."""
+        """Open the pooled HTTP client used for every Triton fetch."""
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(self.settings.triton_timeout_s),
+            limits=httpx.Limits(max_connections=4, max_keepalive_connections=2),
+            # Triton is on loopback: a pod-wide HTTP(S)_PROXY must never route it elsewhere.
+            trust_env=False,
+        )
 
     async def shutdown(self) -> None:
-        """Close the kept connection to Triton and unmap the multiprocess files."""
-        self._fetcher.close()
-        self._reader.close()
+        """Close the HTTP client."""
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
 
     def _fail(self, source: str, reason: str, message: str) -> None:
         state = self._state[source]
@@ -131,39 +120,46 @@ class MetricsProxyApp:
             log.warning("metrics source %s failed (%s): %s", source, reason, message)
         state.up, state.last_error = False, message
 
-    async def _scrape_triton(self) -> tuple[Layout, Sequence[str]]:
+    async def _scrape_triton(self) -> list[Family]:
+        assert self._client is not None, "startup() not run"
         start = time.perf_counter()
         state = self._state[TRITON]
         try:
-            text = await fetch_triton(self._fetcher, self.settings.triton_timeout_s)
-            split = self._triton_text.split(text)
+            families = await fetch_triton(
+                self._client,
+                self.settings.triton_url,
+                self.settings.triton_timeout_s,
+                self.settings.triton_max_bytes,
+                self._triton_series,
+            )
         except TritonScrapeError as exc:
             self._fail(TRITON, exc.reason, str(exc))
-            split = _EMPTY, ()
+            families = []
         except Exception as exc:  # a bug must cost the source, never the whole scrape
             log.exception("reading Triton's metrics failed unexpectedly")
             self._fail(TRITON, "internal", repr(exc))
-            split = _EMPTY, ()
+            families = []
         else:
             state.up, state.last_error = True, ""
         state.duration_s = time.perf_counter() - start
-        return split
+        return families
 
-    def _read_vllm(self) -> tuple[Layout, Sequence[float | str]]:
+    def _read_vllm(self) -> list[Family]:
         start = time.perf_counter()
         state = self._state[VLLM]
-        split: tuple[Layout, Sequence[float | str]] = (_EMPTY, ())
         try:
             result: MultiprocResult = self._reader.read()
         except OSError as exc:
             self._fail(VLLM, "read_dir", f"{self.settings.multiproc_dir}: {exc}")
+            families: list[Family] = []
             self._files = self._corrupt = 0
         except Exception as exc:  # a bug must cost the source, never the whole scrape
             log.exception("reading the multiprocess files failed unexpectedly")
             self._fail(VLLM, "internal", repr(exc))
+            families = []
             self._files = self._corrupt = 0
         else:
-            split = result.layout, _fillable(result.values)
+            families = result.families
             self._files, self._corrupt = result.files, len(result.corrupt_files)
             state.up, state.last_error = True, ""
             state.errors["corrupt_file"] += len(result.corrupt_files)
@@ -172,7 +168,7 @@ class MetricsProxyApp:
                 if result.corrupt_files:
                     log.warning("skipping corrupt files: %s", "; ".join(result.corrupt_files))
         state.duration_s = time.perf_counter() - start
-        return split
+        return families
 
     def _own_families(self) -> list[Family]:
         def gauge(name: str, help_text: str, samples: list[Sample]) -> Family:
@@ -224,32 +220,21 @@ class MetricsProxyApp:
             ),
         ]
 
-    def _own(self) -> tuple[Layout, Sequence[float | str]]:
-        families = self._own_families()
-        shape = tuple((s.name, s.labels) for f in families for s in f.samples)
-        if shape != self._own_shape:
-            self._own_layout, values = Layout.of(families)
-            self._own_shape = shape
-        else:
-            values = [s.value for f in families for s in f.samples]
-        return self._own_layout, _fillable(values)
-
     async def _collect(self) -> _Collected:
         fetch = asyncio.ensure_future(self._scrape_triton())
-        # Give the fetch the loop turns it needs to write its request, then read the files
-        # on this thread while Triton answers. (A worker thread would contend for the GIL
-        # and wait out its 5 ms switch interval; if the request is not out yet, the two
+        # Give the fetch the few loop turns httpx needs to write its request, then read the
+        # files on this thread while Triton answers. (A worker thread would contend for the
+        # GIL and wait out its 5 ms switch interval; if the request is not out yet, the two
         # merely run one after the other.)
         for _ in range(_LOOP_TURNS_TO_SEND):
             await asyncio.sleep(0)
-        vllm, vllm_values = self._read_vllm()
-        triton, triton_values = await fetch
-        vllm_names = {f.name for f in vllm.families}
-        self._dropped = sum(1 for f in triton.families if f.name in vllm_names)
-        own, own_values = self._own()
+        vllm = self._read_vllm()
+        triton = await fetch
+        vllm_names = {f.name for f in vllm}
+        self._dropped = sum(1 for f in triton if f.name in vllm_names)
+        families, _ = merge_families([self._own_families(), vllm, triton])
         self._finished_at = time.monotonic()
-        values = [*own_values, *vllm_values, *triton_values]
-        return _Collected((own, vllm, triton), values, self._templates)
+        return _Collected(families, self._encoder)
 
     async def collect(self) -> _Collected:
         """Merge the sources once for all scrapes that arrive while a merge is running.

@@ -8,9 +8,7 @@ series names that the dashboards and alerts query.
 from __future__ import annotations
 
 import gzip
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
 from typing import NamedTuple
 
 from prometheus_client.utils import floatToGoString
@@ -21,10 +19,7 @@ __all__ = [
     "Encoder",
     "Family",
     "LabelSet",
-    "Layout",
     "Sample",
-    "Template",
-    "format_value",
     "gzip_body",
     "negotiate",
     "wants_gzip",
@@ -57,71 +52,7 @@ class Family:
     samples: list[Sample] = field(default_factory=list)
 
 
-@dataclass(frozen=True, eq=False)
-class Layout:
-    """Families whose sample values are positions in a separate list of values.
-
-    It is what stays the same between scrapes of a source (names, labels, order), so it is
-    compiled into a ``Template`` once; compared by identity, it is reused while unchanged.
-    """
-
-    families: tuple[Family, ...]
-
-    @classmethod
-    def of(cls, families: Sequence[Family]) -> tuple[Layout, list[float]]:
-        """Split families into their layout and their values."""
-        values: list[float] = []
-        out = []
-        for fam in families:
-            samples = []
-            for s in fam.samples:
-                samples.append(Sample(s.name, s.labels, float(len(values))))
-                values.append(s.value)
-            out.append(Family(fam.name, fam.type, fam.help, samples))
-        return cls(tuple(out)), values
-
-    def fill(self, values: Sequence[float]) -> list[Family]:
-        """The families with each position replaced by its value."""
-        return [
-            Family(
-                f.name,
-                f.type,
-                f.help,
-                [Sample(s.name, s.labels, values[int(s.value)]) for s in f.samples],
-            )
-            for f in self.families
-        ]
-
-    def shifted(self, offset: int) -> list[Family]:
-        """The families with every position moved by ``offset`` (to concatenate layouts)."""
-        return [
-            Family(
-                f.name,
-                f.type,
-                f.help,
-                [Sample(s.name, s.labels, s.value + offset) for s in f.samples],
-            )
-            for f in self.families
-        ]
-
-
-@dataclass(frozen=True)
-class Template:
-    """An encoded exposition with a ``%s`` hole per value; ``order`` says which value fills it."""
-
-    text: str
-    order: tuple[int, ...]
-
-    def render(self, values: Sequence[str]) -> bytes:
-        """Fill the holes with already formatted values (``format_value``)."""
-        if len(self.order) > 1:
-            filled = itemgetter(*self.order)(values)
-        else:
-            filled = tuple(values[i] for i in self.order)
-        return (self.text % filled).encode("utf-8")
-
-
-def format_value(value: float) -> str:
+def _format_value(value: float) -> str:
     """``repr`` for ordinary floats (both formats parse it); Go's spelling of inf and NaN."""
     text = repr(value)
     return text if text[-1].isdigit() else floatToGoString(value)
@@ -165,24 +96,7 @@ class Encoder:
 
     def encode(self, families: list[Family], openmetrics: bool) -> bytes:
         """Encode as OpenMetrics 1.0 or Prometheus text 0.0.4; a repeated series is dropped."""
-        chunks, samples = self._parts(families, openmetrics)
-        out = [chunks[0]]
-        for s, chunk in zip(samples, chunks[1:], strict=True):
-            out.append(format_value(s.value))
-            out.append(chunk)
-        return "".join(out).encode("utf-8")
-
-    def compile(self, layout: Layout, openmetrics: bool) -> Template:
-        """Encode ``layout`` once, leaving a hole for each value, as ``encode`` would write it."""
-        chunks, samples = self._parts(list(layout.families), openmetrics)
-        text = "%s".join(c.replace("%", "%%") for c in chunks)
-        return Template(text, tuple(int(s.value) for s in samples))
-
-    def _parts(self, families: list[Family], openmetrics: bool) -> tuple[list[str], list[Sample]]:
-        """The exposition as text chunks around the samples whose values go between them."""
-        chunks: list[str] = []
-        samples: list[Sample] = []
-        pending: list[str] = []
+        out: list[str] = []
         seen: set[str] = set()
         for fam in families:
             name, typ = fam.name, fam.type
@@ -203,7 +117,7 @@ class Encoder:
                 elif typ == "unknown":
                     typ = "untyped"
                 help_text = fam.help.replace("\\", "\\\\").replace("\n", "\\n")
-            pending.append(f"# HELP {name} {help_text}\n# TYPE {name} {typ}\n")
+            out.append(f"# HELP {name} {help_text}\n# TYPE {name} {typ}\n")
             for s in fam.samples:
                 if not openmetrics and s.name.endswith("_created"):
                     continue
@@ -211,14 +125,10 @@ class Encoder:
                 if prefix in seen:
                     continue
                 seen.add(prefix)
-                pending.append(prefix)
-                chunks.append("".join(pending))
-                samples.append(s)
-                pending = ["\n"]
+                out.append(f"{prefix}{_format_value(s.value)}\n")
         if openmetrics:
-            pending.append("# EOF\n")
-        chunks.append("".join(pending))
-        return chunks, samples
+            out.append("# EOF\n")
+        return "".join(out).encode("utf-8")
 
 
 def _accept_quality(accept: str) -> tuple[float, float]:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from runtime.metrics_proxy.exposition import Encoder, Family, Layout, Template
+from runtime.metrics_proxy.exposition import Family
 
-__all__ = ["MergedTemplates", "merge_families"]
+__all__ = ["merge_families"]
 
 
 def merge_families(sources: list[list[Family]]) -> tuple[list[Family], list[str]]:
@@ -27,35 +27,3 @@ def merge_families(sources: list[list[Family]]) -> tuple[list[Family], list[str]
             if kept or not fam.samples:
                 merged[fam.name] = Family(fam.name, fam.type, fam.help, kept)
     return list(merged.values()), dropped
-
-
-class MergedTemplates:
-    """The sources' layouts merged (as ``merge_families``) and compiled, once per change.
-
-    A scrape then only fills the compiled template with its values; the merge, the
-    de-duplication and the encoding of names and labels run again only when a source's
-    layout is a different object than in the previous scrape.
-    """
-
-    def __init__(self, encoder: Encoder) -> None:
-        self._encoder = encoder
-        self._layouts: tuple[Layout, ...] = ()
-        self._templates: dict[bool, Template] = {}
-
-    def template(self, layouts: tuple[Layout, ...], openmetrics: bool) -> Template:
-        """The template for the sources' ``layouts`` in priority order; positions continue
-        from one layout to the next, as the values of the sources are concatenated."""
-        if len(layouts) != len(self._layouts) or any(
-            a is not b for a, b in zip(layouts, self._layouts, strict=False)
-        ):
-            self._layouts, self._templates = layouts, {}
-        template = self._templates.get(openmetrics)
-        if template is None:
-            sources, offset = [], 0
-            for layout in layouts:
-                sources.append(layout.shifted(offset))
-                offset += sum(len(f.samples) for f in layout.families)
-            merged, _ = merge_families(sources)
-            template = self._encoder.compile(Layout(tuple(merged)), openmetrics)
-            self._templates[openmetrics] = template
-        return template

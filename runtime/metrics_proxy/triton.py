@@ -1,32 +1,20 @@
-"""Fetches Triton's ``/metrics`` with a bounded time and size, and splits it into a layout and
-values."""
+"""Fetches Triton's ``/metrics`` over HTTP with a bounded time and size, and parses it."""
 
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import Sequence
 
-from runtime.metrics_proxy.exposition import Family, LabelSet, Layout, Sample, format_value
-from runtime.metrics_proxy.fetch import Fetcher, FetchError
+import httpx
 
-__all__ = [
-    "SeriesCache",
-    "TritonScrapeError",
-    "TritonText",
-    "fetch_triton",
-    "parse_text_exposition",
-]
+from runtime.metrics_proxy.exposition import Family, LabelSet, Sample
+
+__all__ = ["SeriesCache", "TritonScrapeError", "fetch_triton", "parse_text_exposition"]
 
 _SUFFIXES = ("_total", "_bucket", "_sum", "_count", "_created")
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|\})')
 _UNESCAPE = re.compile(r"\\(.)")
 _UNESCAPED = {"n": "\n", "\\": "\\", '"': '"'}
-# A value exactly as both output formats accept it, then an ignored timestamp. A value
-# written any other way (Python's float() takes more) is re-formatted on the slow path.
-_VALUE_AFTER_SERIES = (
-    r"[ \t]+([-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?Inf|NaN)"
-    r"(?:[ \t\r][^\n]*)?"
-)
 
 
 class TritonScrapeError(Exception):
@@ -65,8 +53,7 @@ def _parse_series(line: str, lineno: int) -> tuple[str, LabelSet, int]:
             return name, tuple(labels), pos
 
 
-def _parse_sample(line: str, lineno: int, cache: SeriesCache) -> tuple[Sample, int, str]:
-    """The sample, where its series text ends in ``line``, and its value as written."""
+def _parse_sample(line: str, lineno: int, cache: SeriesCache) -> Sample:
     brace = line.find("{")
     space = line.find(" ")
     if brace != -1 and (space == -1 or brace < space):
@@ -86,14 +73,13 @@ def _parse_sample(line: str, lineno: int, cache: SeriesCache) -> tuple[Sample, i
     else:
         name, *rest = line.split()
         labels = ()
-        end = line.find(name) + len(name)
     if not name or not rest:
         raise TritonScrapeError("parse", f"line {lineno}: no value in {line!r}")
     try:
         value = float(rest[0])
     except ValueError as exc:
         raise TritonScrapeError("parse", f"line {lineno}: bad value in {line!r}") from exc
-    return Sample(name, labels, value), end, rest[0]
+    return Sample(name, labels, value)
 
 
 def _base_name(declared: str, typ: str) -> str:
@@ -107,15 +93,7 @@ def parse_text_exposition(text: str, cache: SeriesCache | None = None) -> list[F
 
     Pass the same ``cache`` on every scrape of one endpoint to skip re-parsing its labels.
     """
-    return _parse(text, {} if cache is None else cache, None, None)
-
-
-def _parse(
-    text: str, cache: SeriesCache, pattern: list[str] | None, tokens: list[str] | None
-) -> list[Family]:
-    """Parse; with ``pattern`` and ``tokens``, a sample's value is its position in ``tokens``
-    (which receives its value as written), and ``pattern`` a regular expression per line that
-    matches the line with any value in that place."""
+    cache = {} if cache is None else cache
     families: dict[str, Family] = {}
     declared: dict[str, tuple[str, str]] = {}  # declared name -> (type, help)
     current: Family | None = None
@@ -124,12 +102,8 @@ def _parse(
     for lineno, raw in enumerate(text.split("\n"), 1):
         line = raw.lstrip(" \t")
         if not line.strip(" \t\r"):
-            if pattern is not None:
-                pattern.append(re.escape(raw))
             continue
         if line.startswith("#"):
-            if pattern is not None:
-                pattern.append(re.escape(raw))
             parts = line.split(" ", 3)
             if len(parts) >= 3 and parts[1] in ("HELP", "TYPE"):
                 typ, help_text = declared.get(parts[2], ("untyped", ""))
@@ -140,12 +114,7 @@ def _parse(
                     typ = rest.strip() or "untyped"
                 declared[parts[2]] = (typ, help_text)
             continue
-        sample, end, token = _parse_sample(line, lineno, cache)
-        if pattern is not None and tokens is not None:
-            series_end = len(raw) - len(line) + end
-            pattern.append(re.escape(raw[:series_end]) + _VALUE_AFTER_SERIES)
-            sample = Sample(sample.name, sample.labels, float(len(tokens)))
-            tokens.append(token)
+        sample = _parse_sample(line, lineno, cache)
         if current is None or not (
             sample.name == current.name
             or (
@@ -177,46 +146,32 @@ def _family_for(
     return family
 
 
-async def fetch_triton(fetcher: Fetcher, timeout_s: float) -> str:
-    """Triton's exposition within ``timeout_s`` overall; raises ``TritonScrapeError``."""
+async def fetch_triton(
+    client: httpx.AsyncClient,
+    url: str,
+    timeout_s: float,
+    max_bytes: int,
+    cache: SeriesCache | None = None,
+) -> list[Family]:
+    """GET Triton's metrics within ``timeout_s`` overall; raises ``TritonScrapeError``."""
     try:
-        body = await fetcher.get(timeout_s)
-    except FetchError as exc:
-        raise TritonScrapeError(exc.reason, str(exc)) from exc
+        async with asyncio.timeout(timeout_s):
+            async with client.stream("GET", url) as response:
+                if response.status_code != 200:
+                    raise TritonScrapeError("http_status", f"{url} answered {response.status_code}")
+                body = bytearray()
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > max_bytes:
+                        raise TritonScrapeError("too_large", f"{url} sent over {max_bytes} bytes")
+    except TimeoutError as exc:
+        raise TritonScrapeError("timeout", f"{url} did not answer within {timeout_s} s") from exc
+    except httpx.TimeoutException as exc:
+        raise TritonScrapeError("timeout", f"{url} did not answer within {timeout_s} s") from exc
+    except httpx.HTTPError as exc:
+        raise TritonScrapeError("connect", f"{url}: {exc!r}") from exc
     try:
-        return body.decode("utf-8")
+        text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise TritonScrapeError("parse", f"{fetcher.url} sent invalid UTF-8") from exc
-
-
-class TritonText:
-    """Splits Triton's exposition into its ``Layout`` and its values as written.
-
-    The layout is parsed once; while later texts differ from it only in their values (one
-    regular-expression match tells), they cost no parsing at all.
-    """
-
-    def __init__(self, cache_limit: int = _SERIES_CACHE_LIMIT) -> None:
-        self._series: SeriesCache = {}
-        self._limit = cache_limit
-        self._layout = Layout(())
-        self._pattern: re.Pattern[str] | None = None
-
-    def split(self, text: str) -> tuple[Layout, Sequence[str]]:
-        """The layout and the formatted values; raises ``TritonScrapeError`` on a bad line."""
-        if self._pattern is not None:
-            match = self._pattern.fullmatch(text)
-            if match is not None:
-                return self._layout, match.groups()
-        if len(self._series) >= self._limit:
-            self._series.clear()
-        pattern: list[str] = []
-        tokens: list[str] = []
-        families = _parse(text, self._series, pattern, tokens)
-        self._layout = Layout(tuple(families))
-        self._pattern = re.compile("\n".join(pattern))
-        match = self._pattern.fullmatch(text)
-        if match is None:  # a value written in a way the pattern does not take
-            self._pattern = None
-            return self._layout, [format_value(float(t)) for t in tokens]
-        return self._layout, match.groups()
+        raise TritonScrapeError("parse", f"{url} sent invalid UTF-8") from exc
+    return parse_text_exposition(text, cache)

@@ -15,14 +15,12 @@ from runtime.metrics_proxy.exposition import (
     CONTENT_TYPE_TEXT,
     Encoder,
     Family,
-    Layout,
     Sample,
-    format_value,
     negotiate,
     wants_gzip,
 )
 from runtime.metrics_proxy.merge import merge_families
-from runtime.metrics_proxy.triton import TritonScrapeError, TritonText, parse_text_exposition
+from runtime.metrics_proxy.triton import TritonScrapeError, parse_text_exposition
 
 TRICKY = r"""# HELP nv_x Odd \\ help\nsecond line
 # TYPE nv_x counter
@@ -182,72 +180,3 @@ def test_openmetrics_encoding_parses_back_with_prometheus_client(series, help_te
     assert parsed.documentation == help_text.lstrip(" ")
     got = {s.labels["a"]: s.value for s in parsed.samples}
     assert got == series
-
-
-_families = st.lists(
-    st.tuples(
-        st.sampled_from(["counter", "gauge", "untyped", "histogram"]),
-        st.text(max_size=10),
-        st.lists(
-            st.tuples(
-                st.sampled_from(["", "_total", "_bucket", "_created", "_count"]),
-                st.dictionaries(st.sampled_from(["a", "b", "colour"]), _label_values, max_size=2),
-                _values | st.just(float("nan")),
-            ),
-            max_size=5,
-        ),
-    ),
-    max_size=5,
-)
-
-
-@settings(max_examples=100, deadline=None)
-@given(spec=_families, openmetrics=st.booleans())
-def test_compiled_template_writes_what_encode_writes(spec, openmetrics) -> None:
-    families = [
-        Family(
-            f"f{i}",
-            typ,
-            help_text,
-            [Sample(f"f{i}{suffix}", tuple(labels.items()), v) for suffix, labels, v in samples],
-        )
-        for i, (typ, help_text, samples) in enumerate(spec)
-    ]
-    encoder = Encoder((("colour", "blue"), ("model_id", "m%d")))
-    layout, values = Layout.of(families)
-    assert layout.fill(values) == families or any(v != v for v in values)  # NaN != NaN
-    template = encoder.compile(layout, openmetrics)
-    rendered = template.render([format_value(v) for v in values])
-    assert rendered == encoder.encode(families, openmetrics)
-
-
-def test_triton_text_reuses_its_layout_while_only_values_change() -> None:
-    from tests.support.triton_metrics_server import render_exposition
-
-    split = TritonText()
-    first_layout, first = split.split(render_exposition(("a", "b"), 1))
-    assert first_layout.fill([float(v) for v in first]) == parse_text_exposition(
-        render_exposition(("a", "b"), 1)
-    )
-    later = render_exposition(("a", "b"), 5)
-    layout, values = split.split(later)
-    assert layout is first_layout
-    assert layout.fill([float(v) for v in values]) == parse_text_exposition(later)
-    # A model more: new lines, a new layout.
-    grown = render_exposition(("a", "b", "c"), 5)
-    layout, values = split.split(grown)
-    assert layout is not first_layout
-    assert layout.fill([float(v) for v in values]) == parse_text_exposition(grown)
-
-
-def test_triton_text_reformats_values_its_pattern_does_not_take() -> None:
-    split = TritonText()
-    layout, values = split.split('# TYPE nv_g gauge\nnv_g 1_000\nnv_h{a="x"} infinity\n')
-    assert list(values) == ["1000.0", "+Inf"]
-    assert [s.name for f in layout.families for s in f.samples] == ["nv_g", "nv_h"]
-    with pytest.raises(TritonScrapeError):
-        split.split("# TYPE nv_g gauge\nnv_g one\n")
-    # A value that turns bad keeps the layout from hiding it.
-    split.split("nv_g 1\n")
-    with pytest.raises(TritonScrapeError):
-        split.split("nv_g 1x\n")
