@@ -97,7 +97,8 @@ _SAMPLING = (
     FieldRule(
         "constraints",
         Policy.HONOURED,
-        "extension: validated by runtime.constraints.schema, sent as "
+        "extension: validated by runtime.constraints.schema (catalog names and item ids "
+        "against LLM_SERVING_CATALOG_DIR when set), sent as "
         "sampling_parameters.extra_args.constraints",
     ),
 )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from runtime.constraints.catalog import catalog_dir_from_env
+from runtime.constraints.plan import check_catalog_fields
 from runtime.constraints.schema import ConstraintConfigError, parse_constraints
 from runtime.frontend.errors import InvalidRequestError
 from runtime.frontend.schemas import ChatCompletionRequest, CompletionRequest
@@ -77,6 +79,10 @@ def build_sampling(
     if request.constraints is not None:
         try:
             spec = parse_constraints(request.constraints)
+            # Beside Triton in the pod, the catalogs are here too: an unknown catalog or item id
+            # is a 400 now, not an error from inside the engine.
+            if (catalog_dir := catalog_dir_from_env()) is not None:
+                check_catalog_fields(spec, catalog_dir)
         except ConstraintConfigError as exc:
             raise InvalidRequestError(
                 str(exc), param=exc.field, code="invalid_constraints"

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import openai
 import pytest
 
+from runtime.constraints.catalog import CATALOG_DIR_ENV
 from tests.frontend.conftest import Served
 
 MODEL = "toy-llm"
@@ -142,6 +144,35 @@ def test_constraints_through_extra_body(client: openai.OpenAI, frontend: Served)
             model=MODEL, prompt="x", extra_body={"constraints": {"version": 2}}
         )
     assert info.value.body["param"] == "constraints.version"
+
+
+def test_catalog_errors_are_400s_naming_the_field(
+    client: openai.OpenAI, frontend: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "films.jsonl").write_text('{"id": "f1", "text": "red sky"}\n')
+    monkeypatch.setenv(CATALOG_DIR_ENV, str(tmp_path))
+    sent = len(frontend.standin.requests)
+
+    def ask(item_list: dict) -> None:
+        client.completions.create(
+            model=MODEL,
+            prompt="x",
+            max_tokens=2,
+            extra_body={"constraints": {"version": 1, "item_list": item_list}},
+        )
+
+    with pytest.raises(openai.BadRequestError) as info:
+        ask({"catalog": "books"})
+    assert info.value.body["param"] == "constraints.item_list.catalog"
+    assert "films" in info.value.body["message"]  # the catalogs that do exist
+    with pytest.raises(openai.BadRequestError) as info:
+        ask({"catalog": "films", "allow": ["f1", "f9"]})
+    assert info.value.body["param"] == "constraints.item_list.allow[1]"
+    assert len(frontend.standin.requests) == sent  # refused before reaching Triton
+    ask({"catalog": "films", "allow": ["f1"]})
+    assert frontend.standin.requests[-1].sampling_parameters["extra_args"]["constraints"][
+        "item_list"
+    ]["allow"] == ["f1"]
 
 
 def test_unknown_model_is_404(client: openai.OpenAI) -> None:
