@@ -217,21 +217,29 @@ def client_ok(served: Served) -> bool:
 def test_access_log_is_structured_and_has_no_prompt(
     frontend: Served, caplog: pytest.LogCaptureFixture
 ) -> None:
+    def records() -> list[dict]:
+        return [json.loads(r.getMessage()) for r in caplog.records if r.name == ACCESS_LOGGER]
+
     with caplog.at_level(logging.INFO, logger=ACCESS_LOGGER):
         response = httpx.post(frontend.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 2})
-    records = [json.loads(r.getMessage()) for r in caplog.records if r.name == ACCESS_LOGGER]
-    assert records and records[-1]["status"] == 200
-    assert records[-1]["path"] == "/v1/chat/completions"
-    assert records[-1]["request_id"] == response.headers["x-request-id"]
+        # The server thread writes the line once the response is sent, maybe after the client
+        # has read it.
+        _wait_for(lambda: bool(records()))
+    last = records()[-1]
+    assert last["status"] == 200
+    assert last["path"] == "/v1/chat/completions"
+    assert last["request_id"] == response.headers["x-request-id"]
     assert all("secret" not in r.getMessage() for r in caplog.records)
 
 
 def test_readiness_follows_triton(tokenizer_dir: Path) -> None:
-    loading = KServeStandIn([StandInModel("llm")], load_seconds=0.8).start()
+    # Loading until the test says otherwise: a fixed load time raced the frontend's start.
+    loading = KServeStandIn([StandInModel("llm")], load_seconds=float("inf")).start()
     served = serve(make_settings(loading, tokenizer_dir), loading)
     try:
         assert httpx.get(served.url + "/health/live").status_code == 200
         assert httpx.get(served.url + "/health/ready").status_code == 503
+        loading.load_seconds = 0.0
         _wait_for(lambda: httpx.get(served.url + "/health/ready").status_code == 200)
     finally:
         served.stop()

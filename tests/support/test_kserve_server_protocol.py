@@ -68,12 +68,17 @@ def test_health_and_metadata(standin: KServeStandIn) -> None:
 
 
 def test_readiness_turns_true_after_load_time() -> None:
-    server = KServeStandIn(load_seconds=0.6).start()
+    # Long enough that a loaded machine still asks before it passes, then polled, not slept.
+    server = KServeStandIn(load_seconds=3.0).start()
     try:
         client = grpcclient.InferenceServerClient(server.url)
         assert client.is_server_live() and not client.is_server_ready()
-        time.sleep(0.7)
-        assert client.is_server_ready() and client.is_model_ready("toy")
+        assert not client.is_model_ready("toy")
+        deadline = time.monotonic() + 20
+        while not client.is_server_ready():
+            assert time.monotonic() < deadline, "never became ready"
+            time.sleep(0.05)
+        assert client.is_model_ready("toy")
     finally:
         server.stop()
 
