@@ -5,6 +5,7 @@
 #include <string>
 
 #include "llm_serving/errors.h"
+#include "llm_serving/trie_children.h"
 
 namespace llm_serving {
 
@@ -81,20 +82,7 @@ std::shared_ptr<const CatalogTrie> CatalogTrie::Build(const int32_t* tokens,
     nodes[path.back()].hi = static_cast<uint32_t>(num_items);
     path.pop_back();
   }
-  // Nodes were created in depth-first order with siblings in token order, so grouping them by
-  // parent in creation order keeps each child list sorted by token and by rank range.
-  for (std::size_t i = 1; i < nodes.size(); ++i) ++nodes[parent[i]].num_children;
-  uint32_t next = 0;
-  for (auto& node : nodes) {
-    node.first_child = next;
-    next += node.num_children;
-  }
-  trie->children_.resize(next);
-  std::vector<uint32_t> filled(nodes.size(), 0);
-  for (std::size_t i = 1; i < nodes.size(); ++i) {
-    TrieNode& p = nodes[parent[i]];
-    trie->children_[p.first_child + filled[parent[i]]++] = static_cast<uint32_t>(i);
-  }
+  trie->children_ = GroupChildrenByParent(nodes, parent);
   nodes.shrink_to_fit();
   return trie;
 }

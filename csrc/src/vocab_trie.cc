@@ -6,6 +6,7 @@
 #include <string>
 
 #include "llm_serving/errors.h"
+#include "llm_serving/trie_children.h"
 
 namespace llm_serving {
 
@@ -74,19 +75,7 @@ std::shared_ptr<const VocabTrie> VocabTrie::Build(const uint8_t* bytes, std::siz
     prev_begin = seq;
     prev_end = seq + len;
   }
-  // Depth-first creation with siblings in byte order: grouping by parent keeps them sorted.
-  for (std::size_t i = 1; i < nodes.size(); ++i) ++nodes[parent[i]].num_children;
-  uint32_t next = 0;
-  for (auto& node : nodes) {
-    node.first_child = next;
-    next += node.num_children;
-  }
-  trie->children_.resize(next);
-  std::vector<uint32_t> filled(nodes.size(), 0);
-  for (std::size_t i = 1; i < nodes.size(); ++i) {
-    trie->children_[nodes[parent[i]].first_child + filled[parent[i]]++] =
-        static_cast<uint32_t>(i);
-  }
+  trie->children_ = GroupChildrenByParent(nodes, parent);
   trie->root_children_.fill(kNone);
   const VocabNode& root = nodes[kRoot];
   for (uint32_t i = 0; i < root.num_children; ++i) {
