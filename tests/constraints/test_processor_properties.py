@@ -5,13 +5,9 @@ equals the Python reference's, and finished outputs decode to valid item lists."
 
 from __future__ import annotations
 
-import os
 import random
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import torch
@@ -21,15 +17,11 @@ from tokenizers import Tokenizer
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdateBuilder, MoveDirectionality
 
-from runtime.constraints.catalog import load_catalog, tokenize_catalog, tokenizer_encoder
-from runtime.constraints.plan import resolve_constraints
 from runtime.constraints.processor import ConstraintLogitsProcessor
 from runtime.constraints.reference import ReferenceConstraint, words_per_row
-from runtime.constraints.schema import parse_constraints
-from runtime.constraints.token_bytes import token_bytes_table
 from tests.constraints.conftest import vllm_config
 from tests.constraints.decoded_support import spells_valid_list
-from tests.constraints.toy import word_tokenizer, write_catalog, write_matching
+from tests.constraints.toy import catalog_model, word_tokenizer
 
 ITEM_WORDS = ["a", "b", "c", "d", "e"]
 PUNCT = ["[", "]", ";", "and", ".", "end", "list:", "x"]
@@ -156,148 +148,132 @@ def _run_history(
     requests: dict[int, _Request] = {}
     if tokenizer is None:
         tokenizer = word_tokenizer(ITEM_WORDS + PUNCT)
-    table = token_bytes_table(tokenizer, vocab)
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        tokenizer.save(str(root / "tokenizer.json"))
-        write_catalog(root, "cat", items)
-        write_matching(root, "cat", matching)
-        with mock.patch.dict(os.environ, {"LLM_SERVING_CATALOG_DIR": str(root)}):
-            encode = tokenizer_encoder(tokenizer)
-            tokenized = tokenize_catalog(load_catalog(root, "cat"), encode)
-            proc = ConstraintLogitsProcessor(
-                vllm_config(root, vocab, MAX_BATCH), torch.device("cpu"), False
-            )
+    with catalog_model(items, tokenizer, vocab, EOS, matching) as (root, plan_of):
+        proc = ConstraintLogitsProcessor(
+            vllm_config(root, vocab, MAX_BATCH), torch.device("cpu"), False
+        )
 
-            def plan_of(config: dict) -> Any:
-                return resolve_constraints(
-                    parse_constraints(config),
-                    catalogs=lambda name: tokenized,
-                    encode=encode,
-                    vocab_size=vocab,
-                    eos_token_id=EOS,
-                    token_bytes=lambda: table,
-                )
-
-            plans = [plan_of(c) for c in configs]
-            waiting = list(range(len(configs)))
-            batch: list[_Request | None] = []
-            builder = BatchUpdateBuilder()
-            done: list[_Request] = []
-            for step in range(40):
-                # Occasionally the last tokens are discarded in place (kv-load failure), the
-                # unsent sample with them.
-                for req in batch:
-                    if req is not None and len(req.output) > 2 and rng.random() < 0.06:
-                        del req.output[-2:]
-                        req.pending = []
-                        old = req.reference
-                        req.reference = ReferenceConstraint(old.plan)
-                        req.reference.dead_ends = old.dead_ends
-                        for token in req.output:
-                            req.reference.advance(token)
-                        req.finished = req.reference.finished
-                # The previous step's samples reach the lists (placeholders under async).
-                use_async = rng.random() < 0.3
-                for req in batch:
-                    if req is not None and req.pending:
-                        req.output.extend([-1] * len(req.pending) if use_async else req.pending)
-                # Removals: finished requests, random preemptions.
-                for index, req in enumerate(batch):
-                    if req is None:
-                        continue
-                    if req.finished or (rng.random() < 0.07 and not req.pending):
-                        builder.removed_append(index)
-                        batch[index] = None
-                        if req.finished:
-                            done.append(req)
-                        else:
-                            waiting.insert(0, req.rid)
-                # Additions fill the lowest free slots first, as vLLM's input batch does.
-                while waiting and rng.random() < 0.6:
-                    if builder.peek_removed() is None and len(batch) >= MAX_BATCH:
-                        break
-                    rid = waiting.pop(0)
-                    req = requests.get(rid)
-                    if req is None:
-                        ref = ReferenceConstraint(plans[rid])
-                        req = _Request(rid, configs[rid], [], rng.randint(0, 2), ref)
-                        requests[rid] = req
+        plans = [plan_of(c) for c in configs]
+        waiting = list(range(len(configs)))
+        batch: list[_Request | None] = []
+        builder = BatchUpdateBuilder()
+        done: list[_Request] = []
+        for step in range(40):
+            # Occasionally the last tokens are discarded in place (kv-load failure), the
+            # unsent sample with them.
+            for req in batch:
+                if req is not None and len(req.output) > 2 and rng.random() < 0.06:
+                    del req.output[-2:]
+                    req.pending = []
+                    old = req.reference
+                    req.reference = ReferenceConstraint(old.plan)
+                    req.reference.dead_ends = old.dead_ends
+                    for token in req.output:
+                        req.reference.advance(token)
+                    req.finished = req.reference.finished
+            # The previous step's samples reach the lists (placeholders under async).
+            use_async = rng.random() < 0.3
+            for req in batch:
+                if req is not None and req.pending:
+                    req.output.extend([-1] * len(req.pending) if use_async else req.pending)
+            # Removals: finished requests, random preemptions.
+            for index, req in enumerate(batch):
+                if req is None:
+                    continue
+                if req.finished or (rng.random() < 0.07 and not req.pending):
+                    builder.removed_append(index)
+                    batch[index] = None
+                    if req.finished:
+                        done.append(req)
                     else:
-                        # Preempted: re-added with every token so far in a new list object.
-                        req.output = list(req.output)
-                        req.reference = ReferenceConstraint(plans[rid])
-                        for token in req.output:
-                            req.reference.advance(token)
-                    slot = builder.pop_removed()
-                    if slot is None:
-                        slot = len(batch)
-                        batch.append(req)
-                    else:
-                        batch[slot] = req
-                    params = SamplingParams(extra_args={"constraints": req.config})
-                    builder.added.append((slot, params, [1, 2], req.output))
-                # Compaction: move the last requests into the remaining holes.
-                while (hole := builder.pop_removed()) is not None:
-                    while batch and batch[-1] is None:
-                        batch.pop()
-                    if hole >= len(batch):
-                        continue
-                    last = len(batch) - 1
-                    batch[hole] = batch.pop()
-                    builder.moved.append((last, hole, MoveDirectionality.UNIDIRECTIONAL))
+                        waiting.insert(0, req.rid)
+            # Additions fill the lowest free slots first, as vLLM's input batch does.
+            while waiting and rng.random() < 0.6:
+                if builder.peek_removed() is None and len(batch) >= MAX_BATCH:
+                    break
+                rid = waiting.pop(0)
+                req = requests.get(rid)
+                if req is None:
+                    ref = ReferenceConstraint(plans[rid])
+                    req = _Request(rid, configs[rid], [], rng.randint(0, 2), ref)
+                    requests[rid] = req
+                else:
+                    # Preempted: re-added with every token so far in a new list object.
+                    req.output = list(req.output)
+                    req.reference = ReferenceConstraint(plans[rid])
+                    for token in req.output:
+                        req.reference.advance(token)
+                slot = builder.pop_removed()
+                if slot is None:
+                    slot = len(batch)
+                    batch.append(req)
+                else:
+                    batch[slot] = req
+                params = SamplingParams(extra_args={"constraints": req.config})
+                builder.added.append((slot, params, [1, 2], req.output))
+            # Compaction: move the last requests into the remaining holes.
+            while (hole := builder.pop_removed()) is not None:
                 while batch and batch[-1] is None:
                     batch.pop()
-                if len(batch) >= 2 and rng.random() < 0.3:
-                    a, b = rng.sample(range(len(batch)), 2)
-                    batch[a], batch[b] = batch[b], batch[a]
-                    builder.moved.append((a, b, MoveDirectionality.SWAP))
-                proc.update_state(builder.get_and_reset(len(batch)))
-                # Placeholders are replaced by the real tokens before apply.
-                for req in batch:
-                    if req is not None and req.pending:
-                        if use_async:
-                            del req.output[-len(req.pending) :]
-                            req.output.extend(req.pending)
-                        req.pending = []
-                logits = torch.zeros((len(batch), vocab))
-                proc.apply(logits)
-                mask = proc.batch.bitmask.numpy()
-                expected = np.zeros(words_per_row(vocab), dtype=np.int32)
-                for index, req in enumerate(batch):
-                    assert req is not None
-                    req.reference.fill_row(expected)
-                    where = f"step {step}, batch index {index}, request {req.rid}"
-                    np.testing.assert_array_equal(mask[index], expected, err_msg=where)
-                    finite = torch.isfinite(logits[index]).nonzero().flatten().tolist()
-                    assert finite == _allowed(expected, vocab), where
-                    if req.prefill_steps > 0:
-                        req.prefill_steps -= 1  # chunked prefill: the sample is discarded
-                        continue
-                    if req.finished:
-                        continue
-                    token = rng.choice(finite)
-                    req.reference.advance(token)
-                    req.pending = [token]
-                    req.finished = req.reference.finished
-                    info = proc.batch.engine.slot_info(index)
-                    assert info["dead_ends"] == req.reference.dead_ends, where
-            for req in done + [r for r in batch if r is not None]:
-                plan = plans[req.rid]
-                if (
-                    req.finished
-                    and req.output
-                    and req.output[-1] == EOS
-                    and plan.item_list is not None
-                    and not plan.banned
-                    and req.reference.dead_ends == 0
-                    and req.reference.rejected_tokens == 0
-                ):
-                    if matching == "decoded":
-                        text = b"".join(table[t] or b"" for t in req.output[:-1])
-                        assert spells_valid_list(text, plan.item_list), (req.rid, text)
-                    else:
-                        _check_item_list(req, plan, tokenizer)
+                if hole >= len(batch):
+                    continue
+                last = len(batch) - 1
+                batch[hole] = batch.pop()
+                builder.moved.append((last, hole, MoveDirectionality.UNIDIRECTIONAL))
+            while batch and batch[-1] is None:
+                batch.pop()
+            if len(batch) >= 2 and rng.random() < 0.3:
+                a, b = rng.sample(range(len(batch)), 2)
+                batch[a], batch[b] = batch[b], batch[a]
+                builder.moved.append((a, b, MoveDirectionality.SWAP))
+            proc.update_state(builder.get_and_reset(len(batch)))
+            # Placeholders are replaced by the real tokens before apply.
+            for req in batch:
+                if req is not None and req.pending:
+                    if use_async:
+                        del req.output[-len(req.pending) :]
+                        req.output.extend(req.pending)
+                    req.pending = []
+            logits = torch.zeros((len(batch), vocab))
+            proc.apply(logits)
+            mask = proc.batch.bitmask.numpy()
+            expected = np.zeros(words_per_row(vocab), dtype=np.int32)
+            for index, req in enumerate(batch):
+                assert req is not None
+                req.reference.fill_row(expected)
+                where = f"step {step}, batch index {index}, request {req.rid}"
+                np.testing.assert_array_equal(mask[index], expected, err_msg=where)
+                finite = torch.isfinite(logits[index]).nonzero().flatten().tolist()
+                assert finite == _allowed(expected, vocab), where
+                if req.prefill_steps > 0:
+                    req.prefill_steps -= 1  # chunked prefill: the sample is discarded
+                    continue
+                if req.finished:
+                    continue
+                token = rng.choice(finite)
+                req.reference.advance(token)
+                req.pending = [token]
+                req.finished = req.reference.finished
+                info = proc.batch.engine.slot_info(index)
+                assert info["dead_ends"] == req.reference.dead_ends, where
+        for req in done + [r for r in batch if r is not None]:
+            plan = plans[req.rid]
+            if (
+                req.finished
+                and req.output
+                and req.output[-1] == EOS
+                and plan.item_list is not None
+                and not plan.banned
+                and req.reference.dead_ends == 0
+                and req.reference.rejected_tokens == 0
+            ):
+                if matching == "decoded":
+                    table = plan.item_list.token_bytes
+                    assert table is not None
+                    text = b"".join(table[t] or b"" for t in req.output[:-1])
+                    assert spells_valid_list(text, plan.item_list), (req.rid, text)
+                else:
+                    _check_item_list(req, plan, tokenizer)
 
 
 @settings(

@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from runtime.constraints.catalog import (
+    CATALOG_DIR_ENV,
+    load_catalog,
+    tokenize_catalog,
+    tokenizer_encoder,
+)
+from runtime.constraints.plan import ConstraintPlan, resolve_constraints
+from runtime.constraints.schema import parse_constraints
+from runtime.constraints.token_bytes import token_bytes_table
 
 EOS = "</s>"
 
@@ -56,3 +70,32 @@ def write_matching(directory: Path, name: str, matching: str) -> Path:
     path = directory / f"{name}.meta.json"
     path.write_text(json.dumps({"matching": matching}))
     return path
+
+
+@contextmanager
+def catalog_model(
+    items: Sequence[tuple[str, str]], tokenizer: Tokenizer, vocab: int, eos: int, matching: str
+) -> Iterator[tuple[Path, Callable[[dict], ConstraintPlan]]]:
+    """A temporary model folder (``tokenizer.json``, catalog ``cat`` in ``matching`` mode, set
+    as ``LLM_SERVING_CATALOG_DIR``) and the function giving a configuration's reference plan."""
+    encode = tokenizer_encoder(tokenizer)
+    table = token_bytes_table(tokenizer, vocab)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        tokenizer.save(str(root / "tokenizer.json"))
+        write_catalog(root, "cat", items)
+        write_matching(root, "cat", matching)
+        with mock.patch.dict(os.environ, {CATALOG_DIR_ENV: str(root)}):
+            tokenized = tokenize_catalog(load_catalog(root, "cat"), encode)
+
+            def plan_of(config: dict) -> ConstraintPlan:
+                return resolve_constraints(
+                    parse_constraints(config),
+                    catalogs=lambda name: tokenized,
+                    encode=encode,
+                    vocab_size=vocab,
+                    eos_token_id=eos,
+                    token_bytes=lambda: table,
+                )
+
+            yield root, plan_of
