@@ -1,0 +1,265 @@
+"""The serving image's own build steps, replayed without Docker on exactly what it copies.
+
+There is no Docker engine and no NGC base image on these machines, so the image itself is never
+built here. What does not need the base image is replayed for real: the builder stage's
+``pip wheel`` on a context holding only the files its COPY lines name (minus
+``.dockerignore``), and the serving stage's install of that wheel under the pinned constraints
+into a fresh virtualenv, which must then work without the source tree.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import venv
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "images" / "serving" / "Dockerfile"
+CONSTRAINTS = ROOT / "images" / "serving" / "constraints.txt"
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One ``FROM`` stage: its name and its instructions, continuation lines joined."""
+
+    name: str
+    instructions: tuple[tuple[str, str], ...]
+
+    def args(self, keyword: str) -> list[str]:
+        return [rest for kw, rest in self.instructions if kw == keyword]
+
+
+def dockerfile_stages(text: str) -> dict[str, Stage]:
+    """The stages of a Dockerfile by name (``AS name``, else their index)."""
+    logical: list[str] = []
+    pending = ""
+    for line in text.splitlines():
+        if not pending and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        logical.append(pending + line)
+        pending = ""
+    stages: dict[str, Stage] = {}
+    name, body = "", []
+    for instruction in logical:
+        keyword, _, rest = instruction.strip().partition(" ")
+        if keyword.upper() == "FROM":
+            if name:
+                stages[name] = Stage(name, tuple(body))
+            words = rest.split()
+            name = words[2] if len(words) == 3 and words[1].upper() == "AS" else str(len(stages))
+            body = []
+        elif name:
+            body.append((keyword.upper(), rest.strip()))
+    stages[name] = Stage(name, tuple(body))
+    return stages
+
+
+def dockerignore_patterns() -> list[str]:
+    return [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+
+
+def _ignored(rel: str, patterns: list[str]) -> bool:
+    """Docker's rule, for the patterns used here: a match on the path or a folder above it."""
+    parts = rel.split("/")
+    for pattern in patterns:
+        # "**/x" matches x at any depth; a plain pattern is anchored at the context root.
+        starts = range(len(parts)) if pattern.startswith("**/") else range(1)
+        bare = pattern.removeprefix("**/")
+        for i in starts:
+            if any(
+                fnmatch.fnmatchcase("/".join(parts[i:j]), bare)
+                for j in range(i + 1, len(parts) + 1)
+            ):
+                return True
+    return False
+
+
+def build_context(stage: Stage, dest: Path) -> list[str]:
+    """Copy what the stage's local COPY lines name into ``dest`` (its WORKDIR); return them."""
+    patterns = dockerignore_patterns()
+    copied: list[str] = []
+    for args in stage.args("COPY"):
+        *sources, target = shlex.split(args)
+        assert not any(s.startswith("--") for s in sources), f"COPY {args}: no flags expected"
+        for source in sources:
+            src = ROOT / source
+            assert src.exists(), f"the Dockerfile copies {source}, which does not exist"
+            files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file())
+            for path in files:
+                rel = path.relative_to(ROOT).as_posix()
+                if _ignored(rel, patterns):
+                    continue
+                inner = path.relative_to(src) if src.is_dir() else Path(path.name)
+                into = dest / target
+                out = into / inner if src.is_dir() or target.endswith("/") else into
+                out.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, out)
+                copied.append(rel)
+    return copied
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    """This environment without what would point Python at the source tree or the dev venv."""
+    dropped = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PIP_CONSTRAINT")
+    env = {
+        k: v for k, v in os.environ.items() if k not in dropped and not k.startswith("LLM_SERVING_")
+    }
+    return {**env, **extra}
+
+
+@pytest.fixture(scope="module")
+def stages() -> dict[str, Stage]:
+    return dockerfile_stages(DOCKERFILE.read_text())
+
+
+@pytest.fixture(scope="module")
+def built_wheel(stages: dict[str, Stage], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The builder stage's wheel, built by its own ``pip wheel`` line from its COPY set."""
+    context = tmp_path_factory.mktemp("builder") / "src"
+    build_context(stages["builder"], context)
+    (command,) = [run for run in stages["builder"].args("RUN") if " pip wheel " in run]
+    words = shlex.split(command)
+    pip_args = words[words.index("pip") + 1 :]
+    wheels = Path(pip_args[pip_args.index("--wheel-dir") + 1])
+    out = tmp_path_factory.mktemp("wheels")
+    pip_args[pip_args.index("--wheel-dir") + 1] = str(out)
+    # The image builds without a cache; here the pip cache keeps the build requirements local.
+    pip_args = [a for a in pip_args if a != "--no-cache-dir"]
+    assert pip_args[-1] == ".", f"the builder builds its WORKDIR, not {pip_args[-1]}"
+    assert wheels.is_absolute()
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", *pip_args],
+        cwd=context,
+        capture_output=True,
+        text=True,
+        env=_clean_env(),
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    (wheel,) = out.glob("llm_serving-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def installed(built_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtualenv with the wheel installed under the image's pins; its python."""
+    root = tmp_path_factory.mktemp("image-venv")
+    venv.EnvBuilder(with_pip=True).create(root)
+    python = root / "bin" / "python"
+    done = subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", str(built_wheel)],
+        capture_output=True,
+        text=True,
+        env=_clean_env(PIP_CONSTRAINT=str(CONSTRAINTS)),
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return python
+
+
+def test_dockerfile_parser_reads_the_stages(stages: dict[str, Stage]) -> None:
+    assert list(stages) == ["builder", "1"]
+    assert any(" pip wheel " in run for run in stages["builder"].args("RUN"))
+    assert stages["1"].args("ENTRYPOINT") == ['["python3", "-m", "runtime.entrypoint"]']
+
+
+@pytest.mark.parametrize(
+    ("path", "ignored"),
+    [
+        ("runtime/__init__.py", False),
+        ("csrc/relay/relay.cc", False),
+        ("runtime/__pycache__/cli.cpython-311.pyc", True),
+        ("runtime/constraints/_engine.cpython-311-x86_64-linux-gnu.so", True),
+        (".venv/lib/python3.11/site-packages/x.py", True),
+        ("build/cp311-cp311-linux_x86_64/CMakeCache.txt", True),
+    ],
+)
+def test_dockerignore_keeps_local_builds_out(path: str, ignored: bool) -> None:
+    assert _ignored(path, dockerignore_patterns()) is ignored
+
+
+def test_builder_context_is_the_sources(tmp_path: Path, stages: dict[str, Stage]) -> None:
+    copied = build_context(stages["builder"], tmp_path)
+    assert "runtime/__init__.py" in copied and "csrc/CMakeLists.txt" in copied
+    assert (tmp_path / "pyproject.toml").is_file() and (tmp_path / "images/compat.toml").is_file()
+    assert not any("__pycache__" in p or p.endswith(".so") for p in copied)
+
+
+def test_wheel_holds_the_native_modules_and_every_runtime_file(built_wheel: Path) -> None:
+    names = set(zipfile.ZipFile(built_wheel).namelist())
+    for module in ("runtime/constraints/_engine", "runtime/entrypoint/_relay"):
+        assert any(n.startswith(module) and n.endswith(".so") for n in names), module
+    assert "runtime/compat.toml" in names
+    tracked = subprocess.run(
+        ["git", "ls-files", "runtime"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    missing = [p for p in tracked if (ROOT / p).exists() and p not in names]
+    assert not missing, f"files the runtime ships but the wheel lacks: {missing}"
+    entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    text = zipfile.ZipFile(built_wheel).read(entry_points).decode()
+    assert "runtime.constraints.plugin:ConstraintProcessorEntryPoint" in text
+
+
+def test_installed_wheel_works_without_the_source_tree(installed: Path, tmp_path: Path) -> None:
+    probe = (
+        "import importlib.metadata as m, runtime, runtime.constraints._engine, "
+        "runtime.entrypoint._relay; print(runtime.__file__); "
+        "print(sorted(e.value for e in m.entry_points(group='vllm.logits_processors')))"
+    )
+    done = subprocess.run(
+        [str(installed), "-c", probe],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=_clean_env(),
+    )
+    assert done.returncode == 0, done.stderr
+    where, plugins = done.stdout.splitlines()
+    assert Path(where).is_relative_to(installed.parent.parent), where
+    assert plugins == "['runtime.constraints.plugin:ConstraintProcessorEntryPoint']"
+    pins = subprocess.run(
+        [str(installed), "-m", "runtime.compat", "constraints"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=_clean_env(),
+    )
+    assert pins.returncode == 0, pins.stderr
+    assert pins.stdout == CONSTRAINTS.read_text()  # compat.toml travelled inside the wheel
+
+
+def test_installed_entrypoint_fails_its_first_stage_in_one_line(
+    installed: Path, tmp_path: Path
+) -> None:
+    env = _clean_env(
+        LLM_SERVING_MODEL_CACHE_ROOT=str(tmp_path / "empty-cache"),
+        LLM_SERVING_MODEL_ID="absent",
+        LLM_SERVING_MODEL_VERSION="1",
+        LLM_SERVING_WORK_DIR=str(tmp_path / "work"),
+    )
+    done = subprocess.run(
+        [str(installed), "-m", "runtime.entrypoint"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 11, done.stderr
+    assert "locate" in done.stderr
