@@ -1,7 +1,8 @@
 """The port gate: the public gRPC port is not even bound until the model is ready (clients get
 "connection refused", never a half-loaded server), then bytes are relayed to Triton's loopback
 port by a native relay thread (epoll and splice, no GIL, no parsing), and it closes first on
-shutdown."""
+shutdown. Used in embedded mode and with ``LLM_SERVING_GATE=relay``; a standalone Triton binds
+the public port itself (``EntrypointSettings.gate``)."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ import contextlib
 import http.client
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -228,6 +229,7 @@ class Entrypoint:
         self, manifest: Manifest, repository: Path, unpacked: Path, catalogs: Path, embedded: bool
     ) -> None:
         s = self.settings
+        grpc_host, grpc_port = s.triton_grpc_bind(embedded)
         argv = [
             *s.tritonserver_argv(),
             f"--model-repository={repository}",
@@ -235,8 +237,8 @@ class Entrypoint:
             f"--load-model={manifest.model_id}",
             "--strict-readiness=true",
             "--exit-on-error=true",
-            "--grpc-address=127.0.0.1",
-            f"--grpc-port={s.triton_grpc_port}",
+            f"--grpc-address={grpc_host}",
+            f"--grpc-port={grpc_port}",
             "--allow-http=true",
             "--http-address=127.0.0.1",
             f"--http-port={s.triton_http_port}",
@@ -250,7 +252,7 @@ class Entrypoint:
         except OSError as exc:
             raise _Failed(7, f"cannot run {argv[0]}: {exc}", _FIXES["start"]) from exc
         self.state.processes.append(triton)
-        log(f"started {argv[0]} (pid {triton.pid}), gRPC on 127.0.0.1:{s.triton_grpc_port}")
+        log(f"started {argv[0]} (pid {triton.pid}), gRPC on {grpc_host}:{grpc_port}")
         if embedded:
             env.update(
                 {
@@ -283,15 +285,26 @@ class Entrypoint:
             self.state.processes.append(frontend)
             log(f"embedded mode: OpenAI frontend (pid {frontend.pid}) on port {s.frontend_port}")
 
-    def _model_ready(self, model: str) -> bool:
+    def _model_status(self, model: str) -> int | None:
+        """Triton's answer to the model's readiness check, ``None`` while it does not answer."""
         conn = http.client.HTTPConnection("127.0.0.1", self.settings.triton_http_port, timeout=2)
         try:
             conn.request("GET", f"/v2/models/{model}/ready")
-            return conn.getresponse().status == 200
+            return conn.getresponse().status
         except OSError:
-            return False
+            return None
         finally:
             conn.close()
+
+    def _model_ready(self, model: str) -> bool:
+        return self._model_status(model) == 200
+
+    def _public_port_accepts(self) -> bool:
+        try:
+            with socket.create_connection(self.settings.public_grpc_target(), timeout=1):
+                return True
+        except OSError:
+            return False
 
     def _frontend_ready(self) -> bool:
         conn = http.client.HTTPConnection("127.0.0.1", self.settings.frontend_port, timeout=2)
@@ -308,6 +321,7 @@ class Entrypoint:
 
     async def _open_gate(self, manifest: Manifest, embedded: bool) -> None:
         deadline = time.monotonic() + self.settings.ready_timeout_seconds
+        direct = self.settings.triton_binds_public_port(embedded)
         while True:
             exited = self._exited()
             if exited is not None:
@@ -319,7 +333,17 @@ class Entrypoint:
                 )
             if self.stop.is_set():
                 return
-            ready = await asyncio.to_thread(self._model_ready, manifest.model_id)
+            status = await asyncio.to_thread(self._model_status, manifest.model_id)
+            ready = status == 200
+            # Triton starts its endpoints only after the startup models have loaded, so a
+            # server that answers "not ready" while the public port accepts binds early.
+            if direct and status not in (None, 200) and self._public_port_accepts():
+                raise _Failed(
+                    8,
+                    f"the server accepts connections on the public gRPC port "
+                    f"{self.settings.public_grpc_port} before model {manifest.model_id} is ready",
+                    "set LLM_SERVING_GATE=relay for a server that binds its port before loading",
+                )
             if ready and embedded:
                 ready = await asyncio.to_thread(self._frontend_ready)
             if ready:
@@ -332,9 +356,23 @@ class Entrypoint:
                     _FIXES["gate"],
                 )
             await asyncio.sleep(0.1)
-        await self.gate.open()
+        if direct:
+            if not await asyncio.to_thread(self._public_port_accepts):
+                raise _Failed(
+                    8,
+                    f"model {manifest.model_id} is ready but nothing listens on the public gRPC "
+                    f"port {self.settings.public_grpc_port}",
+                    _FIXES["gate"],
+                )
+            how = "served by Triton itself"
+        else:
+            await self.gate.open()
+            how = "relayed to Triton's loopback port"
         self.state.ready = True
-        log(f"model {manifest.model_id} ready; public gRPC port {self.gate.port} open")
+        log(
+            f"model {manifest.model_id} ready; public gRPC port {self.settings.public_grpc_port} "
+            f"open, {how}"
+        )
 
     async def _watch_readiness(self, model: str) -> None:
         """Follow the model's readiness while serving, so /readyz stops routing to a sick model.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -70,6 +71,14 @@ class EntrypointSettings(BaseSettings):
     frontend_command: str = Field(
         default="python3 -m runtime.frontend", description="OpenAI frontend command (embedded)"
     )
+    gate: Literal["auto", "relay"] = Field(
+        default="auto",
+        description="auto: standalone Triton binds the public gRPC port itself, which it does "
+        "only once its startup models have loaded, and closes it first on SIGTERM (no hop per "
+        "request); embedded mode relays, since Triton must outlive the frontend's drain. relay: "
+        "always bind the port when the model is ready and relay to Triton's loopback port, for "
+        "a server that binds before it is ready",
+    )
     public_host: str = Field(default="0.0.0.0", description="address of the public gRPC port")
     public_grpc_port: int = Field(default=8001, description="public KServe gRPC port (gated)")
     triton_grpc_port: int = Field(default=18001, description="Triton's gRPC port, loopback")
@@ -91,6 +100,21 @@ class EntrypointSettings(BaseSettings):
         if self.model_id and self.model_version:
             return self.model_cache_root / self.model_id / self.model_version
         return None
+
+    def triton_binds_public_port(self, embedded: bool) -> bool:
+        """Whether Triton listens on the public gRPC port itself (no relay in between)."""
+        return self.gate == "auto" and not embedded
+
+    def triton_grpc_bind(self, embedded: bool) -> tuple[str, int]:
+        """The address and port Triton's gRPC endpoint binds."""
+        if self.triton_binds_public_port(embedded):
+            return self.public_host, self.public_grpc_port
+        return "127.0.0.1", self.triton_grpc_port
+
+    def public_grpc_target(self) -> tuple[str, int]:
+        """Where this pod reaches its own public gRPC port."""
+        wildcard = self.public_host in ("0.0.0.0", "::", "")
+        return ("127.0.0.1" if wildcard else self.public_host), self.public_grpc_port
 
     def tritonserver_argv(self) -> list[str]:
         """The tritonserver command as argv words."""

@@ -62,6 +62,15 @@ def http_body(port: int, path: str) -> str:
         conn.close()
 
 
+def model_ready(port: int, model: str = "toy") -> bool:
+    """Whether the KServe server behind ``port`` says the model is ready (``ModelReady``)."""
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        return bool(client.is_model_ready(model, client_timeout=10))
+    finally:
+        client.close()
+
+
 def infer(port: int, prompt: str, max_tokens: int = 8, model: str = "toy") -> str:
     """One unary KServe request through ``port``; returns ``text_output``."""
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")

@@ -38,8 +38,19 @@ def _traffic(
     return threads
 
 
-def test_sigterm_during_traffic_loses_no_request(tmp_path: Path, expected: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    "gate",
+    [
+        {},  # standalone Triton binds the public port and closes it on SIGTERM itself
+        {"LLM_SERVING_GATE": "relay", "KSERVE_STANDIN_BIND_EARLY": "1"},
+    ],
+    ids=["triton-binds", "relay"],
+)
+def test_sigterm_during_traffic_loses_no_request(
+    tmp_path: Path, expected: dict[str, str], gate: dict[str, str]
+) -> None:
     pod = Pod.create(tmp_path)
+    pod.env.update(gate)
     pod.env["STANDIN_TOKEN_DELAY_SECONDS"] = "0.05"  # ~1.5 s per request
     pod.start().wait_ready()
     public = pod.port("public_grpc")

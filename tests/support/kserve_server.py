@@ -11,9 +11,12 @@ unknown sampling-parameter keys as the backend does. A deterministic toy model
 
 Run as a ``tritonserver`` stand-in: ``python -m tests.support.kserve_server
 --model-repository DIR --grpc-port N --load-model NAME ...``; the load time comes from
-``KSERVE_STANDIN_LOAD_SECONDS``. With ``KSERVE_STANDIN_RECORD`` set to a file path, every
-inference request received is appended there as one JSON line (a :class:`RecordedRequest`),
-so tests that run it as a separate process can see what reached "Triton".
+``KSERVE_STANDIN_LOAD_SECONDS``, spent before any port is bound as Triton does (its endpoints
+start once the startup models have loaded); ``KSERVE_STANDIN_BIND_EARLY=1`` binds first and
+reports not ready until the load time has passed, like a server that binds early. With
+``KSERVE_STANDIN_RECORD`` set to a file path, every inference request received is appended
+there as one JSON line (a :class:`RecordedRequest`), so tests that run it as a separate process
+can see what reached "Triton".
 """
 
 from __future__ import annotations
@@ -623,29 +626,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"E tritonserver stand-in: {exc}", file=sys.stderr, flush=True)
         return 1
     load_seconds = float(os.environ.get("KSERVE_STANDIN_LOAD_SECONDS", "0"))
+    bind_early = os.environ.get("KSERVE_STANDIN_BIND_EARLY") == "1"
     record = os.environ.get("KSERVE_STANDIN_RECORD")
     server = KServeStandIn(
         models,
-        load_seconds=load_seconds,
+        load_seconds=load_seconds if bind_early else 0.0,
         host=args.grpc_address,
         port=args.grpc_port,
         record_path=Path(record) if record else None,
     )
-    http = None
-    if args.allow_http:
-        handler = type("Handler", (_HttpHealth,), {"owner": server})
-        http = ThreadingHTTPServer((args.http_address, args.http_port), handler)
-        threading.Thread(target=http.serve_forever, daemon=True).start()
+    http: ThreadingHTTPServer | None = None
 
     async def run() -> None:
+        nonlocal http
         loop = asyncio.get_running_loop()
-        task = asyncio.ensure_future(server.serve())
+        stopped = asyncio.Event()
+        shutdowns: list[asyncio.Future[None]] = []
+
+        def on_signal() -> None:
+            stopped.set()
+            shutdowns.append(asyncio.ensure_future(server.shutdown(args.exit_timeout_secs)))
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(
-                sig, lambda: asyncio.ensure_future(server.shutdown(args.exit_timeout_secs))
-            )
+            loop.add_signal_handler(sig, on_signal)
+        if not bind_early:
+            # Triton loads its startup models inside TRITONSERVER_ServerNew and starts its
+            # endpoints (gRPC, then HTTP) only after that returns.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopped.wait(), load_seconds)
+            if stopped.is_set():
+                return
+        task = asyncio.ensure_future(server.serve())
         while server.port == 0 and not task.done():
             await asyncio.sleep(0.01)
+        if args.allow_http:
+            handler = type("Handler", (_HttpHealth,), {"owner": server})
+            http = ThreadingHTTPServer((args.http_address, args.http_port), handler)
+            threading.Thread(target=http.serve_forever, daemon=True).start()
         print(
             f"I Started GRPCInferenceService at {server.url} (stand-in)",
             file=sys.stderr,
