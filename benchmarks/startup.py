@@ -4,7 +4,9 @@ each entrypoint stage adds against the tritonserver stand-in (load time zero).
 ``python -m benchmarks.startup [--quick] [--json PATH] [--only unpack|gate|startup]``. The full
 run unpacks a 2 GiB package of 512 files; ``--quick`` a 256 MiB package of 128 files, fewer
 requests and one start-up. Everything runs in separate processes (stand-in, gates, entrypoint)
-as in the pod; the gate section also runs the former asyncio relay for comparison.
+as in the pod; the gate section also runs the former asyncio relay for comparison. The gate
+rows measure the relay (embedded mode, ``LLM_SERVING_GATE=relay``): a standalone Triton binds
+the public port itself, so there a request takes no extra hop at all.
 """
 
 from __future__ import annotations
