@@ -49,6 +49,9 @@ class CompatPair:
     backend_modules: tuple[str, ...]
     pins: tuple[tuple[str, str], ...] = ()
     """Further ``(distribution, exact version)`` pins of the image beside vllm."""
+    response_hook: str | None = None
+    """The stock vLLM backend's response-building method (``module:Class.method``), or
+    ``None`` where it is not established for this release."""
 
     @property
     def image(self) -> str:
@@ -93,6 +96,11 @@ class _PairModel(BaseModel):
     python: str = Field(pattern=r"^3\.\d+$")
     backend_modules: list[str] = Field(min_length=1)
     pins: dict[str, str] = Field(default_factory=dict)
+    response_hook: str | None = Field(
+        default=None,
+        pattern=r"^[\w.]+:[\w]+\.[\w]+$",
+        description="the stock backend's response hook, module:Class.method",
+    )
 
     @field_validator("pins")
     @classmethod
@@ -155,6 +163,7 @@ def load_matrix(path: Path | None = None) -> CompatMatrix:
             python=pair.python,
             backend_modules=tuple(pair.backend_modules),
             pins=tuple(sorted(pair.pins.items())),
+            response_hook=pair.response_hook,
         )
         for pair in model.pairs
     )

@@ -8,9 +8,11 @@ import shutil
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from runtime.compat import CompatPair
 from runtime.package.manifest import Manifest, TensorSpec
+from runtime.serving_backend import BACKEND_NAME, RESPONSE_HOOK, STOCK_BACKEND_NAME
 
-__all__ = ["link_catalogs", "plugin_processors", "render_repository"]
+__all__ = ["link_catalogs", "plugin_processors", "render_repository", "vllm_backend_for"]
 
 #: The entry-point group from which vLLM loads logits processors into every engine.
 LOGITS_PROCESSORS_GROUP = "vllm.logits_processors"
@@ -29,14 +31,32 @@ def _tensor(spec: TensorSpec) -> str:
     )
 
 
-def _vllm_config(name: str, engine_args: dict[str, object]) -> str:
+def vllm_backend_for(pair: CompatPair) -> tuple[str, str | None]:
+    """The Triton backend ``vllm`` packages get on ``pair``, and why it is not ours (or None).
+
+    Ours (`BACKEND_NAME`) for every ``vllm`` package, not only ones that opt in: it changes no
+    response but those that ask for prompt log-probabilities, and a per-package switch would
+    only make ``/v1/score`` fail by configuration. It overrides one stock method, so it is
+    rendered only where ``images/compat.toml`` records that method as the pair's hook.
+    """
+    if pair.response_hook == RESPONSE_HOOK:
+        return BACKEND_NAME, None
+    found = pair.response_hook or "not established"
+    return STOCK_BACKEND_NAME, (
+        f"the stock vLLM backend's response hook on Triton {pair.triton} is {found}, not "
+        f"{RESPONSE_HOOK}, which {BACKEND_NAME} overrides: rendering backend "
+        f'"{STOCK_BACKEND_NAME}", so /v1/score answers 501'
+    )
+
+
+def _vllm_config(name: str, engine_args: dict[str, object], backend: str) -> str:
     world = int(engine_args.get("tensor_parallel_size", 1) or 1) * int(  # type: ignore[call-overload]
         engine_args.get("pipeline_parallel_size", 1) or 1  # type: ignore[call-overload]
     )
     # Multi-GPU engines must own device placement (Triton's KIND_GPU assumes one GPU).
     kind = "KIND_MODEL" if world > 1 else "KIND_GPU"
     return (
-        f'name: "{name}"\nbackend: "vllm"\nmax_batch_size: 0\n'
+        f'name: "{name}"\nbackend: "{backend}"\nmax_batch_size: 0\n'
         "model_transaction_policy {\n  decoupled: true\n}\n"
         f"instance_group [\n  {{\n    count: 1\n    kind: {kind}\n  }}\n]\n"
         + _parameter("REPORT_CUSTOM_METRICS", "true")
@@ -103,8 +123,12 @@ def render_repository(
     unpacked: Path,
     repository: Path,
     logits_processor: str,
+    vllm_backend: str = BACKEND_NAME,
 ) -> Path:
-    """Write ``<repository>/<model_id>/`` (config.pbtxt and version 1); returns the model dir."""
+    """Write ``<repository>/<model_id>/`` (config.pbtxt and version 1); returns the model dir.
+
+    ``vllm_backend`` is the backend ``vllm`` packages name (`vllm_backend_for` the pair).
+    """
     if repository.exists():
         shutil.rmtree(repository)
     model_dir = repository / manifest.model_id
@@ -114,7 +138,7 @@ def render_repository(
     args = engine_arguments(manifest, version_dir, unpacked, logits_processor)
     (version / "model.json").write_text(json.dumps(args, indent=2, sort_keys=True) + "\n")
     if manifest.backend == "vllm":
-        config = _vllm_config(manifest.model_id, manifest.engine_args)
+        config = _vllm_config(manifest.model_id, manifest.engine_args, vllm_backend)
     else:
         config = _python_config(manifest.model_id, manifest)
         assert manifest.python_model is not None

@@ -27,7 +27,7 @@ from runtime.entrypoint.errors import STAGES, ExitCode, StageFailed
 from runtime.entrypoint.gate import PortGate
 from runtime.entrypoint.health import HealthServer
 from runtime.entrypoint.plugins import install_plugins
-from runtime.entrypoint.render import link_catalogs, render_repository
+from runtime.entrypoint.render import link_catalogs, render_repository, vllm_backend_for
 from runtime.entrypoint.settings import EntrypointSettings
 from runtime.entrypoint.stages import (
     check_compat,
@@ -190,11 +190,14 @@ class Entrypoint:
         log(f"removed {removed} stale entries from PROMETHEUS_MULTIPROC_DIR")
         self.metrics.enable()
         pair = await self._stage(5, lambda: check_compat(s.triton_release, s.compat_matrix, probe))
-        log(f"compatible: {pair}")
+        log(f"compatible: Triton {pair.triton} / vLLM {pair.vllm}")
         repository = work / "model_repository"
+        backend, fallback = vllm_backend_for(pair)
+        if fallback is not None and manifest.backend == "vllm":
+            log(f"warning: {fallback}")
 
         def render() -> Path:
-            render_repository(manifest, folder, unpacked, repository, s.logits_processor)
+            render_repository(manifest, folder, unpacked, repository, s.logits_processor, backend)
             return link_catalogs(manifest, unpacked, work / "catalogs")
 
         catalogs = await self._stage(6, render)

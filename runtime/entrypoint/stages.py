@@ -9,7 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
 
-from runtime.compat import CompatError, check_vllm_version, installed_vllm_version, load_matrix
+from runtime.compat import (
+    CompatError,
+    CompatPair,
+    check_vllm_version,
+    installed_vllm_version,
+    load_matrix,
+)
 from runtime.entrypoint.errors import StageFailed
 from runtime.package.errors import PackageError
 from runtime.package.manifest import ARCHIVE_NAME, MANIFEST_NAME, Manifest, load_manifest
@@ -174,8 +180,9 @@ def start_import_probe(
 
 def check_compat(
     release: str | None, matrix_path: Path | None, probe: subprocess.Popen[str] | None = None
-) -> str:
-    """Check the installed vLLM against the matrix and import-probe the backend's modules."""
+) -> CompatPair:
+    """Check the installed vLLM against the matrix and import-probe the backend's modules;
+    returns the pair (the render stage picks the vLLM backend from it)."""
     if release is None:
         raise StageFailed(
             "the Triton release is unknown (NVIDIA_TRITON_SERVER_VERSION is not set)",
@@ -202,4 +209,4 @@ def check_compat(
             f"needs: {error}",
             "rebuild the image: its vLLM does not match the backend",
         )
-    return f"Triton {pair.triton} / vLLM {pair.vllm}"
+    return pair

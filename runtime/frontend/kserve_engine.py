@@ -37,12 +37,10 @@ from runtime.frontend.engine import (
 )
 from runtime.frontend.errors import BackendError, BackendUnavailableError, NotSupportedError
 from runtime.frontend.tensors import input_tensor
+from runtime.serving_backend import PROMPT_LOGPROBS_OUTPUT
 
-__all__ = ["PROMPT_LOGPROBS_OUTPUT", "KServeEngine"]
+__all__ = ["PROMPT_LOGPROBS_OUTPUT", "KServeEngine", "prompt_token_logprobs"]
 
-#: Output a backend declares when it returns vLLM's prompt log-probabilities (the stock vLLM
-#: backend does not; scoring is refused with 501 against it).
-PROMPT_LOGPROBS_OUTPUT = "prompt_logprobs"
 _NOT_FINISHED = "None"
 _STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
 
@@ -143,6 +141,16 @@ def _logprobs(raw: str | None) -> tuple[TokenLogprob, ...]:
             )
         )
     return tuple(out)
+
+
+def prompt_token_logprobs(text: str) -> list[float]:
+    """Each prompt token's log-probability from the ``prompt_logprobs`` output's JSON (one entry
+    per position, ``null`` or ``{token_id: {"logprob", ...}}``; 0.0 where there is none).
+
+    The frontend asks for ``prompt_logprobs: 0``, so each position holds just the prompt
+    token's own entry.
+    """
+    return [float(next(iter(r.values()))["logprob"]) if r else 0.0 for r in json.loads(text)]
 
 
 class KServeEngine(Engine):
@@ -273,9 +281,10 @@ class KServeEngine(Engine):
     async def score(self, prompt: str, candidates: list[str]) -> list[ScoredCandidate]:
         if PROMPT_LOGPROBS_OUTPUT not in await self._declared_outputs():
             raise NotSupportedError(
-                f"model '{self.model_name}' declares no '{PROMPT_LOGPROBS_OUTPUT}' output: the "
-                "stock Triton vLLM backend does not return prompt log-probabilities, so scoring "
-                "without decoding is impossible against it",
+                f"model '{self.model_name}' declares no '{PROMPT_LOGPROBS_OUTPUT}' output, so it "
+                "cannot be scored without decoding: its backend returns no prompt "
+                "log-probabilities (the stock Triton vLLM backend does not; the serving "
+                "image's llm_serving_vllm backend does)",
                 code="scoring_unsupported",
             )
         prefill = {"max_tokens": 1, "prompt_logprobs": 0, "temperature": 0.0}
@@ -299,9 +308,9 @@ class KServeEngine(Engine):
             }
             wanted = ("text_output", PROMPT_LOGPROBS_OUTPUT)
             async for response in self._stream(values, "", wanted):
-                rows = json.loads(_outputs(response).get(PROMPT_LOGPROBS_OUTPUT, ["[]"])[0])
-                # With prompt_logprobs=0 each position holds just the prompt token's entry.
-                return [float(next(iter(r.values()))["logprob"]) if r else 0.0 for r in rows]
+                return prompt_token_logprobs(
+                    _outputs(response).get(PROMPT_LOGPROBS_OUTPUT, ["[]"])[0]
+                )
             raise BackendError("Triton returned no prompt log-probabilities")
 
         # All prefills go out together so vLLM batches them (and shares the prompt's prefix).

@@ -106,7 +106,7 @@ def standin() -> Iterator[KServeStandIn]:
         [
             StandInModel("llm", max_model_len=256),
             StandInModel("llm-broken", ToyModel(invalid_json=True), max_model_len=256),
-            StandInModel("llm-stock", extra_outputs=(), max_model_len=256),
+            StandInModel("llm-stock", extra_outputs=(), max_model_len=256, backend="vllm"),
             StandInModel("llm-tools", ToyModel(scripts=TOOL_SCRIPTS), max_model_len=512),
         ]
     ).start()

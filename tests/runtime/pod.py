@@ -30,6 +30,7 @@ vllm = "0.27.1"
 structured_outputs_key = "structured_outputs"
 python = "3.12"
 backend_modules = ["json"]
+response_hook = "utils.request:GenerateRequest.create_response"
 """
 
 

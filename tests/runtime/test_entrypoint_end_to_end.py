@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 from tokenizers import Tokenizer
@@ -23,10 +24,11 @@ from vllm import SamplingParams
 from runtime.constraints.catalog import CATALOG_DIR_ENV, load_catalog
 from runtime.constraints.processor import ConstraintLogitsProcessor
 from runtime.constraints.schema import ConstraintConfigError
+from runtime.serving_backend import BACKEND_NAME
 from tests.runtime.pod import Pod
 from tests.runtime.wheelmaker import make_source, write_catalog
 from tests.support.ports import free_port
-from tests.support.toy_model import VOCAB
+from tests.support.toy_model import VOCAB, ToyModel
 
 API_KEY = "sk-end-to-end"
 CHAT_TEMPLATE = (
@@ -122,19 +124,40 @@ def test_embedded_pod_serves_the_openai_client_and_drains(
                 model="toy", prompt="pick", extra_body={"constraints": {"version": 2}}
             )
         assert bad.value.body["param"] == "constraints.version"  # type: ignore[index]
+
+        # Scoring: the entrypoint rendered the serving image's backend, whose model declares
+        # prompt_logprobs, so /v1/score answers instead of 501.
+        score = httpx.post(
+            f"{base_url}/score",
+            headers={"Authorization": f"Bearer {API_KEY}"},
+            json={"model": "toy", "prompt": "the cat", "candidates": [" sat on", " ran"]},
+            timeout=30,
+        )
+        assert score.status_code == 200, score.text
+        toy = ToyModel()
+        for item in score.json()["data"]:
+            rows = toy.prompt_logprobs("the cat" + item["candidate"])[2:]
+            expected = sum(v for r in rows if r is not None for v in r.values())
+            assert item["logprob"] == pytest.approx(expected)
     finally:
         code, err = pod.terminate()
     assert code == 0, err
     assert "drained: every in-flight request finished" in err
 
+    config = (tmp_path / "work" / "model_repository" / "toy" / "config.pbtxt").read_text()
+    assert f'backend: "{BACKEND_NAME}"' in config
     # What reached "Triton": each request's tensors, as the vLLM backend takes them.
     seen = _recorded(record)
+    scoring, seen = seen[4:], seen[:4]  # the prompt's length, then one prefill per candidate
+    prefills = [r for r in scoring if "prompt_logprobs" in r["requested_outputs"]]
+    assert len(scoring) == 3 and len(prefills) == 2
+    assert all(r["sampling_parameters"]["prompt_logprobs"] == 0 for r in prefills)
     assert {r["rpc"] for r in seen} == {"ModelStreamInfer"}
     assert json.loads(seen[2]["sampling_parameters"]["structured_outputs"]) == {"json": schema}
     assert seen[1]["flags"]["stream"] is True
     sent = seen[-1]["sampling_parameters"]["extra_args"]["constraints"]
     assert sent["item_list"]["catalog"] == "titles" and sent["item_list"]["allow"] == ["t1"]
-    assert len(seen) == 4  # the refused constraint never reached the backend
+    assert len(seen) == 4  # the refused constraint never reached the backend (nor is scored)
     # The constraint processor in Triton's vLLM accepts it against the catalog folder the
     # entrypoint prepared, and refuses an item that is not in that catalog.
     catalogs = tmp_path / "work" / "catalogs"

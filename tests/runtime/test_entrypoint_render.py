@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from runtime.entrypoint.render import render_repository
+from runtime.compat import load_matrix
+from runtime.entrypoint.render import render_repository, vllm_backend_for
 from runtime.frontend.tensors import FRONTEND_INPUTS, FRONTEND_OUTPUTS
 from runtime.package import build_package
+from runtime.serving_backend import BACKEND_NAME, RESPONSE_HOOK
 from tests.runtime.wheelmaker import make_source
 
 # A processor that no installed entry point registers: model.json must name it.
@@ -29,7 +31,9 @@ def test_vllm_backend_repository(tmp_path: Path) -> None:
         manifest, tmp_path / "v", tmp_path / "u", tmp_path / "repo", PROCESSOR
     )
     config = (model / "config.pbtxt").read_text()
-    assert 'name: "toy"' in config and 'backend: "vllm"' in config
+    # The serving image's backend (the stock one plus prompt_logprobs), with the stock
+    # backend's parameters: it reads them itself.
+    assert 'name: "toy"' in config and f'backend: "{BACKEND_NAME}"' in config
     assert "decoupled: true" in config and "max_batch_size: 0" in config
     assert "kind: KIND_MODEL" in config  # tensor parallel 2
     for key in ("REPORT_CUSTOM_METRICS", "ENABLE_VLLM_HEALTH_CHECK"):
@@ -83,3 +87,27 @@ def test_python_backend_repository(tmp_path: Path) -> None:
     assert (model / "1" / "model.py").read_text().startswith("class TritonPythonModel")
     assert (model / "1" / "helpers.py").is_file()
     assert json.loads((model / "1" / "model.json").read_text())["disable_log_stats"] is False
+
+
+def test_scoring_backend_only_where_the_matrix_records_its_hook(tmp_path: Path) -> None:
+    matrix = load_matrix()
+    chosen = {pair.triton: vllm_backend_for(pair) for pair in matrix.pairs}
+    assert chosen[matrix.default_triton] == (BACKEND_NAME, None)
+    for release, (backend, why) in chosen.items():
+        hook = matrix.for_triton(release).response_hook
+        assert (backend == BACKEND_NAME) == (hook == RESPONSE_HOOK)
+        if backend != BACKEND_NAME:
+            assert backend == "vllm" and why is not None and release in why and "501" in why
+    # 25.10's stock backend builds responses in TritonPythonModel._create_response; 25.11's
+    # hook is not established: both get the stock backend.
+    assert chosen["25.10"][0] == chosen["25.11"][0] == "vllm"
+    assert "not established" in (chosen["25.11"][1] or "")
+
+    manifest = build_package(make_source(tmp_path / "src"), tmp_path / "v")
+    backend, _ = vllm_backend_for(matrix.for_triton("25.11"))
+    model = render_repository(
+        manifest, tmp_path / "v", tmp_path / "u", tmp_path / "repo", PROCESSOR, backend
+    )
+    config = (model / "config.pbtxt").read_text()
+    assert 'backend: "vllm"' in config
+    assert 'key: "REPORT_CUSTOM_METRICS"\n  value: { string_value: "true" }' in config

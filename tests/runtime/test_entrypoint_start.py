@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from runtime.entrypoint import STAGES
+from runtime.serving_backend import BACKEND_NAME
 from tests.runtime.pod import Pod, http_body, http_status, infer, model_ready, port_refuses
 
 
@@ -46,7 +47,7 @@ def test_port_closed_until_ready_then_serves_and_drains(tmp_path: Path) -> None:
     assert samples == set(STAGES)
 
     repository = pod.root / "work" / "model_repository" / "toy"
-    assert 'backend: "vllm"' in (repository / "config.pbtxt").read_text()
+    assert f'backend: "{BACKEND_NAME}"' in (repository / "config.pbtxt").read_text()
     code, err = pod.terminate()
     assert code == 0, err
     for number, stage in enumerate(STAGES, start=1):

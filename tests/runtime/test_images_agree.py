@@ -11,6 +11,12 @@ from pathlib import Path
 import pytest
 
 from runtime.compat import constraints_text, load_matrix
+from runtime.serving_backend import (
+    BACKEND_NAME,
+    DEFAULT_STOCK_BACKEND_DIR,
+    MODEL_FILE,
+    RESPONSE_HOOK,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "images" / "serving" / "Dockerfile"
@@ -63,6 +69,17 @@ def test_image_enforces_the_constraints_and_checks_the_pair() -> None:
     assert "COPY images/compat.toml" in text  # the build installs it beside runtime/compat.py
     assert 'runtime.compat check --versions-only --triton "${TRITON_RELEASE}"' in text
     assert re.search(r'^ENTRYPOINT \["python3", "-m", "runtime.entrypoint"\]$', text, re.M)
+
+
+def test_image_installs_the_backend_the_entrypoint_renders() -> None:
+    target = f"/opt/tritonserver/backends/{BACKEND_NAME}/model.py"
+    source = MODEL_FILE.relative_to(ROOT).as_posix()
+    assert re.search(
+        rf"^COPY {re.escape(source)} {re.escape(target)}$", DOCKERFILE.read_text(), re.M
+    )
+    # Our backend imports the stock one from the folder the NGC image keeps it in.
+    assert DEFAULT_STOCK_BACKEND_DIR.as_posix() == "/opt/tritonserver/backends/vllm"
+    assert load_matrix().default.response_hook == RESPONSE_HOOK
 
 
 @pytest.mark.parametrize("port", ["8001", "8080", "8081"])

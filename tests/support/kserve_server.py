@@ -43,6 +43,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
+from runtime.serving_backend import BACKEND_NAME as SCORING_BACKEND
 from tests.support.toy_model import VOCAB, ToyChoice, ToyModel
 
 __all__ = [
@@ -123,9 +124,11 @@ _INPUTS = (
     ("return_num_output_tokens", "BOOL", [1], True),
     ("embedding_request", "BYTES", [1], True),
 )
-# Not an output of the stock backend: declared in config.pbtxt by a backend that returns
-# vLLM's prompt log-probabilities (the frontend's scoring route needs it).
+# Not an output of the stock backend: declared by the serving image's backend (or in
+# config.pbtxt) for vLLM's prompt log-probabilities, which the frontend's scoring reads.
 PROMPT_LOGPROBS_OUTPUT = "prompt_logprobs"
+# The backends a config.pbtxt may name: NVIDIA's vLLM backend, and ours built on it.
+_BACKENDS = frozenset({"vllm", SCORING_BACKEND})
 
 
 @dataclass
@@ -136,6 +139,7 @@ class StandInModel:
     toy: ToyModel = field(default_factory=ToyModel)
     extra_outputs: tuple[str, ...] = (PROMPT_LOGPROBS_OUTPUT,)
     max_model_len: int = 512
+    backend: str = SCORING_BACKEND
 
 
 @dataclass(frozen=True)
@@ -212,7 +216,9 @@ class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelConfig(self, request, context):
         model = await self._model(request.name, context)
-        config = model_config_pb2.ModelConfig(name=model.name, backend="vllm", max_batch_size=0)
+        config = model_config_pb2.ModelConfig(
+            name=model.name, backend=model.backend, max_batch_size=0
+        )
         config.model_transaction_policy.decoupled = True
         return service_pb2.ModelConfigResponse(config=config)
 
@@ -588,11 +594,18 @@ def _load_models(repository: Path, names: Sequence[str], mode: str) -> list[Stan
             raise FileNotFoundError(f"failed to load '{name}': {config} does not exist")
         text = config.read_text()
         backend = re.search(r'backend:\s*"([^"]+)"', text)
-        if backend is None or backend.group(1) != "vllm":
-            raise ValueError(f"failed to load '{name}': {config} does not set backend: \"vllm\"")
+        if backend is None or backend.group(1) not in _BACKENDS:
+            raise ValueError(
+                f"failed to load '{name}': {config} sets no backend of {sorted(_BACKENDS)}"
+            )
         declared = re.findall(r'name:\s*"([^"]+)"', text)
-        extra = (PROMPT_LOGPROBS_OUTPUT,) if PROMPT_LOGPROBS_OUTPUT in declared else ()
-        models.append(StandInModel(name, extra_outputs=extra))
+        # The serving image's backend declares prompt_logprobs in its auto-complete
+        # (tests/serving_backend checks it does); the stock one only if config.pbtxt does.
+        if backend.group(1) == SCORING_BACKEND or PROMPT_LOGPROBS_OUTPUT in declared:
+            extra: tuple[str, ...] = (PROMPT_LOGPROBS_OUTPUT,)
+        else:
+            extra = ()
+        models.append(StandInModel(name, extra_outputs=extra, backend=backend.group(1)))
     return models
 
 

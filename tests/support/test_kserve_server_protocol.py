@@ -17,6 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
+from runtime.serving_backend import BACKEND_NAME
 from tests.support.kserve_server import (
     HEALTH_CHECK_METHOD,
     HEALTH_SERVING,
@@ -61,7 +62,8 @@ def test_health_and_metadata(standin: KServeStandIn) -> None:
     assert {i["name"] for i in meta["inputs"]} >= {"text_input", "sampling_parameters", "stream"}
     assert "text_output" in {o["name"] for o in meta["outputs"]}
     config = client.get_model_config("toy", as_json=True)["config"]
-    assert config["backend"] == "vllm" and config["model_transaction_policy"]["decoupled"]
+    # Stand-in models default to what the serving image renders: our backend over the stock one.
+    assert config["backend"] == BACKEND_NAME and config["model_transaction_policy"]["decoupled"]
     with grpc.insecure_channel(standin.url) as channel:
         reply = channel.unary_unary(HEALTH_CHECK_METHOD)(b"")
     assert reply == HEALTH_SERVING

@@ -1,0 +1,79 @@
+"""The stock vLLM backend with one more output: ``prompt_logprobs``, for ``/v1/score``.
+
+Two subclasses, each changing one thing and deferring everything else to NVIDIA's code:
+
+- `TritonPythonModel` auto-completes the model configuration as the stock model does, then
+  declares ``prompt_logprobs`` (TYPE_STRING) unless ``config.pbtxt`` already does;
+- `ScoringGenerateRequest` builds each generate response as the stock ``GenerateRequest``
+  does, then, when vLLM returned prompt log-probabilities (the request's sampling parameters
+  set ``prompt_logprobs``), appends them as that output, once per request.
+
+The stock ``TritonPythonModel._infer`` creates its request object through the name
+``GenerateRequest`` in its own module, so that one name is rebound to the subclass in our
+private copy of the stock module (:mod:`runtime.serving_backend.stock` loads it under its own
+name; Triton's own ``vllm`` backend, in other stub processes, is untouched). Overriding
+``_infer`` instead would mean copying it.
+
+Needs ``triton_python_backend_utils`` (Triton's Python stub) and vLLM: importable only inside
+the serving image, or in tests with the stand-ins of ``tests/support``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from runtime.serving_backend import PROMPT_LOGPROBS_OUTPUT
+from runtime.serving_backend.prompt_logprobs import encode_prompt_logprobs
+from runtime.serving_backend.stock import load_stock_backend
+
+__all__ = ["PROMPT_LOGPROBS_CONFIG", "ScoringGenerateRequest", "TritonPythonModel"]
+
+_stock = load_stock_backend()
+
+#: The output this backend declares; per-request, like the stock ``logprobs`` output.
+PROMPT_LOGPROBS_CONFIG = {"name": PROMPT_LOGPROBS_OUTPUT, "data_type": "TYPE_STRING", "dims": [-1]}
+# Set in a request's response state once its prompt log-probabilities went out: vLLM repeats
+# them on every streamed output (cumulative mode) or sends them once then [] (delta mode).
+_SENT = "llm_serving_prompt_logprobs_sent"
+
+
+class ScoringGenerateRequest(_stock.GenerateRequest):
+    """The stock generate request, whose responses also carry ``prompt_logprobs``."""
+
+    def create_response(
+        self, request_output: Any, request_output_state: dict[str, Any], prepend_input: bool
+    ) -> Any:
+        """The stock response for ``request_output``, plus ``prompt_logprobs`` the first time
+        vLLM's ``RequestOutput.prompt_logprobs`` is non-empty."""
+        response = super().create_response(
+            request_output=request_output,
+            request_output_state=request_output_state,
+            prepend_input=prepend_input,
+        )
+        positions = request_output.prompt_logprobs
+        if not positions or request_output_state.get(_SENT):
+            return response
+        request_output_state[_SENT] = True
+        tensor = pb_utils.Tensor(
+            PROMPT_LOGPROBS_OUTPUT,
+            np.asarray([encode_prompt_logprobs(positions)], dtype=np.object_),
+        )
+        return pb_utils.InferenceResponse(output_tensors=[*response.output_tensors(), tensor])
+
+
+class TritonPythonModel(_stock.TritonPythonModel):
+    """The stock vLLM model, declaring ``prompt_logprobs`` among its outputs."""
+
+    @classmethod
+    def auto_complete_config(cls, auto_complete_model_config: Any) -> Any:
+        config = super().auto_complete_config(auto_complete_model_config)
+        declared = {output["name"] for output in config.as_dict().get("output", [])}
+        if PROMPT_LOGPROBS_OUTPUT not in declared:
+            config.add_output(dict(PROMPT_LOGPROBS_CONFIG))
+        return config
+
+
+_stock.GenerateRequest = ScoringGenerateRequest
