@@ -289,14 +289,16 @@ const Encoder::Prefix& Encoder::PrefixFor(const SeriesPtr& series) {
   }
   for (const auto& kv : constant_) label(kv.first, kv.second);
   text.append(any ? "} " : " ");
-  size_t hash = std::hash<std::string>()(text);
-  return prefixes_.emplace(series.get(), Prefix{series, std::move(text), hash}).first->second;
+  auto [t, fresh] = texts_.emplace(std::move(text), static_cast<uint32_t>(texts_.size()));
+  (void)fresh;
+  return prefixes_.emplace(series.get(), Prefix{series, &t->first, t->second}).first->second;
 }
 
 BodyWriter::BodyWriter(std::shared_ptr<Encoder> encoder, bool openmetrics, bool gzip)
     : encoder_(std::move(encoder)), openmetrics_(openmetrics), gzip_(gzip) {
   if (encoder_->writers_ == 0 && encoder_->prefixes_.size() > kPrefixCacheLimit) {
     encoder_->prefixes_.clear();
+    encoder_->texts_.clear();
   }
   ++encoder_->writers_;
   if (gzip_) {
@@ -314,7 +316,10 @@ BodyWriter::~BodyWriter() {
 }
 
 void BodyWriter::Reserve(const std::vector<Family>& families) {
-  for (const auto& fam : families) {
+  size_t first = reserved_.size();
+  reserved_.insert(reserved_.end(), families.begin(), families.end());
+  for (size_t i = first; i < reserved_.size(); ++i) {
+    const Family& fam = reserved_[i];
     families_.insert(fam.name);
     for (const auto& s : fam.samples) owner_.emplace(s.series->name, fam.name);
   }
@@ -323,14 +328,32 @@ void BodyWriter::Reserve(const std::vector<Family>& families) {
 void BodyWriter::Add(const std::vector<Family>& families) {
   std::vector<const Sample*> kept;
   for (const auto& fam : families) {
-    if (!families_.insert(fam.name).second) continue;  // an earlier source has it
+    if (families_.count(fam.name) != 0) continue;  // an earlier source has it
     kept.clear();
+    const std::string* last = nullptr;
+    bool last_kept = false;
     for (const auto& s : fam.samples) {
-      auto [it, inserted] = owner_.emplace(s.series->name, fam.name);
-      if (inserted || it->second == fam.name) kept.push_back(&s);
+      const std::string& name = s.series->name;
+      if (last == nullptr || *last != name) {  // a family's samples mostly share names
+        auto found = owner_.find(name);
+        if (found == owner_.end()) {
+          owner_.emplace(name, fam.name);
+          last_kept = true;
+        } else {
+          last_kept = found->second == fam.name;
+        }
+        last = &name;
+      }
+      if (last_kept) kept.push_back(&s);
     }
-    if (!kept.empty() || fam.samples.empty()) Write(fam, kept);
+    // A family whose every sample another one owns is left out, and does not take its name.
+    if (!kept.empty() || fam.samples.empty()) {
+      families_.insert(fam.name);
+      Write(fam, kept);
+    }
   }
+  // Compress the source now: the caller may be a worker thread, finishing is not.
+  if (gzip_ && !text_.empty()) Flush(false);
 }
 
 void BodyWriter::AddReserved(const std::vector<Family>& families) {
@@ -379,8 +402,10 @@ void BodyWriter::Write(const Family& fam, const std::vector<const Sample*>& kept
   for (const Sample* s : kept) {
     if (!openmetrics_ && EndsWith(s->series->name, "_created")) continue;
     const Encoder::Prefix& prefix = encoder_->PrefixFor(s->series);
-    if (!seen_.insert(&prefix).second) continue;
-    text_.append(prefix.text);
+    if (prefix.id >= seen_.size()) seen_.resize(encoder_->texts_.size() + 1024, false);
+    if (seen_[prefix.id]) continue;
+    seen_[prefix.id] = true;
+    text_.append(*prefix.text);
     AppendValue(s->value, &text_);
     text_ += '\n';
   }

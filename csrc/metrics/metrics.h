@@ -26,6 +26,7 @@ using Labels = std::vector<std::pair<std::string, std::string>>;
 struct Series {
   std::string name;  // the full sample name (x_bucket, x_total, ...)
   Labels labels;     // in the order they are written
+  uint32_t id = 0;   // dense, among the series of one MultiprocReader (0 elsewhere)
 };
 using SeriesPtr = std::shared_ptr<const Series>;
 
@@ -95,9 +96,9 @@ class Encoder {
   explicit Encoder(Labels constant_labels);
 
   struct Prefix {
-    SeriesPtr keep;  // keeps the key's address from being reused
-    std::string text;
-    size_t hash;
+    SeriesPtr keep;          // keeps the key's address from being reused
+    const std::string* text; // shared by every series that renders the same
+    uint32_t id;             // dense id of the text: what a body marks as written
   };
 
  private:
@@ -107,6 +108,7 @@ class Encoder {
   Labels constant_;
   std::unordered_set<std::string> constant_names_;
   std::unordered_map<const Series*, Prefix> prefixes_;
+  std::unordered_map<std::string, uint32_t> texts_;
   int writers_ = 0;  // bodies being written: the cache is trimmed only when none is
 };
 
@@ -131,22 +133,16 @@ class BodyWriter {
   void Write(const Family& family, const std::vector<const Sample*>& kept);
   void Flush(bool final);
 
-  struct PrefixHash {
-    size_t operator()(const Encoder::Prefix* p) const { return p->hash; }
-  };
-  struct PrefixEq {
-    bool operator()(const Encoder::Prefix* a, const Encoder::Prefix* b) const {
-      return a == b || a->text == b->text;
-    }
-  };
-
   std::shared_ptr<Encoder> encoder_;
   bool openmetrics_;
   bool gzip_;
   bool finished_ = false;
-  std::unordered_set<std::string> families_;
-  std::unordered_map<std::string, std::string> owner_;  // sample name -> family name
-  std::unordered_set<const Encoder::Prefix*, PrefixHash, PrefixEq> seen_;
+  // Names point into the families added (the caller keeps them alive until Finish) or into
+  // reserved_, this writer's copy of the reserved families.
+  std::vector<Family> reserved_;
+  std::unordered_set<std::string_view> families_;
+  std::unordered_map<std::string_view, std::string_view> owner_;  // sample -> family name
+  std::vector<bool> seen_;  // by prefix text id
   std::string text_;  // pending text (all of it when not gzipping)
   std::string out_;   // compressed bytes so far
   z_stream zs_{};

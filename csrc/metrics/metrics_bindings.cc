@@ -47,22 +47,50 @@ struct Writer {
   std::unique_ptr<m::BodyWriter> writer;
 };
 
+// The reader and its lock: reads from several Python threads take turns.
+struct PyReader {
+  explicit PyReader(std::string directory) : reader(std::move(directory)) {}
+  std::mutex mutex;
+  m::MultiprocReader reader;
+};
+
 // Triton's parser and its series cache, one per endpoint.
 struct PyParser {
   std::mutex mutex;
   m::TextParser parser;
 };
 
-FamilyList Reader_Read(m::MultiprocReader& reader) {
+FamilyList Reader_Read(PyReader& r) {
   m::MultiprocResult result;
   {
     py::gil_scoped_release release;
-    result = reader.Read();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    result = r.reader.Read();
   }
   FamilyList out;
   out.families = std::make_shared<const std::vector<m::Family>>(std::move(result.families));
   out.files = result.files;
   out.corrupt = std::move(result.corrupt);
+  return out;
+}
+
+// Read, then write the families into `w`, all without the GIL: the proxy runs this on a
+// worker thread while its event loop fetches Triton.
+FamilyList Reader_ReadInto(PyReader& r, Writer& w) {
+  FamilyList out;
+  {
+    py::gil_scoped_release release;
+    m::MultiprocResult result;
+    {
+      std::lock_guard<std::mutex> lock(r.mutex);
+      result = r.reader.Read();
+    }
+    out.families = std::make_shared<const std::vector<m::Family>>(std::move(result.families));
+    out.files = result.files;
+    out.corrupt = std::move(result.corrupt);
+    std::lock_guard<std::mutex> lock(*w.mutex);
+    w.writer->Add(*out.families);
+  }
   return out;
 }
 
@@ -166,16 +194,26 @@ PYBIND11_MODULE(_metrics, mod) {
           "corrupt_files",
           [](const FamilyList& l) { return py::tuple(py::cast(l.corrupt)); },
           "'name: reason' per .db file skipped as truncated or corrupt.")
+      .def_static(
+          "of",
+          [](const py::iterable& families) {
+            FamilyList out;
+            out.families = std::make_shared<const std::vector<m::Family>>(FromPython(families));
+            return out;
+          },
+          py::arg("families"), "A list of Python Family objects, as a source to add().")
       .def("names", &FamilyList_Names, "Family names, in order.")
       .def("families", &FamilyList_Families,
            "Every family as (name, type, help, [(sample, labels, value), ...]).");
 
-  py::class_<m::MultiprocReader>(mod, "MultiprocReader",
+  py::class_<PyReader>(mod, "MultiprocReader",
                                  "Merges a PROMETHEUS_MULTIPROC_DIR as MultiProcessCollector.")
       .def(py::init<std::string>(), py::arg("directory"))
       .def("read", &Reader_Read,
            "Merge every *.db file; raises DirectoryError (an OSError) if the directory cannot "
-           "be listed.");
+           "be listed.")
+      .def("read_into", &Reader_ReadInto, py::arg("writer"),
+           "read(), then writer.add() of the result, in one call without the GIL.");
 
   py::class_<PyParser>(mod, "TextParser",
                        "Parses one endpoint's Prometheus text, caching its series.")

@@ -64,56 +64,78 @@ std::string ErrnoText(int error, const std::string& path) {
   return "[Errno " + std::to_string(error) + "] " + std::strerror(error) + ": '" + path + "'";
 }
 
-int32_t ReadInt32(const std::string& data, size_t pos) {
+int32_t ReadInt32(const char* data, size_t pos) {
   int32_t value;
-  std::memcpy(&value, data.data() + pos, sizeof value);
+  std::memcpy(&value, data + pos, sizeof value);
   return value;
 }
 
-double ReadDouble(const std::string& data, size_t pos) {
+double ReadDouble(const char* data, size_t pos) {
   double value;
-  std::memcpy(&value, data.data() + pos, sizeof value);
+  std::memcpy(&value, data + pos, sizeof value);
   return value;
 }
 
-// Returns false if the file is gone (removed between listing and reading).
-bool ReadFile(const std::string& path, std::string* data) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
-    if (errno == ENOENT) return false;
-    throw CorruptFile(ErrnoText(errno, path));
+// A file's used bytes, in a buffer kept across files and reads (never zero-filled).
+class FileData {
+ public:
+  const char* data() const { return buf_.get(); }
+  size_t size() const { return size_; }
+
+  // Returns false if the file is gone (removed between listing and reading).
+  bool Read(const std::string& path) {
+    Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd.get() < 0) {
+      if (errno == ENOENT) return false;
+      throw CorruptFile(ErrnoText(errno, path));
+    }
+    size_ = 0;
+    ReadAt(fd.get(), path, kFirstRead);
+    if (size_ < kHeader) {
+      throw CorruptFile(std::to_string(size_) + " bytes, shorter than the 8-byte header");
+    }
+    int32_t used;
+    std::memcpy(&used, buf_.get(), sizeof used);
+    if (used > 0 && static_cast<size_t>(used) > size_ && size_ == kFirstRead) {
+      ReadAt(fd.get(), path, static_cast<size_t>(used) - size_);
+    }
+    if (used < static_cast<int32_t>(kHeader) || static_cast<size_t>(used) > size_) {
+      throw CorruptFile("header says " + std::to_string(used) + " bytes used, file holds " +
+                        std::to_string(size_));
+    }
+    if (used % 8) {
+      throw CorruptFile("used size " + std::to_string(used) +
+                        " is not a multiple of 8, as every entry is");
+    }
+    size_ = static_cast<size_t>(used);
+    return true;
   }
-  auto read_at = [&](size_t offset, size_t count) {
+
+ private:
+  // Appends up to count bytes read at the current end (fewer at the end of the file).
+  void ReadAt(int fd, const std::string& path, size_t count) {
+    if (size_ + count > capacity_) {
+      size_t capacity = std::max(size_ + count, 2 * capacity_);
+      auto grown = std::make_unique<char[]>(capacity);  // value-initialised once per growth
+      std::memcpy(grown.get(), buf_.get(), size_);
+      buf_ = std::move(grown);
+      capacity_ = capacity;
+    }
     size_t done = 0;
-    data->resize(offset + count);
     while (done < count) {
-      ssize_t n = ::pread(fd.get(), data->data() + offset + done, count - done, offset + done);
+      ssize_t n = ::pread(fd, buf_.get() + size_ + done, count - done, size_ + done);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) throw CorruptFile(ErrnoText(errno, path));
       if (n == 0) break;
       done += static_cast<size_t>(n);
     }
-    data->resize(offset + done);
-  };
-  read_at(0, kFirstRead);
-  if (data->size() < kHeader) {
-    throw CorruptFile(std::to_string(data->size()) + " bytes, shorter than the 8-byte header");
+    size_ += done;
   }
-  int32_t used = ReadInt32(*data, 0);
-  if (used > 0 && static_cast<size_t>(used) > data->size()) {
-    read_at(data->size(), static_cast<size_t>(used) - data->size());
-  }
-  if (used < static_cast<int32_t>(kHeader) || static_cast<size_t>(used) > data->size()) {
-    throw CorruptFile("header says " + std::to_string(used) + " bytes used, file holds " +
-                      std::to_string(data->size()));
-  }
-  if (used % 8) {
-    throw CorruptFile("used size " + std::to_string(used) +
-                      " is not a multiple of 8, as every entry is");
-  }
-  data->resize(static_cast<size_t>(used));
-  return true;
-}
+
+  std::unique_ptr<char[]> buf_;
+  size_t capacity_ = 0;
+  size_t size_ = 0;
+};
 
 // The JSON of mmap_key(): ["metric", "sample", {"label": "value", ...}, "help"].
 class KeyParser {
@@ -271,8 +293,7 @@ struct Slot {
   SeriesPtr series;
   bool bucket;
   double le;
-  SeriesPtr count;  // a bucket's _count series, shared by its label set's buckets
-  SeriesPtr group;  // a bucket's label set, without le (for ordering its group)
+  SeriesPtr count;  // the _count series of a bucket's label set (or of a histogram's _sum)
 };
 
 struct Entry {
@@ -306,6 +327,7 @@ struct MultiprocReader::State {
   std::unordered_map<std::string, SeriesPtr> series;  // by name and labels
   std::vector<std::string> metrics;
   std::unordered_map<std::string, int> metric_index;
+  FileData data;
 
   void ResetIfLarge() {
     if (keys.size() > kKeyLimit || slots.size() > kSlotLimit || series.size() > kSlotLimit) {
@@ -324,7 +346,8 @@ struct MultiprocReader::State {
     AppendLabels(labels, &id);
     auto found = series.find(id);
     if (found == series.end()) {
-      found = series.emplace(std::move(id), std::make_shared<Series>(Series{name, labels})).first;
+      auto made = std::make_shared<Series>(Series{name, labels, static_cast<uint32_t>(series.size())});
+      found = series.emplace(std::move(id), std::move(made)).first;
     }
     return found->second;
   }
@@ -355,10 +378,10 @@ struct MultiprocReader::State {
   }
 
   // Every entry of one file, its keys parsed (or found in the caches).
-  void Entries(const std::string& name, const std::string& data, const std::string* pid,
+  void Entries(const std::string& name, const char* data, size_t used, const std::string* pid,
                std::vector<Value>* out) {
     std::vector<Entry>& cached = files[name];
-    size_t pos = kHeader, used = data.size(), index = 0;
+    size_t pos = kHeader, index = 0;
     while (pos < used) {
       if (pos + 4 > used) throw CorruptFile("entry header cut at byte " + std::to_string(pos));
       int32_t length = ReadInt32(data, pos);
@@ -369,7 +392,7 @@ struct MultiprocReader::State {
         throw CorruptFile("entry at byte " + std::to_string(pos) + " runs past the used size " +
                           std::to_string(used));
       }
-      std::string_view raw(data.data() + pos + 4, len);
+      std::string_view raw(data + pos + 4, len);
       if (index >= cached.size() || cached[index].offset != pos || *cached[index].raw != raw) {
         // New or changed from here on (a file replaced under its name): parse the rest.
         cached.resize(index);
@@ -399,11 +422,10 @@ struct MultiprocReader::State {
     int& cached = histogram ? key->slot_bucket : key->slot_plain;
     if (cached >= 0) return cached;
     bool bucket = histogram && key->has_le;
-    Slot slot{key->metric_id, nullptr, bucket, bucket ? key->le : 0.0, nullptr, nullptr};
+    Slot slot{key->metric_id, nullptr, bucket, bucket ? key->le : 0.0, nullptr};
     std::string id = key->metric + '\0';
     if (bucket) {
       Labels labels = key->without_le;
-      slot.group = SeriesFor(key->metric + "_bucket", labels);
       slot.count = SeriesFor(key->metric + "_count", labels);
       labels.emplace_back("le", FloatToGoString(key->le));
       slot.series = SeriesFor(key->metric + "_bucket", labels);
@@ -461,8 +483,7 @@ MultiprocResult MultiprocReader::Read() {
   };
   std::vector<GaugeFamily> gauges;
   std::vector<int> gauge_of_metric(st.metrics.size(), -1);
-  std::unordered_map<const Series*, size_t> gauge_index;  // series -> position in its family
-  std::string data;
+  std::vector<int> gauge_index(st.series.size(), -1);  // by series id: position in its family
   std::vector<Value> values;
   for (const std::string& name : names) {
     std::string_view stem = std::string_view(name).substr(0, name.size() - 3);
@@ -480,8 +501,8 @@ MultiprocResult MultiprocReader::Read() {
     bool all = gauge && !(recent || min || max || Live(mode, "sum"));
     values.clear();
     try {
-      if (!ReadFile(directory_ + "/" + name, &data)) continue;
-      st.Entries(name, data, all ? &parts.back() : nullptr, &values);
+      if (!st.data.Read(directory_ + "/" + name)) continue;
+      st.Entries(name, st.data.data(), st.data.size(), all ? &parts.back() : nullptr, &values);
     } catch (const CorruptFile& exc) {
       st.files.erase(name);
       result.corrupt.push_back(name + ": " + exc.what());
@@ -511,18 +532,19 @@ MultiprocResult MultiprocReader::Read() {
         }
         GaugeFamily& fam = gauges[g];
         const SeriesPtr& series = all ? v.entry->pid_series : key.gauge;
-        auto found = gauge_index.find(series.get());
+        if (series->id >= gauge_index.size()) gauge_index.resize(st.series.size(), -1);
+        int& at = gauge_index[series->id];
         if (recent) {
           // As prometheus_client: a gauge never set (timestamp 0) is not exposed.
-          double current = found == gauge_index.end() ? 0.0 : fam.series[found->second].stamp;
+          double current = at < 0 ? 0.0 : fam.series[at].stamp;
           if (!(v.stamp > current)) continue;
         }
-        if (found == gauge_index.end()) {
-          gauge_index.emplace(series.get(), fam.series.size());
+        if (at < 0) {
+          at = static_cast<int>(fam.series.size());
           fam.series.push_back(GaugeSeries{series, v.value, v.stamp});
           continue;
         }
-        GaugeSeries& s = fam.series[found->second];
+        GaugeSeries& s = fam.series[at];
         if (recent || all) {
           s.value = v.value, s.stamp = v.stamp;
         } else if (min) {
@@ -560,14 +582,14 @@ MultiprocResult MultiprocReader::Read() {
   struct SumFamily {
     std::vector<int> plain;
     std::vector<Group> groups;
-    std::unordered_map<const Series*, size_t> group_index;
-    std::unordered_map<const Series*, int> sums;  // _count series -> _sum slot
   };
+  // By _count series id: its bucket group's position in the family, and its _sum slot.
+  std::vector<int> group_of(st.series.size(), -1), sum_of(st.series.size(), -1);
   std::vector<int> order;
   std::vector<int> family_of_metric(st.metrics.size(), -1);
   std::vector<SumFamily> sum_families;
   for (int index : touched) {
-    const Slot& slot = st.slots[index];
+    Slot& slot = st.slots[index];
     int& f = family_of_metric[slot.metric_id];
     if (f < 0) {
       f = static_cast<int>(sum_families.size());
@@ -577,16 +599,26 @@ MultiprocResult MultiprocReader::Read() {
     SumFamily& fam = sum_families[f];
     const std::string& metric = st.metrics[slot.metric_id];
     if (slot.bucket) {
-      auto [g, new_group] = fam.group_index.emplace(slot.group.get(), fam.groups.size());
-      if (new_group) fam.groups.push_back(Group{&slot, {}});
-      fam.groups[g->second].buckets.emplace_back(slot.le, index);
+      int& g = group_of[slot.count->id];
+      if (g < 0) {
+        g = static_cast<int>(fam.groups.size());
+        fam.groups.push_back(Group{&slot, {}});
+      }
+      fam.groups[g].buckets.emplace_back(slot.le, index);
     } else if (*meta_type[slot.metric_id] == "histogram") {
       // Only _sum is kept: _count is the bucket total, as prometheus_client makes it.
       if (slot.series->name.size() == metric.size() + 4 &&
           slot.series->name.compare(0, metric.size(), metric) == 0 &&
           slot.series->name.compare(metric.size(), 4, "_sum") == 0) {
         // Keyed by the matching _count series, which buckets of the same labels share.
-        fam.sums.emplace(st.SeriesFor(metric + "_count", slot.series->labels).get(), index);
+        if (slot.count == nullptr) {
+          slot.count = st.SeriesFor(metric + "_count", slot.series->labels);
+          if (slot.count->id >= group_of.size()) {
+            group_of.resize(st.series.size(), -1);
+            sum_of.resize(st.series.size(), -1);
+          }
+        }
+        sum_of[slot.count->id] = index;
       }
     } else {
       fam.plain.push_back(index);
@@ -607,10 +639,8 @@ MultiprocResult MultiprocReader::Read() {
         fam.samples.push_back(Sample{st.slots[index].series, acc});
       }
       fam.samples.push_back(Sample{group.first->count, acc});
-      auto sum = sf.sums.find(group.first->count.get());
-      if (sum != sf.sums.end()) {
-        fam.samples.push_back(Sample{st.slots[sum->second].series, totals[sum->second]});
-      }
+      int sum = sum_of[group.first->count->id];
+      if (sum >= 0) fam.samples.push_back(Sample{st.slots[sum].series, totals[sum]});
     }
     out_of_metric[metric_id] = static_cast<int>(result.families.size());
     result.families.push_back(std::move(fam));

@@ -137,14 +137,15 @@ class MetricsProxyApp:
         state.duration_s = time.perf_counter() - start
         return families
 
-    def _read_vllm(self) -> _metrics.FamilyList | None:
+    def _read_vllm(self, writer: _metrics.BodyWriter) -> _metrics.FamilyList | None:
+        """Read the .db files and write (and compress) them into ``writer``, without the GIL."""
         start = time.perf_counter()
         state = self._state[VLLM]
         result = None
         try:
             if self.settings.mark_dead_processes:
                 mark_dead_processes(self.settings.multiproc_dir)  # type: ignore[arg-type]
-            result = self._reader.read()
+            result = self._reader.read_into(writer)
         except OSError as exc:
             self._fail(VLLM, "read_dir", f"{self.settings.multiproc_dir}: {exc}")
             self._files = self._corrupt = 0
@@ -215,21 +216,18 @@ class MetricsProxyApp:
         ]
 
     async def _collect(self, openmetrics: bool, gzipped: bool) -> _Collected:
-        # The fetch writes its request on its first loop turn; the files are read and the
-        # vLLM part written (natively, most of a merge's CPU) while Triton answers.
-        fetch = asyncio.ensure_future(self._scrape_triton())
-        await asyncio.sleep(0)
-        vllm = self._read_vllm()
         writer = _metrics.BodyWriter(self._encoder, openmetrics, gzipped)
         writer.reserve(self._own_layout)
-        sources = []
-        if vllm is not None:
-            writer.add(vllm)
-            sources.append(vllm)
+        # The fetch writes its request on its first loop turn; the files are read and the vLLM
+        # part written and compressed (natively, most of a merge's CPU) while Triton answers.
+        # (A worker thread measured no faster: the handoffs cost what the overlap saves.)
+        fetch = asyncio.ensure_future(self._scrape_triton())
+        await asyncio.sleep(0)
+        vllm = self._read_vllm(writer)
         triton = await fetch
+        sources = [s for s in (vllm, triton) if s is not None]
         if triton is not None:
             writer.add(triton)
-            sources.append(triton)
             shared = set(vllm.names()) if vllm is not None else set()
             self._dropped = sum(1 for name in triton.names() if name in shared)
         else:
