@@ -117,7 +117,7 @@ class FileData {
     if (size_ + count > capacity_) {
       size_t capacity = std::max(size_ + count, 2 * capacity_);
       auto grown = std::make_unique<char[]>(capacity);  // value-initialised once per growth
-      std::memcpy(grown.get(), buf_.get(), size_);
+      if (size_ > 0) std::memcpy(grown.get(), buf_.get(), size_);
       buf_ = std::move(grown);
       capacity_ = capacity;
     }
