@@ -5,6 +5,7 @@
 // 8-byte timestamp. Keys never change once written; values are re-read on every merge.
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +26,7 @@ constexpr size_t kFirstRead = 16 << 10;  // most files' used part; the rest in o
 // Past these the caches are rebuilt, bounding memory however many files and series appear.
 constexpr size_t kKeyLimit = 200'000;
 constexpr size_t kSlotLimit = 200'000;
+constexpr size_t kOpenLimit = 256;  // files kept open between reads
 
 class CorruptFile : public std::runtime_error {
  public:
@@ -34,12 +36,21 @@ class CorruptFile : public std::runtime_error {
 // A file descriptor closed on every path.
 class Fd {
  public:
-  explicit Fd(int fd) : fd_(fd) {}
+  explicit Fd(int fd = -1) : fd_(fd) {}
   ~Fd() {
     if (fd_ >= 0) ::close(fd_);
   }
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
+  Fd(Fd&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  Fd& operator=(Fd&& other) noexcept {
+    if (this != &other) {
+      if (fd_ >= 0) ::close(fd_);
+      fd_ = other.fd_;
+      other.fd_ = -1;
+    }
+    return *this;
+  }
   int get() const { return fd_; }
 
  private:
@@ -82,22 +93,17 @@ class FileData {
   const char* data() const { return buf_.get(); }
   size_t size() const { return size_; }
 
-  // Returns false if the file is gone (removed between listing and reading).
-  bool Read(const std::string& path) {
-    Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (fd.get() < 0) {
-      if (errno == ENOENT) return false;
-      throw CorruptFile(ErrnoText(errno, path));
-    }
+  // Reads `fd`'s used bytes, first as many as `expect` (the size it had last time).
+  void Read(int fd, const std::string& path, size_t expect) {
     size_ = 0;
-    ReadAt(fd.get(), path, kFirstRead);
+    ReadAt(fd, path, std::max(kFirstRead, expect + kFirstRead / 4));
     if (size_ < kHeader) {
       throw CorruptFile(std::to_string(size_) + " bytes, shorter than the 8-byte header");
     }
     int32_t used;
     std::memcpy(&used, buf_.get(), sizeof used);
-    if (used > 0 && static_cast<size_t>(used) > size_ && size_ == kFirstRead) {
-      ReadAt(fd.get(), path, static_cast<size_t>(used) - size_);
+    if (used > 0 && static_cast<size_t>(used) > size_) {
+      ReadAt(fd, path, static_cast<size_t>(used) - size_);
     }
     if (used < static_cast<int32_t>(kHeader) || static_cast<size_t>(used) > size_) {
       throw CorruptFile("header says " + std::to_string(used) + " bytes used, file holds " +
@@ -108,7 +114,6 @@ class FileData {
                         " is not a multiple of 8, as every entry is");
     }
     size_ = static_cast<size_t>(used);
-    return true;
   }
 
  private:
@@ -328,6 +333,61 @@ struct MultiprocReader::State {
   std::vector<std::string> metrics;
   std::unordered_map<std::string, int> metric_index;
   FileData data;
+  // Files kept open between reads, each checked against its path's inode before use: a
+  // file replaced under its name is opened anew. Bounded; past the bound, open per read.
+  struct OpenFile {
+    Fd fd;
+    dev_t dev;
+    ino_t ino;
+    size_t used = 0;
+  };
+  std::unordered_map<std::string, OpenFile> open;
+
+  // Reads `name` into `data`; returns false if the file is gone. `*trusted` is how many
+  // leading bytes hold the same keys as at the last read: a file kept open is the same
+  // inode (an open file's inode number cannot be reused), and prometheus_client only
+  // appends keys, so up to its last used size unless that shrank; 0 for any other file.
+  bool ReadFile(const std::string& directory, const std::string& name, size_t* trusted) {
+    *trusted = 0;
+    std::string path = directory + "/" + name;
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) {
+      open.erase(name);
+      if (errno == ENOENT) return false;
+      throw CorruptFile(ErrnoText(errno, path));
+    }
+    auto found = open.find(name);
+    if (found == open.end() || found->second.dev != st.st_dev || found->second.ino != st.st_ino) {
+      Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+      if (fd.get() < 0) {
+        if (errno == ENOENT) return false;  // removed since the stat
+        throw CorruptFile(ErrnoText(errno, path));
+      }
+      struct stat opened;
+      if (::fstat(fd.get(), &opened) != 0) throw CorruptFile(ErrnoText(errno, path));
+      if (found == open.end() && open.size() >= kOpenLimit) {
+        data.Read(fd.get(), path, 0);
+        return true;
+      }
+      files.erase(name);  // another inode under the name: its cached keys are not this one's
+      OpenFile& file = open[name];
+      file.fd = std::move(fd);
+      file.dev = opened.st_dev;
+      file.ino = opened.st_ino;
+      file.used = 0;
+      found = open.find(name);
+    }
+    size_t last = found->second.used;
+    try {
+      data.Read(found->second.fd.get(), path, last);
+    } catch (const CorruptFile&) {
+      open.erase(found);
+      throw;
+    }
+    if (data.size() >= last) *trusted = last;
+    found->second.used = data.size();
+    return true;
+  }
 
   void ResetIfLarge() {
     if (keys.size() > kKeyLimit || slots.size() > kSlotLimit || series.size() > kSlotLimit) {
@@ -378,10 +438,18 @@ struct MultiprocReader::State {
   }
 
   // Every entry of one file, its keys parsed (or found in the caches).
-  void Entries(const std::string& name, const char* data, size_t used, const std::string* pid,
-               std::vector<Value>* out) {
+  void Entries(const std::string& name, const char* data, size_t used, size_t trusted,
+               const std::string* pid, std::vector<Value>* out) {
     std::vector<Entry>& cached = files[name];
     size_t pos = kHeader, index = 0;
+    // Entries wholly inside the trusted bytes are the cached ones, unchanged.
+    while (index < cached.size() && pos == cached[index].offset) {
+      size_t len = cached[index].raw->size();
+      size_t end = pos + 4 + len + (8 - (len + 4) % 8) + 16;
+      if (end > trusted) break;
+      pos = end;
+      ++index;
+    }
     while (pos < used) {
       if (pos + 4 > used) throw CorruptFile("entry header cut at byte " + std::to_string(pos));
       int32_t length = ReadInt32(data, pos);
@@ -462,10 +530,14 @@ MultiprocResult MultiprocReader::Read() {
   std::sort(names.begin(), names.end());
   State& st = *state_;
   st.ResetIfLarge();
-  // Forget files that are gone so the per-file cache stays as large as the directory.
+  // Forget files that are gone so the per-file caches stay as large as the directory.
   for (auto it = st.files.begin(); it != st.files.end();) {
     it = std::binary_search(names.begin(), names.end(), it->first) ? std::next(it)
                                                                     : st.files.erase(it);
+  }
+  for (auto it = st.open.begin(); it != st.open.end();) {
+    it = std::binary_search(names.begin(), names.end(), it->first) ? std::next(it)
+                                                                    : st.open.erase(it);
   }
 
   MultiprocResult result;
@@ -501,8 +573,10 @@ MultiprocResult MultiprocReader::Read() {
     bool all = gauge && !(recent || min || max || Live(mode, "sum"));
     values.clear();
     try {
-      if (!st.data.Read(directory_ + "/" + name)) continue;
-      st.Entries(name, st.data.data(), st.data.size(), all ? &parts.back() : nullptr, &values);
+      size_t trusted = 0;
+      if (!st.ReadFile(directory_, name, &trusted)) continue;
+      st.Entries(name, st.data.data(), st.data.size(), trusted, all ? &parts.back() : nullptr,
+                 &values);
     } catch (const CorruptFile& exc) {
       st.files.erase(name);
       result.corrupt.push_back(name + ": " + exc.what());
