@@ -229,27 +229,11 @@ std::vector<Family> TextParser::Parse(std::string_view text) {
 
 namespace {
 
-std::string EscapeLabel(std::string_view value) {
+// Backslash and newline escaped; double quotes too where asked (label values, OpenMetrics help).
+std::string Escape(std::string_view text, bool quotes) {
   std::string out;
-  out.reserve(value.size());
-  for (char c : value) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '"') {
-      out += "\\\"";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
-std::string EscapeHelp(std::string_view help, bool quotes) {
-  std::string out;
-  out.reserve(help.size());
-  for (char c : help) {
+  out.reserve(text.size());
+  for (char c : text) {
     if (c == '\\') {
       out += "\\\\";
     } else if (c == '\n') {
@@ -279,7 +263,7 @@ const Encoder::Prefix& Encoder::PrefixFor(const SeriesPtr& series) {
   std::string text = series->name;
   bool any = false;
   auto label = [&](const std::string& k, const std::string& v) {
-    text.append(any ? "," : "{").append(k).append("=\"").append(EscapeLabel(v));
+    text.append(any ? "," : "{").append(k).append("=\"").append(Escape(v, true));
     text += '"';
     any = true;
   };
@@ -388,14 +372,14 @@ void BodyWriter::Write(const Family& fam, const std::vector<const Sample*>& kept
       typ = "unknown";
       if (!kept.empty()) name = kept.front()->series->name;
     }
-    help = EscapeHelp(fam.help, true);
+    help = Escape(fam.help, true);
   } else {
     if (has_total) {
       name += "_total";
     } else if (typ == "unknown") {
       typ = "untyped";
     }
-    help = EscapeHelp(fam.help, false);
+    help = Escape(fam.help, false);
   }
   text_.append("# HELP ").append(name).append(" ").append(help).append("\n# TYPE ");
   text_.append(name).append(" ").append(typ).append("\n");
