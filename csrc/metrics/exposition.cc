@@ -284,19 +284,27 @@ BodyWriter::BodyWriter(std::shared_ptr<Encoder> encoder, bool openmetrics, bool 
     encoder_->prefixes_.clear();
     encoder_->texts_.clear();
   }
-  ++encoder_->writers_;
+  text_.reserve(kFlushAt + (kFlushAt >> 2));
   if (gzip_) {
-    // One gzip member (windowBits 15 + 16), level 1: scrapes are frequent and compress well.
-    if (deflateInit2(&zs_, 1, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) {
-      --encoder_->writers_;
-      throw std::runtime_error("zlib deflateInit2 failed");
+    deflater_ = std::move(encoder_->idle_deflater_);
+    if (deflater_ == nullptr) {
+      auto fresh = std::make_unique<Encoder::Deflater>();
+      // One gzip member (windowBits 15 + 16), level 1: scrapes are frequent, bodies compress
+      // well even so.
+      if (deflateInit2(&fresh->zs, 1, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) {
+        throw std::runtime_error("zlib deflateInit2 failed");
+      }
+      deflater_ = std::move(fresh);
     }
   }
+  ++encoder_->writers_;
 }
 
 BodyWriter::~BodyWriter() {
   --encoder_->writers_;
-  if (gzip_) deflateEnd(&zs_);
+  if (deflater_ != nullptr && deflateReset(&deflater_->zs) == Z_OK) {
+    encoder_->idle_deflater_ = std::move(deflater_);
+  }
 }
 
 void BodyWriter::Reserve(const std::vector<Family>& families) {
@@ -397,18 +405,19 @@ void BodyWriter::Write(const Family& fam, const std::vector<const Sample*>& kept
 }
 
 void BodyWriter::Flush(bool final) {
-  zs_.next_in = reinterpret_cast<Bytef*>(text_.data());
-  zs_.avail_in = static_cast<uInt>(text_.size());
+  z_stream& zs = deflater_->zs;
+  zs.next_in = reinterpret_cast<Bytef*>(text_.data());
+  zs.avail_in = static_cast<uInt>(text_.size());
   int flush = final ? Z_FINISH : Z_NO_FLUSH;
   while (true) {
     size_t used = out_.size();
-    out_.resize(used + deflateBound(&zs_, zs_.avail_in) + 64);
-    zs_.next_out = reinterpret_cast<Bytef*>(out_.data() + used);
-    zs_.avail_out = static_cast<uInt>(out_.size() - used);
-    int rc = deflate(&zs_, flush);
-    out_.resize(out_.size() - zs_.avail_out);
+    out_.resize(used + deflateBound(&zs, zs.avail_in) + 64);
+    zs.next_out = reinterpret_cast<Bytef*>(out_.data() + used);
+    zs.avail_out = static_cast<uInt>(out_.size() - used);
+    int rc = deflate(&zs, flush);
+    out_.resize(out_.size() - zs.avail_out);
     if (rc == Z_STREAM_ERROR) throw std::runtime_error("zlib deflate failed");
-    if (final ? rc == Z_STREAM_END : zs_.avail_in == 0) break;
+    if (final ? rc == Z_STREAM_END : zs.avail_in == 0) break;
   }
   text_.clear();
 }

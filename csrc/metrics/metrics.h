@@ -110,6 +110,13 @@ class Encoder {
   std::unordered_map<const Series*, Prefix> prefixes_;
   std::unordered_map<std::string, uint32_t> texts_;
   int writers_ = 0;  // bodies being written: the cache is trimmed only when none is
+  // A finished body's deflate state, reset for the next one: deflateInit2 allocates and
+  // clears about 256 KB, a cost on every scrape's path.
+  struct Deflater {
+    z_stream zs{};
+    ~Deflater() { deflateEnd(&zs); }  // also safe (Z_STREAM_ERROR) after a failed init
+  };
+  std::unique_ptr<Deflater> idle_deflater_;
 };
 
 // Writes one exposition body. Families are added source by source in priority order (after
@@ -145,7 +152,7 @@ class BodyWriter {
   std::vector<bool> seen_;  // by prefix text id
   std::string text_;  // pending text (all of it when not gzipping)
   std::string out_;   // compressed bytes so far
-  z_stream zs_{};
+  std::unique_ptr<Encoder::Deflater> deflater_;  // when gzipping
 };
 
 // Python's repr() of a finite float; Go's spelling of inf and NaN (+Inf, -Inf, NaN).
