@@ -12,8 +12,9 @@ VLLM_VERSION := 0.27.1
 VLLM_INTERFACE_DEPS := msgspec cachetools cloudpickle blake3 py-cpuinfo psutil pyzmq regex \
 	sentencepiece "transformers>=5.5.3" partial-json-parser cbor2 aiohttp openai-harmony pillow \
 	pybase64 uvloop
-# Debian packages that tests run for real (Prometheus and promtool).
-DEBIAN_PACKAGES := prometheus
+# Debian packages that tests run for real (Prometheus and promtool), and zlib's headers for the
+# metrics proxy's native merge.
+DEBIAN_PACKAGES := prometheus zlib1g-dev
 SOURCES := Makefile pyproject.toml CMakeLists.txt $(shell find csrc -type f 2>/dev/null)
 STAMP := $(VENV)/.installed
 DEBS_STAMP := $(VENV)/.debian-packages
@@ -41,7 +42,7 @@ $(STAMP): $(VENV)/bin/python $(SOURCES)
 	$(PY) -c "from vllm.v1.sample.logits_processor import BatchUpdateBuilder, LogitsProcessor"
 	touch $@
 
-$(DEBS_STAMP): | $(VENV)/bin/python
+$(DEBS_STAMP): Makefile | $(VENV)/bin/python
 	@missing=""; for p in $(DEBIAN_PACKAGES); do \
 		dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \

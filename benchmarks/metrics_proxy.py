@@ -33,10 +33,8 @@ import httpx
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from runtime.metrics_proxy.exposition import Encoder, gzip_body
-from runtime.metrics_proxy.merge import merge_families
+from runtime.metrics_proxy import _metrics
 from runtime.metrics_proxy.multiproc import MultiprocReader
-from runtime.metrics_proxy.triton import SeriesCache, parse_text_exposition
 from tests.support.metrics_harness import ProxyProcess, WriterProcesses
 
 PROMETHEUS_HEADERS = {
@@ -131,21 +129,24 @@ def _row(impl: str, pid: int, concurrency: int, tally: _Tally) -> dict:
 
 
 def _breakdown(multiproc: Path, triton_url: str, repeats: int) -> dict[str, float]:
-    """Milliseconds per step of one merge, run in this process: where a scrape's time goes."""
-    reader = MultiprocReader(multiproc)
-    text = httpx.get(triton_url, timeout=10).text
-    cache: SeriesCache = {}
-    encoder = Encoder((("model_id", "llama-3-8b"), ("colour", "blue")))
-    vllm = reader.read().families
-    triton = parse_text_exposition(text, cache)
-    merged, _ = merge_families([vllm, triton])
-    body = encoder.encode(merged, True)
+    """Milliseconds per step of one merge as the proxy runs it (natively), in this process."""
+    reader = _metrics.MultiprocReader(str(multiproc))
+    body = httpx.get(triton_url, timeout=10).content
+    parser = _metrics.TextParser()
+    encoder = _metrics.Encoder([("model_id", "llama-3-8b"), ("colour", "blue")])
+    vllm, triton = reader.read(), parser.parse(body)
+
+    def write(gzipped: bool) -> bytes:
+        writer = _metrics.BodyWriter(encoder, True, gzipped)
+        writer.add(vllm)
+        writer.add(triton)
+        return writer.finish()
+
     steps = {
         "read_db": reader.read,
-        "parse_triton": lambda: parse_text_exposition(text, cache),
-        "merge": lambda: merge_families([vllm, triton]),
-        "encode": lambda: encoder.encode(merged, True),
-        "gzip": lambda: gzip_body(body),
+        "parse_triton": lambda: parser.parse(body),
+        "write": lambda: write(False),
+        "write_gzip": lambda: write(True),
     }
     out = {}
     for name, step in steps.items():
@@ -157,19 +158,21 @@ def _breakdown(multiproc: Path, triton_url: str, repeats: int) -> dict[str, floa
     return out
 
 
-def _merge_alone(multiproc: Path, repeats: int) -> tuple[float, float]:
-    """Milliseconds to merge the .db files: the proxy's reader and prometheus_client's."""
-    reader = MultiprocReader(multiproc)
+def _merge_alone(multiproc: Path, repeats: int) -> list[float]:
+    """Milliseconds to merge the .db files: the proxy's native reader, the Python reference
+    reader, and prometheus_client's collector."""
+    native = _metrics.MultiprocReader(str(multiproc))
+    python = MultiprocReader(multiproc)
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(multiproc))
     timings = []
-    for merge in (reader.read, lambda: list(registry.collect())):
+    for merge in (native.read, python.read, lambda: list(registry.collect())):
         merge()
         start = time.perf_counter()
         for _ in range(repeats):
             merge()
         timings.append((time.perf_counter() - start) * 1000 / repeats)
-    return timings[0], timings[1]
+    return timings
 
 
 def run(quick: bool) -> list[dict]:
@@ -183,9 +186,10 @@ def run(quick: bool) -> list[dict]:
         with WriterProcesses(multiproc, WRITERS) as writers:
             for _ in range(3):
                 writers.tick()
-        ours, upstream = _merge_alone(multiproc, 20 if quick else 100)
+        native, python, upstream = _merge_alone(multiproc, 20 if quick else 100)
         print(
-            f"merging {WRITERS} processes' files alone: proxy reader {ours:.2f} ms, "
+            f"merging {WRITERS} processes' files alone: proxy (native) {native:.2f} ms, "
+            f"Python reference reader {python:.2f} ms, "
             f"prometheus_client MultiProcessCollector {upstream:.2f} ms"
         )
         triton = subprocess.Popen(
@@ -220,7 +224,8 @@ def run(quick: bool) -> list[dict]:
                         rows.append({**_row(impl, pid, concurrency, tally), "reuse_ms": reuse_ms})
                 steps = _breakdown(multiproc, triton_url, 50 if quick else 300)
                 print(
-                    "one merge, step by step (CPU ms, in this process): "
+                    "one merge, step by step (native, CPU ms, in this process; write_gzip is "
+                    "write with gzip): "
                     + ", ".join(f"{name} {ms:.3f}" for name, ms in steps.items())
                 )
         finally:

@@ -9,20 +9,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
-from runtime.metrics_proxy.exposition import (
-    Encoder,
-    Family,
-    Sample,
-    gzip_body,
-    negotiate,
-    wants_gzip,
-)
-from runtime.metrics_proxy.merge import merge_families
-from runtime.metrics_proxy.multiproc import MultiprocReader, MultiprocResult
+from runtime.metrics_proxy import _metrics
+from runtime.metrics_proxy.exposition import Family, Sample, negotiate, wants_gzip
+from runtime.metrics_proxy.multiproc import mark_dead_processes
 from runtime.metrics_proxy.settings import ProxySettings
-from runtime.metrics_proxy.triton import SeriesCache, TritonScrapeError, fetch_triton
+from runtime.metrics_proxy.triton import TritonClient, TritonScrapeError
 
 __all__ = ["ERROR_REASONS", "MetricsProxyApp", "ProxyConfigError", "create_app"]
 
@@ -36,32 +27,33 @@ ERROR_REASONS = {
 """Error counter label values per source, exposed at 0 from the start so rate() works."""
 
 
-_LOOP_TURNS_TO_SEND = 4
-
-
 class ProxyConfigError(ValueError):
     """The proxy's environment is unusable; the message names the variable to set."""
 
 
 @dataclass
 class _Collected:
-    """One merge of the sources, shared by the scrapes that waited for it; encodings cached."""
+    """One merge of the sources, shared by the scrapes that waited for it; bodies cached.
 
-    families: list[Family]
-    encoder: Encoder
+    The merge's first body is written while it is collected; another format is written from
+    the same families when a scrape asks for it.
+    """
+
+    encoder: _metrics.Encoder
+    own: list[Family]
+    sources: list[_metrics.FamilyList]
     bodies: dict[tuple[bool, bool], bytes] = field(default_factory=dict)
 
     def body(self, openmetrics: bool, gzipped: bool) -> bytes:
         key = (openmetrics, gzipped)
         body = self.bodies.get(key)
         if body is None:
-            body = self.bodies.get((openmetrics, False))
-            if body is None:
-                body = self.bodies[(openmetrics, False)] = self.encoder.encode(
-                    self.families, openmetrics
-                )
-            if gzipped:
-                body = self.bodies[key] = gzip_body(body)
+            writer = _metrics.BodyWriter(self.encoder, openmetrics, gzipped)
+            writer.reserve(self.own)
+            for source in self.sources:
+                writer.add(source)
+            writer.add_reserved(self.own)
+            body = self.bodies[key] = writer.finish()
         return body
 
 
@@ -83,10 +75,10 @@ class MetricsProxyApp:
                 "at the directory vLLM writes its multiprocess metrics to"
             )
         self.settings = settings
-        self._encoder = Encoder(settings.constant_labels())
-        self._triton_series: SeriesCache = {}
-        self._reader = MultiprocReader(settings.multiproc_dir, settings.mark_dead_processes)
-        self._client: httpx.AsyncClient | None = None
+        self._encoder = _metrics.Encoder(list(settings.constant_labels()))
+        self._parser = _metrics.TextParser()
+        self._reader = _metrics.MultiprocReader(str(settings.multiproc_dir))
+        self._client: TritonClient | None = None
         self._inflight: asyncio.Future[_Collected] | None = None
         self._state = {
             source: _SourceState(errors=dict.fromkeys(reasons, 0.0))
@@ -97,20 +89,24 @@ class MetricsProxyApp:
         self._files = 0
         self._corrupt = 0
         self._dropped = 0
+        # Names are all that reserve() reads: the proxy's own families hide any source's.
+        self._own_layout = self._own_families()
 
     async def startup(self) -> None:
-        """Open the pooled HTTP client used for every Triton fetch."""
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(self.settings.triton_timeout_s),
-            limits=httpx.Limits(max_connections=4, max_keepalive_connections=2),
-            # Triton is on loopback: a pod-wide HTTP(S)_PROXY must never route it elsewhere.
-            trust_env=False,
-        )
+        """Create the keep-alive client used for every Triton fetch."""
+        try:
+            self._client = TritonClient(
+                self.settings.triton_url,
+                self.settings.triton_timeout_s,
+                self.settings.triton_max_bytes,
+            )
+        except ValueError as exc:
+            raise ProxyConfigError(f"METRICS_PROXY_TRITON_URL: {exc}") from exc
 
     async def shutdown(self) -> None:
-        """Close the HTTP client."""
+        """Close the client's connections."""
         if self._client is not None:
-            await self._client.aclose()
+            self._client.close()
             self._client = None
 
     def _fail(self, source: str, reason: str, message: str) -> None:
@@ -120,55 +116,54 @@ class MetricsProxyApp:
             log.warning("metrics source %s failed (%s): %s", source, reason, message)
         state.up, state.last_error = False, message
 
-    async def _scrape_triton(self) -> list[Family]:
+    async def _scrape_triton(self) -> _metrics.FamilyList | None:
         assert self._client is not None, "startup() not run"
         start = time.perf_counter()
         state = self._state[TRITON]
+        families = None
         try:
-            families = await fetch_triton(
-                self._client,
-                self.settings.triton_url,
-                self.settings.triton_timeout_s,
-                self.settings.triton_max_bytes,
-                self._triton_series,
-            )
+            body = await self._client.fetch()
+            try:
+                families = self._parser.parse(body)
+            except ValueError as exc:
+                raise TritonScrapeError("parse", f"{self.settings.triton_url}: {exc}") from exc
         except TritonScrapeError as exc:
             self._fail(TRITON, exc.reason, str(exc))
-            families = []
         except Exception as exc:  # a bug must cost the source, never the whole scrape
             log.exception("reading Triton's metrics failed unexpectedly")
             self._fail(TRITON, "internal", repr(exc))
-            families = []
         else:
             state.up, state.last_error = True, ""
         state.duration_s = time.perf_counter() - start
         return families
 
-    def _read_vllm(self) -> list[Family]:
+    def _read_vllm(self, writer: _metrics.BodyWriter) -> _metrics.FamilyList | None:
+        """Read the .db files and write (and compress) them into ``writer``, without the GIL."""
         start = time.perf_counter()
         state = self._state[VLLM]
+        result = None
         try:
-            result: MultiprocResult = self._reader.read()
+            if self.settings.mark_dead_processes:
+                mark_dead_processes(self.settings.multiproc_dir)  # type: ignore[arg-type]
+            result = self._reader.read_into(writer)
         except OSError as exc:
             self._fail(VLLM, "read_dir", f"{self.settings.multiproc_dir}: {exc}")
-            families: list[Family] = []
             self._files = self._corrupt = 0
         except Exception as exc:  # a bug must cost the source, never the whole scrape
             log.exception("reading the multiprocess files failed unexpectedly")
             self._fail(VLLM, "internal", repr(exc))
-            families = []
             self._files = self._corrupt = 0
         else:
-            families = result.families
-            self._files, self._corrupt = result.files, len(result.corrupt_files)
+            corrupt = result.corrupt_files
+            self._files, self._corrupt = result.files, len(corrupt)
             state.up, state.last_error = True, ""
-            state.errors["corrupt_file"] += len(result.corrupt_files)
-            if result.corrupt_files != self._corrupt_seen:  # log changes, not every scrape
-                self._corrupt_seen = result.corrupt_files
-                if result.corrupt_files:
-                    log.warning("skipping corrupt files: %s", "; ".join(result.corrupt_files))
+            state.errors["corrupt_file"] += len(corrupt)
+            if corrupt != self._corrupt_seen:  # log changes, not every scrape
+                self._corrupt_seen = corrupt
+                if corrupt:
+                    log.warning("skipping corrupt files: %s", "; ".join(corrupt))
         state.duration_s = time.perf_counter() - start
-        return families
+        return result
 
     def _own_families(self) -> list[Family]:
         def gauge(name: str, help_text: str, samples: list[Sample]) -> Family:
@@ -220,32 +215,41 @@ class MetricsProxyApp:
             ),
         ]
 
-    async def _collect(self) -> _Collected:
+    async def _collect(self, openmetrics: bool, gzipped: bool) -> _Collected:
+        writer = _metrics.BodyWriter(self._encoder, openmetrics, gzipped)
+        writer.reserve(self._own_layout)
+        # The fetch writes its request on its first loop turn; the files are read and the vLLM
+        # part written and compressed (natively, most of a merge's CPU) while Triton answers.
+        # (A worker thread measured no faster: the handoffs cost what the overlap saves.)
         fetch = asyncio.ensure_future(self._scrape_triton())
-        # Give the fetch the few loop turns httpx needs to write its request, then read the
-        # files on this thread while Triton answers. (A worker thread would contend for the
-        # GIL and wait out its 5 ms switch interval; if the request is not out yet, the two
-        # merely run one after the other.)
-        for _ in range(_LOOP_TURNS_TO_SEND):
-            await asyncio.sleep(0)
-        vllm = self._read_vllm()
+        await asyncio.sleep(0)
+        vllm = self._read_vllm(writer)
         triton = await fetch
-        vllm_names = {f.name for f in vllm}
-        self._dropped = sum(1 for f in triton if f.name in vllm_names)
-        families, _ = merge_families([self._own_families(), vllm, triton])
+        sources = [s for s in (vllm, triton) if s is not None]
+        if triton is not None:
+            writer.add(triton)
+            shared = set(vllm.names()) if vllm is not None else set()
+            self._dropped = sum(1 for name in triton.names() if name in shared)
+        else:
+            self._dropped = 0
+        own = self._own_families()
+        writer.add_reserved(own)
+        collected = _Collected(self._encoder, own, sources)
+        collected.bodies[(openmetrics, gzipped)] = writer.finish()
         self._finished_at = time.monotonic()
-        return _Collected(families, self._encoder)
+        return collected
 
-    async def collect(self) -> _Collected:
+    async def collect(self, openmetrics: bool = False, gzipped: bool = False) -> _Collected:
         """Merge the sources once for all scrapes that arrive while a merge is running.
 
         A merge finished less than ``reuse_s`` ago is served again, so scrapers that come
-        together (Prometheus replicas) cost one merge.
+        together (Prometheus replicas) cost one merge. The merge writes the body of the
+        scrape that starts it (``openmetrics``, ``gzipped``) as it goes.
         """
         inflight = self._inflight
         stale = time.monotonic() - self._finished_at >= self.settings.reuse_s
         if inflight is None or (inflight.done() and stale):
-            self._inflight = asyncio.ensure_future(self._collect())
+            self._inflight = asyncio.ensure_future(self._collect(openmetrics, gzipped))
         # Shielded: a scraper that disconnects must not cancel the merge others wait for.
         return await asyncio.shield(self._inflight)
 
@@ -273,7 +277,7 @@ class MetricsProxyApp:
             return
         openmetrics, content_type = negotiate(headers.get("accept"))
         gzipped = wants_gzip(headers.get("accept-encoding"))
-        collected = await self.collect()
+        collected = await self.collect(openmetrics, gzipped)
         extra = [(b"vary", b"Accept, Accept-Encoding")]
         if gzipped:
             extra.append((b"content-encoding", b"gzip"))

@@ -1,5 +1,8 @@
 """Metric families as the proxy holds them, and their Prometheus text and OpenMetrics encodings.
 
+The proxy writes its bodies with the native ``_metrics.BodyWriter``; ``Encoder`` (with
+``merge.merge_families``) is the reference that it is tested against byte for byte.
+
 The proxy writes both formats itself: ``prometheus_client``'s encoders rename counters that
 lack ``_total`` (all of Triton's) and escape ``:`` in OpenMetrics, which would change the
 series names that the dashboards and alerts query.
@@ -7,7 +10,6 @@ series names that the dashboards and alerts query.
 
 from __future__ import annotations
 
-import gzip
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -20,7 +22,6 @@ __all__ = [
     "Family",
     "LabelSet",
     "Sample",
-    "gzip_body",
     "negotiate",
     "wants_gzip",
 ]
@@ -168,8 +169,3 @@ def wants_gzip(accept_encoding: str | None) -> bool:
         if parts[0].lower() == "gzip":
             return not any(p.replace(" ", "") in ("q=0", "q=0.0") for p in parts[1:])
     return False
-
-
-def gzip_body(body: bytes) -> bytes:
-    """Compress fast: scrapes are frequent and bodies compress well even at level 1."""
-    return gzip.compress(body, compresslevel=1, mtime=0)

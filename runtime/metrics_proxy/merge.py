@@ -1,4 +1,7 @@
-"""Joins the sources into one exposition: one family per name, each sample name in one family."""
+"""Joins the sources into one exposition: one family per name, each sample name in one family.
+
+The reference for the native ``_metrics.BodyWriter``, which applies the same rules as it writes.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """Reads vLLM's ``prometheus_client`` multiprocess ``.db`` files into merged metric families.
 
+The proxy merges with the native ``_metrics.MultiprocReader``; this reader is the reference
+that it is tested against, itself tested against ``MultiProcessCollector``.
+
 It merges exactly as ``prometheus_client.multiprocess.MultiProcessCollector`` does (counters,
 histogram buckets and sums add up across processes; gauges follow their multiprocess mode),
 but file by file: memory grows with the number of distinct series, not with the number of
@@ -20,7 +23,7 @@ from prometheus_client.utils import floatToGoString
 
 from runtime.metrics_proxy.exposition import Family, LabelSet, Sample
 
-__all__ = ["MultiprocReader", "MultiprocResult"]
+__all__ = ["MultiprocReader", "MultiprocResult", "mark_dead_processes"]
 
 _INT = struct.Struct("i")
 _HEADER = 8
@@ -106,6 +109,25 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def mark_dead_processes(directory: Path, names: list[str] | None = None) -> list[str]:
+    """``mark_process_dead`` for each pid of a ``gauge_live*`` file whose process is gone.
+
+    Only correct when the pod shares one process namespace. Returns the ``.db`` names
+    (of ``names``, or of the directory) that are still there.
+    """
+    if names is None:
+        names = sorted(e.name for e in os.scandir(directory) if e.name.endswith(".db"))
+    pids = {
+        name.rsplit("_", 1)[1][:-3]
+        for name in names
+        if name.startswith("gauge_live") and name.count("_") == 2
+    }
+    for pid in pids:
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            mark_process_dead(int(pid), str(directory))
+    return [n for n in names if os.path.exists(os.path.join(directory, n))]
 
 
 def _parse_key(raw: bytes) -> _ParsedKey:
@@ -310,16 +332,6 @@ class MultiprocReader:
             layout.plans[typ] = np.array(plan, dtype=np.intp)
         return layout.plans[typ]
 
-    def _mark_dead_processes(self, names: list[str]) -> None:
-        pids = {
-            name.rsplit("_", 1)[1][:-3]
-            for name in names
-            if name.startswith("gauge_live") and name.count("_") == 2
-        }
-        for pid in pids:
-            if pid.isdigit() and not _pid_alive(int(pid)):
-                mark_process_dead(int(pid), str(self._directory))
-
     def _reset_if_large(self) -> None:
         if len(self._slots) > _SLOT_LIMIT:
             self._slots, self._slot_index = [], {}
@@ -330,8 +342,7 @@ class MultiprocReader:
         """Merge every ``*.db`` file; raises ``OSError`` only if the directory is unreadable."""
         names = sorted(e.name for e in os.scandir(self._directory) if e.name.endswith(".db"))
         if self._mark_dead:
-            self._mark_dead_processes(names)
-            names = [n for n in names if os.path.exists(os.path.join(self._directory, n))]
+            names = mark_dead_processes(self._directory, names)
         self._reset_if_large()
         # Forget files that are gone so the per-file map stays as large as the directory.
         self._file_layouts = {n: self._file_layouts[n] for n in names if n in self._file_layouts}

@@ -16,8 +16,6 @@ __all__ = ["run_from_env", "serve"]
 def serve(settings: ProxySettings) -> None:
     """Serve ``/metrics`` and ``/healthz`` on ``settings.host:settings.port`` until signalled."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    # httpx logs every request at INFO: one line per scrape would flood the sidecar's log.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
     app = create_app(settings)
     config = uvicorn.Config(
         app,

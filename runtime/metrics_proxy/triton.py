@@ -1,15 +1,18 @@
-"""Fetches Triton's ``/metrics`` over HTTP with a bounded time and size, and parses it."""
+"""Fetches Triton's ``/metrics`` over HTTP with a bounded time and size; parses its text.
+
+The proxy parses with the native ``_metrics.TextParser``; ``parse_text_exposition`` is the
+reference it is tested against.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import re
-
-import httpx
+from urllib.parse import urlsplit
 
 from runtime.metrics_proxy.exposition import Family, LabelSet, Sample
 
-__all__ = ["SeriesCache", "TritonScrapeError", "fetch_triton", "parse_text_exposition"]
+__all__ = ["SeriesCache", "TritonClient", "TritonScrapeError", "parse_text_exposition"]
 
 _SUFFIXES = ("_total", "_bucket", "_sum", "_count", "_created")
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|\})')
@@ -146,32 +149,204 @@ def _family_for(
     return family
 
 
-async def fetch_triton(
-    client: httpx.AsyncClient,
-    url: str,
-    timeout_s: float,
-    max_bytes: int,
-    cache: SeriesCache | None = None,
-) -> list[Family]:
-    """GET Triton's metrics within ``timeout_s`` overall; raises ``TritonScrapeError``."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            async with client.stream("GET", url) as response:
-                if response.status_code != 200:
-                    raise TritonScrapeError("http_status", f"{url} answered {response.status_code}")
-                body = bytearray()
-                async for chunk in response.aiter_bytes():
-                    body += chunk
-                    if len(body) > max_bytes:
-                        raise TritonScrapeError("too_large", f"{url} sent over {max_bytes} bytes")
-    except TimeoutError as exc:
-        raise TritonScrapeError("timeout", f"{url} did not answer within {timeout_s} s") from exc
-    except httpx.TimeoutException as exc:
-        raise TritonScrapeError("timeout", f"{url} did not answer within {timeout_s} s") from exc
-    except httpx.HTTPError as exc:
-        raise TritonScrapeError("connect", f"{url}: {exc!r}") from exc
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise TritonScrapeError("parse", f"{url} sent invalid UTF-8") from exc
-    return parse_text_exposition(text, cache)
+_CLOSED_IDLE = "closed before a response"
+
+
+class _Connection(asyncio.Protocol):
+    """One HTTP/1.1 connection to Triton: sends a GET and collects one response."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.reusable = False
+        self._buffer = bytearray()
+        self._waiter: asyncio.Future[bytes] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        self._check()
+
+    def eof_received(self) -> bool:
+        self.closed = True
+        self._check()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._check()
+
+    def request(self, data: bytes) -> asyncio.Future[bytes]:
+        assert self.transport is not None
+        self._buffer.clear()
+        self._waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(data)
+        return self._waiter
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def _check(self) -> None:
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return
+        try:
+            body = self._parse()
+        except TritonScrapeError as exc:
+            waiter.set_exception(exc)
+            return
+        if body is not None:
+            waiter.set_result(body)
+        elif self.closed:
+            message = _CLOSED_IDLE if not self._buffer else "closed mid-response"
+            waiter.set_exception(TritonScrapeError("connect", message))
+
+    def _parse(self) -> bytes | None:
+        """The body once the response is complete; None while more is needed."""
+        buf = self._buffer
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(buf) > self.max_bytes:
+                raise TritonScrapeError("too_large", f"sent over {self.max_bytes} bytes")
+            return None
+        head = bytes(buf[:end]).decode("latin-1").split("\r\n")
+        status_line = head[0].split(" ", 2)
+        if len(status_line) < 2 or not status_line[0].startswith("HTTP/"):
+            raise TritonScrapeError("connect", f"not an HTTP response: {head[0]!r}")
+        try:
+            status = int(status_line[1])
+        except ValueError as exc:
+            raise TritonScrapeError("connect", f"bad status line {head[0]!r}") from exc
+        headers: dict[str, str] = {}
+        for line in head[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        if status != 200:
+            raise TritonScrapeError("http_status", f"answered {status}")
+        start = end + 4
+        keep_alive = status_line[0] == "HTTP/1.1" and headers.get("connection", "") != "close"
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            body = self._dechunk(start)
+        elif "content-length" in headers:
+            try:
+                length = int(headers["content-length"])
+            except ValueError as exc:
+                raise TritonScrapeError("connect", "bad Content-Length") from exc
+            if length > self.max_bytes:
+                raise TritonScrapeError("too_large", f"sent over {self.max_bytes} bytes")
+            if len(buf) - start < length:
+                return None
+            body = bytes(buf[start : start + length])
+        else:  # the body runs to the end of the connection
+            keep_alive = False
+            if len(buf) - start > self.max_bytes:
+                raise TritonScrapeError("too_large", f"sent over {self.max_bytes} bytes")
+            if not self.closed:
+                return None
+            body = bytes(buf[start:])
+        self.reusable = keep_alive and not self.closed
+        return body
+
+    def _dechunk(self, pos: int) -> bytes | None:
+        buf, parts, size = self._buffer, [], 0
+        while True:
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                return None
+            try:
+                length = int(bytes(buf[pos:eol]).split(b";", 1)[0], 16)
+            except ValueError as exc:
+                raise TritonScrapeError("connect", "bad chunk size") from exc
+            size += length
+            if size > self.max_bytes:
+                raise TritonScrapeError("too_large", f"sent over {self.max_bytes} bytes")
+            if length == 0:
+                # Trailers (rarely any) end with an empty line.
+                return b"".join(parts) if buf.find(b"\r\n\r\n", eol) >= 0 else None
+            if len(buf) < eol + 2 + length + 2:
+                return None
+            parts.append(bytes(buf[eol + 2 : eol + 2 + length]))
+            pos = eol + 2 + length + 2
+
+
+class TritonClient:
+    """GETs Triton's metrics over kept-alive HTTP/1.1, within a bounded time and size.
+
+    Plain HTTP only (Triton's port 8002 is on loopback), and never through a pod-wide
+    ``HTTP(S)_PROXY``: the environment is not read. A connection closed while idle is
+    replaced once, as any pooling client does.
+    """
+
+    def __init__(self, url: str, timeout_s: float, max_bytes: int) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"Triton's metrics URL must be http://host[:port]/path, got {url!r}")
+        self.url = url
+        self.timeout_s = timeout_s
+        self.max_bytes = max_bytes
+        self._host, self._port = parts.hostname, parts.port or 80
+        path = parts.path or "/"
+        if parts.query:
+            path += "?" + parts.query
+        self._request = (
+            f"GET {path} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+            "Accept: text/plain\r\nUser-Agent: llm-serving-metrics-proxy\r\n\r\n"
+        ).encode("latin-1")
+        self._idle: list[_Connection] = []
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        _, conn = await loop.create_connection(
+            lambda: _Connection(self.max_bytes), self._host, self._port
+        )
+        return conn
+
+    async def _get(self) -> bytes:
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.closed:
+                continue
+            try:
+                return await self._exchange(conn)
+            except TritonScrapeError as exc:
+                if str(exc) != _CLOSED_IDLE:
+                    raise
+                # The server closed it while idle: take another or a fresh one.
+        return await self._exchange(await self._connect())
+
+    async def _exchange(self, conn: _Connection) -> bytes:
+        try:
+            body = await conn.request(self._request)
+        except BaseException:  # an error, the timeout's cancellation: never reused
+            conn.close()
+            raise
+        if conn.reusable and len(self._idle) < 2:
+            self._idle.append(conn)
+        else:
+            conn.close()
+        return body
+
+    async def fetch(self) -> bytes:
+        """The body of one GET; raises ``TritonScrapeError`` with the error counter's reason."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await self._get()
+        except TimeoutError as exc:
+            raise TritonScrapeError(
+                "timeout", f"{self.url} did not answer within {self.timeout_s} s"
+            ) from exc
+        except TritonScrapeError as exc:
+            raise TritonScrapeError(exc.reason, f"{self.url}: {exc}") from exc
+        except OSError as exc:
+            raise TritonScrapeError("connect", f"{self.url}: {exc!r}") from exc
+
+    def close(self) -> None:
+        """Close the idle connections."""
+        for conn in self._idle:
+            conn.close()
+        self._idle.clear()

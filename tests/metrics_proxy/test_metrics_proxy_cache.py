@@ -1,6 +1,7 @@
-"""What the multiprocess reader caches between reads (per-file key layouts, summed series and
-render plans) never hides a change: values, appended series, replaced, removed, cut and
-damaged files.
+"""What the multiprocess readers cache between reads (per-file key layouts or parsed keys, open
+files, summed series and render plans) never hides a change: values, appended series,
+replaced, removed, cut and damaged files. Each test runs against the proxy's native reader
+and the Python reference reader.
 
 Files are written with ``prometheus_client``'s own ``MmapedDict`` (what its multiprocess
 values write through), so each step knows exactly what is on disk; one reader is kept across
@@ -19,7 +20,29 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from runtime.metrics_proxy.multiproc import MultiprocReader
+from runtime.metrics_proxy import _metrics
+from runtime.metrics_proxy.exposition import Family, Sample
+from runtime.metrics_proxy.multiproc import MultiprocReader, MultiprocResult
+
+
+class _NativeReader:
+    """The native reader behind the Python reader's interface."""
+
+    def __init__(self, directory: Path) -> None:
+        self._reader = _metrics.MultiprocReader(str(directory))
+
+    def read(self) -> MultiprocResult:
+        got = self._reader.read()
+        families = [
+            Family(name, typ, help_text, [Sample(*sample) for sample in samples])
+            for name, typ, help_text, samples in got.families()
+        ]
+        return MultiprocResult(families, got.files, got.corrupt_files)
+
+
+@pytest.fixture(params=["native", "python"])
+def make_reader(request: pytest.FixtureRequest):
+    return _NativeReader if request.param == "native" else MultiprocReader
 
 
 def _write(path: Path, entries: dict[tuple[str, str, tuple], float], stamp: float = 0.0) -> None:
@@ -33,7 +56,7 @@ def _write(path: Path, entries: dict[tuple[str, str, tuple], float], stamp: floa
         db.close()
 
 
-def _view(reader: MultiprocReader) -> dict[tuple[str, tuple], float]:
+def _view(reader: MultiprocReader | _NativeReader) -> dict[tuple[str, tuple], float]:
     view = {}
     for family in reader.read().families:
         for s in family.samples:
@@ -57,19 +80,19 @@ def _counter(labels: tuple = (("k", "a"),)) -> tuple[str, str, tuple]:
     return ("c", "c_total", labels)
 
 
-def test_a_value_written_between_reads_is_seen(tmp_path: Path) -> None:
+def test_a_value_written_between_reads_is_seen(tmp_path: Path, make_reader) -> None:
     path = tmp_path / "counter_1.db"
     _write(path, {_counter(): 1.0})
-    reader = MultiprocReader(tmp_path)
+    reader = make_reader(tmp_path)
     assert _view(reader) == {("c_total", (("k", "a"),)): 1.0}
     _write(path, {_counter(): 7.5})
     assert _view(reader) == {("c_total", (("k", "a"),)): 7.5}
 
 
-def test_a_series_appended_to_a_file_appears(tmp_path: Path) -> None:
+def test_a_series_appended_to_a_file_appears(tmp_path: Path, make_reader) -> None:
     path = tmp_path / "counter_1.db"
     _write(path, {_counter(): 1.0})
-    reader = MultiprocReader(tmp_path)
+    reader = make_reader(tmp_path)
     assert len(_view(reader)) == 1
     _write(path, {_counter((("k", "b"),)): 2.0})
     assert _view(reader) == {
@@ -78,10 +101,10 @@ def test_a_series_appended_to_a_file_appears(tmp_path: Path) -> None:
     }
 
 
-def test_a_file_grown_past_its_first_size_is_read_whole(tmp_path: Path) -> None:
+def test_a_file_grown_past_its_first_size_is_read_whole(tmp_path: Path, make_reader) -> None:
     path = tmp_path / "counter_1.db"
     _write(path, {_counter(): 1.0})
-    reader = MultiprocReader(tmp_path)
+    reader = make_reader(tmp_path)
     _view(reader)
     size = path.stat().st_size
     # Enough keys to make prometheus_client double the file.
@@ -94,10 +117,10 @@ def test_a_file_grown_past_its_first_size_is_read_whole(tmp_path: Path) -> None:
     assert view == _collector_view(tmp_path)
 
 
-def test_a_replaced_file_is_read_again(tmp_path: Path) -> None:
+def test_a_replaced_file_is_read_again(tmp_path: Path, make_reader) -> None:
     path = tmp_path / "counter_1.db"
     _write(path, {_counter((("k", f"old-{i}"),)): 1.0 for i in range(200)})
-    reader = MultiprocReader(tmp_path)
+    reader = make_reader(tmp_path)
     assert len(_view(reader)) == 200
     # Same name, new inode, smaller: a new process took the name (a wipe and a restart).
     new = tmp_path / "new.tmp"
@@ -108,10 +131,10 @@ def test_a_replaced_file_is_read_again(tmp_path: Path) -> None:
     assert _view(reader) == {("c_total", (("k", "new"),)): 3.0}
 
 
-def test_a_file_replaced_by_one_of_the_same_size_is_read_again(tmp_path: Path) -> None:
+def test_a_file_replaced_by_one_of_the_same_size_is_read_again(tmp_path: Path, make_reader) -> None:
     path = tmp_path / "counter_1.db"
     _write(path, {_counter((("k", "aaaa"),)): 1.0})
-    reader = MultiprocReader(tmp_path)
+    reader = make_reader(tmp_path)
     assert _view(reader) == {("c_total", (("k", "aaaa"),)): 1.0}
     new = tmp_path / "new.tmp"
     _write(new, {_counter((("k", "bbbb"),)): 2.0})
@@ -120,10 +143,10 @@ def test_a_file_replaced_by_one_of_the_same_size_is_read_again(tmp_path: Path) -
     assert _view(reader) == {("c_total", (("k", "bbbb"),)): 2.0}
 
 
-def test_a_file_cut_short_in_place_is_read_again(tmp_path: Path) -> None:
+def test_a_file_cut_short_in_place_is_read_again(tmp_path: Path, make_reader) -> None:
     path = tmp_path / "counter_1.db"
     _write(path, {_counter(): 4.0})
-    reader = MultiprocReader(tmp_path)
+    reader = make_reader(tmp_path)
     _view(reader)
     used = int.from_bytes(path.read_bytes()[:4], "little")
     # Same inode, shorter: only the used part remains, then nothing.
@@ -134,11 +157,11 @@ def test_a_file_cut_short_in_place_is_read_again(tmp_path: Path) -> None:
     assert [c.split(":")[0] for c in result.corrupt_files] == ["counter_1.db"]
 
 
-def test_a_removed_file_disappears(tmp_path: Path) -> None:
+def test_a_removed_file_disappears(tmp_path: Path, make_reader) -> None:
     keep, gone = tmp_path / "counter_1.db", tmp_path / "counter_2.db"
     _write(keep, {_counter(): 1.0})
     _write(gone, {_counter(): 2.0, _counter((("k", "only-2"),)): 5.0})
-    reader = MultiprocReader(tmp_path)
+    reader = make_reader(tmp_path)
     assert _view(reader) == {
         ("c_total", (("k", "a"),)): 3.0,
         ("c_total", (("k", "only-2"),)): 5.0,
@@ -147,11 +170,11 @@ def test_a_removed_file_disappears(tmp_path: Path) -> None:
     assert _view(reader) == {("c_total", (("k", "a"),)): 1.0}
 
 
-def test_a_truncated_entry_at_the_end_is_skipped_and_counted(tmp_path: Path) -> None:
+def test_a_truncated_entry_at_the_end_is_skipped_and_counted(tmp_path: Path, make_reader) -> None:
     good, damaged = tmp_path / "counter_1.db", tmp_path / "counter_2.db"
     _write(good, {_counter(): 1.0})
     _write(damaged, {_counter(): 2.0})
-    reader = MultiprocReader(tmp_path)
+    reader = make_reader(tmp_path)
     assert _view(reader) == {("c_total", (("k", "a"),)): 3.0}
     data = bytearray(damaged.read_bytes())
     used = int.from_bytes(data[:4], "little")
@@ -241,9 +264,9 @@ def _current(path: Path, key: tuple[str, str, tuple]) -> float:
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(steps=_STEPS)
-def test_random_histories_merge_as_prometheus_client(tmp_path_factory, steps) -> None:
+def test_random_histories_merge_as_prometheus_client(tmp_path_factory, make_reader, steps) -> None:
     directory = tmp_path_factory.mktemp("history")
-    reader = MultiprocReader(directory)
+    reader = make_reader(directory)
     clock = [1_700_000_000.0]
     for number, step in enumerate(steps):
         _apply(directory, step, clock)

@@ -1,0 +1,434 @@
+// Triton's text exposition parsed, and the merged body written (text or OpenMetrics, gzip).
+#include <cstring>
+#include <string>
+#include <unordered_map>
+
+#include "metrics.h"
+
+namespace llm_serving::metrics {
+
+namespace {
+
+constexpr const char* kSuffixes[] = {"_total", "_bucket", "_sum", "_count", "_created"};
+
+// What Python's str.split() and the label regex's \s take for whitespace (ASCII part).
+bool IsSpace(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f' ||
+         (c >= '\x1c' && c <= '\x1f');
+}
+
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+std::vector<std::string_view> SplitWhitespace(std::string_view s) {
+  std::vector<std::string_view> out;
+  size_t i = 0;
+  while (i < s.size()) {
+    while (i < s.size() && IsSpace(s[i])) ++i;
+    size_t start = i;
+    while (i < s.size() && !IsSpace(s[i])) ++i;
+    if (i > start) out.push_back(s.substr(start, i - start));
+  }
+  return out;
+}
+
+std::string Unescape(std::string_view value) {
+  std::string out;
+  out.reserve(value.size());
+  for (size_t i = 0; i < value.size(); ++i) {
+    if (value[i] == '\\' && i + 1 < value.size()) {
+      char next = value[++i];
+      if (next == 'n') {
+        out += '\n';
+      } else if (next == '\\' || next == '"') {
+        out += next;
+      } else {
+        out += '\\';
+        out += next;
+      }
+    } else {
+      out += value[i];
+    }
+  }
+  return out;
+}
+
+[[noreturn]] void Fail(size_t lineno, const char* what, std::string_view line) {
+  throw ParseError("line " + std::to_string(lineno) + ": " + what + " in " + std::string(line));
+}
+
+bool IsNameStart(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
+bool IsNameChar(char c) { return IsNameStart(c) || (c >= '0' && c <= '9'); }
+
+// name{labels}: returns the position after the closing brace.
+size_t ParseSeries(std::string_view line, size_t brace, size_t lineno, Series* sample) {
+  sample->name = std::string(line.substr(0, brace));
+  size_t pos = brace + 1;
+  if (pos < line.size() && line[pos] == '}') return pos + 1;
+  while (true) {
+    // \s*NAME\s*=\s*"VALUE"\s*(,|})
+    auto skip = [&] {
+      while (pos < line.size() && IsSpace(line[pos])) ++pos;
+    };
+    skip();
+    size_t start = pos;
+    if (pos >= line.size() || !IsNameStart(line[pos])) Fail(lineno, "bad labels", line);
+    while (pos < line.size() && IsNameChar(line[pos])) ++pos;
+    std::string_view label = line.substr(start, pos - start);
+    skip();
+    if (pos >= line.size() || line[pos] != '=') Fail(lineno, "bad labels", line);
+    ++pos;
+    skip();
+    if (pos >= line.size() || line[pos] != '"') Fail(lineno, "bad labels", line);
+    start = ++pos;
+    while (pos < line.size() && line[pos] != '"') {
+      if (line[pos] == '\\') {
+        if (pos + 1 >= line.size()) Fail(lineno, "bad labels", line);
+        ++pos;
+      }
+      ++pos;
+    }
+    if (pos >= line.size()) Fail(lineno, "bad labels", line);
+    std::string_view value = line.substr(start, pos - start);
+    ++pos;
+    skip();
+    if (pos >= line.size() || (line[pos] != ',' && line[pos] != '}')) {
+      Fail(lineno, "bad labels", line);
+    }
+    sample->labels.emplace_back(std::string(label), Unescape(value));
+    if (line[pos++] == '}') return pos;
+  }
+}
+
+constexpr size_t kSeriesCacheLimit = 50'000;
+
+Sample ParseSample(std::string_view line, size_t lineno,
+                   std::unordered_map<std::string, SeriesPtr>* cache) {
+  Sample sample;
+  size_t brace = line.find('{');
+  size_t space = line.find(' ');
+  std::vector<std::string_view> rest;
+  if (brace != std::string_view::npos && (space == std::string_view::npos || brace < space)) {
+    // The value and timestamp never hold a brace, so the last one closes the labels.
+    size_t last = line.rfind('}');
+    size_t end = last == std::string_view::npos ? 0 : last + 1;
+    std::string text(line.substr(0, end));
+    auto found = cache->find(text);
+    if (found == cache->end()) {
+      auto series = std::make_shared<Series>();
+      if (ParseSeries(line, brace, lineno, series.get()) != end) Fail(lineno, "bad labels", line);
+      if (cache->size() >= kSeriesCacheLimit) cache->clear();
+      found = cache->emplace(std::move(text), std::move(series)).first;
+    }
+    sample.series = found->second;
+    rest = SplitWhitespace(line.substr(end));
+  } else {
+    rest = SplitWhitespace(line);
+    auto series = std::make_shared<Series>();
+    if (!rest.empty()) {
+      series->name = std::string(rest.front());
+      rest.erase(rest.begin());
+    }
+    sample.series = std::move(series);
+  }
+  if (sample.series->name.empty() || rest.empty()) Fail(lineno, "no value", line);
+  if (!ParseFloat(rest[0], &sample.value)) Fail(lineno, "bad value", line);
+  return sample;
+}
+
+}  // namespace
+
+std::vector<Family> TextParser::Parse(std::string_view text) {
+  if (!ValidUtf8(text)) throw ParseError("invalid UTF-8");
+  std::vector<Family> families;
+  std::unordered_map<std::string, size_t> by_base;
+  std::unordered_map<std::string, std::pair<std::string, std::string>> declared;
+  Family* current = nullptr;
+  size_t lineno = 0, start = 0;
+  while (start <= text.size()) {
+    // Only "\n" ends a line: label values and help may hold "\r" raw.
+    size_t nl = text.find('\n', start);
+    size_t stop = nl == std::string_view::npos ? text.size() : nl;
+    std::string_view line = text.substr(start, stop - start);
+    start = stop + 1;
+    ++lineno;
+    while (!line.empty() && (line[0] == ' ' || line[0] == '\t')) line.remove_prefix(1);
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    if (line[0] == '#') {
+      // line.split(" ", 3)
+      std::vector<std::string_view> parts;
+      size_t pos = 0;
+      while (parts.size() < 3) {
+        size_t sp = line.find(' ', pos);
+        if (sp == std::string_view::npos) break;
+        parts.push_back(line.substr(pos, sp - pos));
+        pos = sp + 1;
+      }
+      parts.push_back(line.substr(pos));
+      if (parts.size() >= 3 && (parts[1] == "HELP" || parts[1] == "TYPE")) {
+        std::string name(parts[2]);
+        auto found = declared.find(name);
+        std::pair<std::string, std::string> entry =
+            found == declared.end() ? std::make_pair(std::string("untyped"), std::string())
+                                    : found->second;
+        std::string_view rest = parts.size() > 3 ? parts[3] : std::string_view();
+        if (parts[1] == "HELP") {
+          entry.second = Unescape(rest);
+        } else {
+          auto words = SplitWhitespace(rest);
+          // rest.strip(): only a one-word type is expected; keep inner text as Python does.
+          if (words.empty()) {
+            entry.first = "untyped";
+          } else {
+            size_t a = rest.find(words.front());
+            size_t b = rest.rfind(words.back()) + words.back().size();
+            entry.first = std::string(rest.substr(a, b - a));
+          }
+        }
+        declared[name] = std::move(entry);
+      }
+      continue;
+    }
+    Sample sample = ParseSample(line, lineno, &series_);
+    const std::string& sample_name = sample.series->name;
+    bool same = false;
+    if (current != nullptr) {
+      if (sample_name == current->name) {
+        same = true;
+      } else if (sample_name.compare(0, current->name.size(), current->name) == 0) {
+        std::string_view tail = std::string_view(sample_name).substr(current->name.size());
+        for (const char* suffix : kSuffixes) same = same || tail == suffix;
+      }
+    }
+    if (!same) {
+      std::vector<std::string> candidates = {sample_name};
+      for (const char* suffix : kSuffixes) {
+        if (EndsWith(sample_name, suffix)) {
+          candidates.push_back(sample_name.substr(0, sample_name.size() - strlen(suffix)));
+        }
+      }
+      std::string typ = "untyped", help, base = sample_name;
+      for (const auto& name : candidates) {
+        auto found = declared.find(name);
+        if (found == declared.end()) continue;
+        typ = found->second.first;
+        help = found->second.second;
+        base = typ == "counter" && EndsWith(name, "_total") ? name.substr(0, name.size() - 6)
+                                                            : name;
+        break;
+      }
+      auto [it, inserted] = by_base.emplace(base, families.size());
+      if (inserted) families.push_back(Family{base, typ, help, {}});
+      current = &families[it->second];
+    }
+    current->samples.push_back(std::move(sample));
+  }
+  return families;
+}
+
+namespace {
+
+// Backslash and newline escaped; double quotes too where asked (label values, OpenMetrics help).
+std::string Escape(std::string_view text, bool quotes) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '"' && quotes) {
+      out += "\\\"";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+constexpr size_t kFlushAt = 64 << 10;
+
+}  // namespace
+
+constexpr size_t kPrefixCacheLimit = 100'000;
+
+Encoder::Encoder(Labels constant_labels) : constant_(std::move(constant_labels)) {
+  for (const auto& kv : constant_) constant_names_.insert(kv.first);
+}
+
+const Encoder::Prefix& Encoder::PrefixFor(const SeriesPtr& series) {
+  auto found = prefixes_.find(series.get());
+  if (found != prefixes_.end()) return found->second;
+  std::string text = series->name;
+  bool any = false;
+  auto label = [&](const std::string& k, const std::string& v) {
+    text.append(any ? "," : "{").append(k).append("=\"").append(Escape(v, true));
+    text += '"';
+    any = true;
+  };
+  // The pod's identity wins over a source's label of the same name.
+  for (const auto& kv : series->labels) {
+    if (constant_names_.count(kv.first) == 0) label(kv.first, kv.second);
+  }
+  for (const auto& kv : constant_) label(kv.first, kv.second);
+  text.append(any ? "} " : " ");
+  auto [t, fresh] = texts_.emplace(std::move(text), static_cast<uint32_t>(texts_.size()));
+  (void)fresh;
+  return prefixes_.emplace(series.get(), Prefix{series, &t->first, t->second}).first->second;
+}
+
+BodyWriter::BodyWriter(std::shared_ptr<Encoder> encoder, bool openmetrics, bool gzip)
+    : encoder_(std::move(encoder)), openmetrics_(openmetrics), gzip_(gzip) {
+  if (encoder_->writers_ == 0 && encoder_->prefixes_.size() > kPrefixCacheLimit) {
+    encoder_->prefixes_.clear();
+    encoder_->texts_.clear();
+  }
+  text_.reserve(kFlushAt + (kFlushAt >> 2));
+  if (gzip_) {
+    deflater_ = std::move(encoder_->idle_deflater_);
+    if (deflater_ == nullptr) {
+      auto fresh = std::make_unique<Encoder::Deflater>();
+      // One gzip member (windowBits 15 + 16), level 1: scrapes are frequent, bodies compress
+      // well even so.
+      if (deflateInit2(&fresh->zs, 1, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) {
+        throw std::runtime_error("zlib deflateInit2 failed");
+      }
+      deflater_ = std::move(fresh);
+    }
+  }
+  ++encoder_->writers_;
+}
+
+BodyWriter::~BodyWriter() {
+  --encoder_->writers_;
+  if (deflater_ != nullptr && deflateReset(&deflater_->zs) == Z_OK) {
+    encoder_->idle_deflater_ = std::move(deflater_);
+  }
+}
+
+void BodyWriter::Reserve(const std::vector<Family>& families) {
+  size_t first = reserved_.size();
+  reserved_.insert(reserved_.end(), families.begin(), families.end());
+  for (size_t i = first; i < reserved_.size(); ++i) {
+    const Family& fam = reserved_[i];
+    families_.insert(fam.name);
+    for (const auto& s : fam.samples) owner_.emplace(s.series->name, fam.name);
+  }
+}
+
+void BodyWriter::Add(const std::vector<Family>& families) {
+  std::vector<const Sample*> kept;
+  for (const auto& fam : families) {
+    if (families_.count(fam.name) != 0) continue;  // an earlier source has it
+    kept.clear();
+    const std::string* last = nullptr;
+    bool last_kept = false;
+    for (const auto& s : fam.samples) {
+      const std::string& name = s.series->name;
+      if (last == nullptr || *last != name) {  // a family's samples mostly share names
+        auto found = owner_.find(name);
+        if (found == owner_.end()) {
+          owner_.emplace(name, fam.name);
+          last_kept = true;
+        } else {
+          last_kept = found->second == fam.name;
+        }
+        last = &name;
+      }
+      if (last_kept) kept.push_back(&s);
+    }
+    // A family whose every sample another one owns is left out, and does not take its name.
+    if (!kept.empty() || fam.samples.empty()) {
+      families_.insert(fam.name);
+      Write(fam, kept);
+    }
+  }
+  // Compress the source now: the caller may be a worker thread, finishing is not.
+  if (gzip_ && !text_.empty()) Flush(false);
+}
+
+void BodyWriter::AddReserved(const std::vector<Family>& families) {
+  std::vector<const Sample*> kept;
+  for (const auto& fam : families) {
+    kept.clear();
+    for (const auto& s : fam.samples) kept.push_back(&s);
+    Write(fam, kept);
+  }
+}
+
+void BodyWriter::Write(const Family& fam, const std::vector<const Sample*>& kept) {
+  std::string name = fam.name, typ = fam.type;
+  bool has_total = false;
+  if (typ == "counter") {
+    has_total = true;
+    for (const Sample* s : kept) {
+      const std::string& n = s->series->name;
+      has_total = has_total && n.size() > fam.name.size() &&
+                  n.compare(0, fam.name.size(), fam.name) == 0 &&
+                  (n.compare(fam.name.size(), std::string::npos, "_total") == 0 ||
+                   n.compare(fam.name.size(), std::string::npos, "_created") == 0);
+    }
+  }
+  std::string help;
+  if (openmetrics_) {
+    if (typ == "untyped") {
+      typ = "unknown";
+    } else if (typ == "counter" && !has_total) {
+      // OpenMetrics counters must end in _total; Triton's do not. Declaring them `unknown`
+      // keeps the series names the queries use and the output valid.
+      typ = "unknown";
+      if (!kept.empty()) name = kept.front()->series->name;
+    }
+    help = Escape(fam.help, true);
+  } else {
+    if (has_total) {
+      name += "_total";
+    } else if (typ == "unknown") {
+      typ = "untyped";
+    }
+    help = Escape(fam.help, false);
+  }
+  text_.append("# HELP ").append(name).append(" ").append(help).append("\n# TYPE ");
+  text_.append(name).append(" ").append(typ).append("\n");
+  for (const Sample* s : kept) {
+    if (!openmetrics_ && EndsWith(s->series->name, "_created")) continue;
+    const Encoder::Prefix& prefix = encoder_->PrefixFor(s->series);
+    if (prefix.id >= seen_.size()) seen_.resize(encoder_->texts_.size() + 1024, false);
+    if (seen_[prefix.id]) continue;
+    seen_[prefix.id] = true;
+    text_.append(*prefix.text);
+    AppendValue(s->value, &text_);
+    text_ += '\n';
+  }
+  if (gzip_ && text_.size() >= kFlushAt) Flush(false);
+}
+
+void BodyWriter::Flush(bool final) {
+  z_stream& zs = deflater_->zs;
+  zs.next_in = reinterpret_cast<Bytef*>(text_.data());
+  zs.avail_in = static_cast<uInt>(text_.size());
+  int flush = final ? Z_FINISH : Z_NO_FLUSH;
+  while (true) {
+    size_t used = out_.size();
+    out_.resize(used + deflateBound(&zs, zs.avail_in) + 64);
+    zs.next_out = reinterpret_cast<Bytef*>(out_.data() + used);
+    zs.avail_out = static_cast<uInt>(out_.size() - used);
+    int rc = deflate(&zs, flush);
+    out_.resize(out_.size() - zs.avail_out);
+    if (rc == Z_STREAM_ERROR) throw std::runtime_error("zlib deflate failed");
+    if (final ? rc == Z_STREAM_END : zs.avail_in == 0) break;
+  }
+  text_.clear();
+}
+
+std::string BodyWriter::Finish() {
+  if (finished_) throw std::logic_error("BodyWriter::Finish called twice");
+  finished_ = true;
+  if (openmetrics_) text_.append("# EOF\n");
+  if (!gzip_) return std::move(text_);
+  Flush(true);
+  return std::move(out_);
+}
+
+}  // namespace llm_serving::metrics

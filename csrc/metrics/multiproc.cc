@@ -1,0 +1,735 @@
+// prometheus_client's multiprocess .db files merged as MultiProcessCollector merges them.
+//
+// File layout (prometheus_client/mmap_dict.py): a 4-byte used size and 4 bytes of padding,
+// then entries of a 4-byte key length, the JSON key padded to 8 bytes, an 8-byte value and an
+// 8-byte timestamp. Keys never change once written; values are re-read on every merge.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <string>
+#include <unordered_map>
+
+#include "metrics.h"
+
+namespace llm_serving::metrics {
+
+namespace {
+
+constexpr size_t kHeader = 8;
+constexpr size_t kFirstRead = 16 << 10;  // most files' used part; the rest in one more read
+// Past these the caches are rebuilt, bounding memory however many files and series appear.
+constexpr size_t kKeyLimit = 200'000;
+constexpr size_t kSlotLimit = 200'000;
+constexpr size_t kOpenLimit = 256;  // files kept open between reads
+
+class CorruptFile : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A file descriptor closed on every path.
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  Fd(Fd&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  Fd& operator=(Fd&& other) noexcept {
+    if (this != &other) {
+      if (fd_ >= 0) ::close(fd_);
+      fd_ = other.fd_;
+      other.fd_ = -1;
+    }
+    return *this;
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+class Dir {
+ public:
+  explicit Dir(const std::string& path) : dir_(::opendir(path.c_str())) {}
+  ~Dir() {
+    if (dir_ != nullptr) ::closedir(dir_);
+  }
+  Dir(const Dir&) = delete;
+  Dir& operator=(const Dir&) = delete;
+  DIR* get() const { return dir_; }
+
+ private:
+  DIR* dir_;
+};
+
+std::string ErrnoText(int error, const std::string& path) {
+  return "[Errno " + std::to_string(error) + "] " + std::strerror(error) + ": '" + path + "'";
+}
+
+int32_t ReadInt32(const char* data, size_t pos) {
+  int32_t value;
+  std::memcpy(&value, data + pos, sizeof value);
+  return value;
+}
+
+double ReadDouble(const char* data, size_t pos) {
+  double value;
+  std::memcpy(&value, data + pos, sizeof value);
+  return value;
+}
+
+// A file's used bytes, in a buffer kept across files and reads (never zero-filled).
+class FileData {
+ public:
+  const char* data() const { return buf_.get(); }
+  size_t size() const { return size_; }
+
+  // Reads `fd`'s used bytes, first as many as `expect` (the size it had last time).
+  void Read(int fd, const std::string& path, size_t expect) {
+    size_ = 0;
+    ReadAt(fd, path, std::max(kFirstRead, expect + kFirstRead / 4));
+    if (size_ < kHeader) {
+      throw CorruptFile(std::to_string(size_) + " bytes, shorter than the 8-byte header");
+    }
+    int32_t used;
+    std::memcpy(&used, buf_.get(), sizeof used);
+    if (used > 0 && static_cast<size_t>(used) > size_) {
+      ReadAt(fd, path, static_cast<size_t>(used) - size_);
+    }
+    if (used < static_cast<int32_t>(kHeader) || static_cast<size_t>(used) > size_) {
+      throw CorruptFile("header says " + std::to_string(used) + " bytes used, file holds " +
+                        std::to_string(size_));
+    }
+    if (used % 8) {
+      throw CorruptFile("used size " + std::to_string(used) +
+                        " is not a multiple of 8, as every entry is");
+    }
+    size_ = static_cast<size_t>(used);
+  }
+
+ private:
+  // Appends up to count bytes read at the current end (fewer at the end of the file).
+  void ReadAt(int fd, const std::string& path, size_t count) {
+    if (size_ + count > capacity_) {
+      size_t capacity = std::max(size_ + count, 2 * capacity_);
+      auto grown = std::make_unique<char[]>(capacity);  // value-initialised once per growth
+      if (size_ > 0) std::memcpy(grown.get(), buf_.get(), size_);
+      buf_ = std::move(grown);
+      capacity_ = capacity;
+    }
+    size_t done = 0;
+    while (done < count) {
+      ssize_t n = ::pread(fd, buf_.get() + size_ + done, count - done, size_ + done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw CorruptFile(ErrnoText(errno, path));
+      if (n == 0) break;
+      done += static_cast<size_t>(n);
+    }
+    size_ += done;
+  }
+
+  std::unique_ptr<char[]> buf_;
+  size_t capacity_ = 0;
+  size_t size_ = 0;
+};
+
+// The JSON of mmap_key(): ["metric", "sample", {"label": "value", ...}, "help"].
+class KeyParser {
+ public:
+  explicit KeyParser(std::string_view text) : text_(text) {}
+
+  void Parse(std::string* metric, std::string* sample, Labels* labels, std::string* help) {
+    Expect('[');
+    *metric = String();
+    Expect(',');
+    *sample = String();
+    Expect(',');
+    Expect('{');
+    Space();
+    if (Peek() != '}') {
+      while (true) {
+        std::string key = String();
+        Expect(':');
+        labels->emplace_back(std::move(key), String());
+        Space();
+        if (Peek() == ',') {
+          ++pos_;
+          continue;
+        }
+        break;
+      }
+    }
+    Expect('}');
+    Expect(',');
+    *help = String();
+    Expect(']');
+    Space();
+    if (pos_ != text_.size()) Bad("trailing data");
+  }
+
+ private:
+  [[noreturn]] void Bad(const char* what) {
+    throw CorruptFile(std::string("undecodable key: ") + what + " at " + std::to_string(pos_));
+  }
+  void Space() {
+    while (pos_ < text_.size() &&
+           (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' ||
+            text_[pos_] == '\r')) {
+      ++pos_;
+    }
+  }
+  char Peek() { return pos_ < text_.size() ? text_[pos_] : '\0'; }
+  void Expect(char c) {
+    Space();
+    if (Peek() != c) Bad("unexpected character");
+    ++pos_;
+  }
+  uint32_t Hex4() {
+    if (pos_ + 4 > text_.size()) Bad("short \\u escape");
+    uint32_t cp = 0;
+    for (int i = 0; i < 4; ++i) {
+      char c = text_[pos_++];
+      cp <<= 4;
+      if (c >= '0' && c <= '9') {
+        cp |= c - '0';
+      } else if (c >= 'a' && c <= 'f') {
+        cp |= c - 'a' + 10;
+      } else if (c >= 'A' && c <= 'F') {
+        cp |= c - 'A' + 10;
+      } else {
+        Bad("bad \\u escape");
+      }
+    }
+    return cp;
+  }
+  static void AppendUtf8(uint32_t cp, std::string* out) {
+    if (cp < 0x80) {
+      *out += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      *out += static_cast<char>(0xC0 | (cp >> 6));
+      *out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+      *out += static_cast<char>(0xE0 | (cp >> 12));
+      *out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      *out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else {
+      *out += static_cast<char>(0xF0 | (cp >> 18));
+      *out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+      *out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      *out += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+  }
+  std::string String() {
+    Expect('"');
+    std::string out;
+    while (true) {
+      if (pos_ >= text_.size()) Bad("unterminated string");
+      char c = text_[pos_++];
+      if (c == '"') return out;
+      if (static_cast<unsigned char>(c) < 0x20) Bad("control character in string");
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      if (pos_ >= text_.size()) Bad("unterminated escape");
+      char e = text_[pos_++];
+      switch (e) {
+        case '"': out += '"'; break;
+        case '\\': out += '\\'; break;
+        case '/': out += '/'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'n': out += '\n'; break;
+        case 'r': out += '\r'; break;
+        case 't': out += '\t'; break;
+        case 'u': {
+          uint32_t cp = Hex4();
+          if (cp >= 0xD800 && cp <= 0xDBFF && pos_ + 1 < text_.size() && text_[pos_] == '\\' &&
+              text_[pos_ + 1] == 'u') {
+            pos_ += 2;
+            uint32_t low = Hex4();
+            if (low < 0xDC00 || low > 0xDFFF) Bad("unpaired surrogate");
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+          } else if (cp >= 0xD800 && cp <= 0xDFFF) {
+            Bad("unpaired surrogate");
+          }
+          AppendUtf8(cp, &out);
+          break;
+        }
+        default: Bad("bad escape");
+      }
+    }
+  }
+
+  std::string_view text_;
+  size_t pos_ = 0;
+};
+
+void AppendLabels(const Labels& labels, std::string* out) {
+  for (const auto& [k, v] : labels) {
+    out->append(k).push_back('\x01');
+    out->append(v).push_back('\x01');
+  }
+}
+
+struct ParsedKey {
+  std::string metric, sample, help;
+  Labels labels;  // sorted, as the Python reader sorts them
+  bool has_le = false;
+  double le = 0;
+  Labels without_le;
+  int metric_id = -1;
+  int slot_plain = -1;   // summed slot of this key in a counter/summary file
+  int slot_bucket = -1;  // ... in a histogram file (buckets keep their le apart)
+  SeriesPtr gauge;       // the series of a min/max/sum/mostrecent gauge
+};
+
+struct Slot {
+  int metric_id;
+  SeriesPtr series;
+  bool bucket;
+  double le;
+  SeriesPtr count;  // the _count series of a bucket's label set (or of a histogram's _sum)
+};
+
+struct Entry {
+  uint32_t offset;
+  const std::string* raw;  // the interned key's map node, stable until the caches reset
+  ParsedKey* key;
+  SeriesPtr pid_series;  // an all/liveall gauge's series, with this file's pid label
+};
+
+struct Value {
+  const Entry* entry;
+  double value, stamp;
+};
+
+struct GaugeSeries {
+  SeriesPtr series;
+  double value, stamp;
+};
+
+bool Live(const std::string& mode, const char* base) {
+  return mode == base || mode == std::string("live") + base;
+}
+
+}  // namespace
+
+struct MultiprocReader::State {
+  std::unordered_map<std::string, std::unique_ptr<ParsedKey>> keys;
+  std::unordered_map<std::string, std::vector<Entry>> files;
+  std::vector<Slot> slots;
+  std::unordered_map<std::string, int> slot_index;
+  std::unordered_map<std::string, SeriesPtr> series;  // by name and labels
+  std::vector<std::string> metrics;
+  std::unordered_map<std::string, int> metric_index;
+  FileData data;
+  // Files kept open between reads, each checked against its path's inode before use: a
+  // file replaced under its name is opened anew. Bounded; past the bound, open per read.
+  struct OpenFile {
+    Fd fd;
+    dev_t dev;
+    ino_t ino;
+    size_t used = 0;
+  };
+  std::unordered_map<std::string, OpenFile> open;
+
+  // Reads `name` into `data`; returns false if the file is gone. `*trusted` is how many
+  // leading bytes hold the same keys as at the last read: a file kept open is the same
+  // inode (an open file's inode number cannot be reused), and prometheus_client only
+  // appends keys, so up to its last used size unless that shrank; 0 for any other file.
+  bool ReadFile(const std::string& directory, const std::string& name, size_t* trusted) {
+    *trusted = 0;
+    std::string path = directory + "/" + name;
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) {
+      open.erase(name);
+      if (errno == ENOENT) return false;
+      throw CorruptFile(ErrnoText(errno, path));
+    }
+    auto found = open.find(name);
+    if (found == open.end() || found->second.dev != st.st_dev || found->second.ino != st.st_ino) {
+      Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+      if (fd.get() < 0) {
+        if (errno == ENOENT) return false;  // removed since the stat
+        throw CorruptFile(ErrnoText(errno, path));
+      }
+      struct stat opened;
+      if (::fstat(fd.get(), &opened) != 0) throw CorruptFile(ErrnoText(errno, path));
+      if (found == open.end() && open.size() >= kOpenLimit) {
+        data.Read(fd.get(), path, 0);
+        return true;
+      }
+      files.erase(name);  // another inode under the name: its cached keys are not this one's
+      OpenFile& file = open[name];
+      file.fd = std::move(fd);
+      file.dev = opened.st_dev;
+      file.ino = opened.st_ino;
+      file.used = 0;
+      found = open.find(name);
+    }
+    size_t last = found->second.used;
+    try {
+      data.Read(found->second.fd.get(), path, last);
+    } catch (const CorruptFile&) {
+      open.erase(found);
+      throw;
+    }
+    if (data.size() >= last) *trusted = last;
+    found->second.used = data.size();
+    return true;
+  }
+
+  void ResetIfLarge() {
+    if (keys.size() > kKeyLimit || slots.size() > kSlotLimit || series.size() > kSlotLimit) {
+      files.clear();
+      keys.clear();
+      slots.clear();
+      slot_index.clear();
+      series.clear();
+      metrics.clear();
+      metric_index.clear();
+    }
+  }
+
+  SeriesPtr SeriesFor(const std::string& name, const Labels& labels) {
+    std::string id = name + '\0';
+    AppendLabels(labels, &id);
+    auto found = series.find(id);
+    if (found == series.end()) {
+      auto made = std::make_shared<Series>(Series{name, labels, static_cast<uint32_t>(series.size())});
+      found = series.emplace(std::move(id), std::move(made)).first;
+    }
+    return found->second;
+  }
+
+  ParsedKey* Intern(std::string_view raw, const std::string** stored) {
+    auto found = keys.find(std::string(raw));
+    if (found == keys.end()) {
+      if (!ValidUtf8(raw)) throw CorruptFile("undecodable key: invalid UTF-8");
+      auto key = std::make_unique<ParsedKey>();
+      KeyParser(raw).Parse(&key->metric, &key->sample, &key->labels, &key->help);
+      std::sort(key->labels.begin(), key->labels.end());
+      for (const auto& kv : key->labels) {
+        if (kv.first == "le" && !key->has_le) {
+          key->has_le = true;
+          if (!ParseFloat(kv.second, &key->le)) throw CorruptFile("undecodable key: bad le");
+        } else {
+          key->without_le.push_back(kv);
+        }
+      }
+      auto [m, fresh] = metric_index.emplace(key->metric, static_cast<int>(metrics.size()));
+      if (fresh) metrics.push_back(key->metric);
+      key->metric_id = m->second;
+      key->gauge = SeriesFor(key->sample, key->labels);
+      found = keys.emplace(std::string(raw), std::move(key)).first;
+    }
+    *stored = &found->first;
+    return found->second.get();
+  }
+
+  // Every entry of one file, its keys parsed (or found in the caches).
+  void Entries(const std::string& name, const char* data, size_t used, size_t trusted,
+               const std::string* pid, std::vector<Value>* out) {
+    std::vector<Entry>& cached = files[name];
+    size_t pos = kHeader, index = 0;
+    // Entries wholly inside the trusted bytes are the cached ones, unchanged.
+    while (index < cached.size() && pos == cached[index].offset) {
+      size_t len = cached[index].raw->size();
+      size_t end = pos + 4 + len + (8 - (len + 4) % 8) + 16;
+      if (end > trusted) break;
+      pos = end;
+      ++index;
+    }
+    while (pos < used) {
+      if (pos + 4 > used) throw CorruptFile("entry header cut at byte " + std::to_string(pos));
+      int32_t length = ReadInt32(data, pos);
+      size_t len = length > 0 ? static_cast<size_t>(length) : 0;
+      size_t padded = len + (8 - (len + 4) % 8);
+      size_t end = pos + 4 + padded + 16;
+      if (length <= 0 || end > used) {
+        throw CorruptFile("entry at byte " + std::to_string(pos) + " runs past the used size " +
+                          std::to_string(used));
+      }
+      std::string_view raw(data + pos + 4, len);
+      if (index >= cached.size() || cached[index].offset != pos || *cached[index].raw != raw) {
+        // New or changed from here on (a file replaced under its name): parse the rest.
+        cached.resize(index);
+        Entry entry{static_cast<uint32_t>(pos), nullptr, nullptr, nullptr};
+        entry.key = Intern(raw, &entry.raw);
+        if (pid != nullptr) {
+          Labels labels = entry.key->labels;
+          labels.emplace_back("pid", *pid);
+          entry.pid_series = SeriesFor(entry.key->sample, labels);
+        }
+        cached.push_back(std::move(entry));
+      }
+      pos = end;
+      ++index;
+    }
+    cached.resize(index);
+    // Values in a second pass: `cached` no longer grows, so the entries' addresses hold.
+    pos = kHeader;
+    for (const Entry& entry : cached) {
+      size_t padded = entry.raw->size() + (8 - (entry.raw->size() + 4) % 8);
+      size_t at = entry.offset + 4 + padded;
+      out->push_back(Value{&entry, ReadDouble(data, at), ReadDouble(data, at + 8)});
+    }
+  }
+
+  int SlotFor(ParsedKey* key, bool histogram) {
+    int& cached = histogram ? key->slot_bucket : key->slot_plain;
+    if (cached >= 0) return cached;
+    bool bucket = histogram && key->has_le;
+    Slot slot{key->metric_id, nullptr, bucket, bucket ? key->le : 0.0, nullptr};
+    std::string id = key->metric + '\0';
+    if (bucket) {
+      Labels labels = key->without_le;
+      slot.count = SeriesFor(key->metric + "_count", labels);
+      labels.emplace_back("le", FloatToGoString(key->le));
+      slot.series = SeriesFor(key->metric + "_bucket", labels);
+      id.append("b\0").append(slot.series->name).push_back('\0');
+      AppendLabels(key->without_le, &id);
+      id.append("\0").append(FormatValue(key->le));
+    } else {
+      slot.series = SeriesFor(key->sample, key->labels);
+      id.append("p\0").append(key->sample).push_back('\0');
+      AppendLabels(key->labels, &id);
+    }
+    auto [it, inserted] = slot_index.emplace(id, static_cast<int>(slots.size()));
+    if (inserted) slots.push_back(std::move(slot));
+    cached = it->second;
+    return cached;
+  }
+};
+
+MultiprocReader::MultiprocReader(std::string directory)
+    : directory_(std::move(directory)), state_(std::make_unique<State>()) {}
+
+MultiprocReader::~MultiprocReader() = default;
+
+MultiprocResult MultiprocReader::Read() {
+  std::vector<std::string> names;
+  {
+    Dir dir(directory_);
+    if (dir.get() == nullptr) throw DirectoryError(ErrnoText(errno, directory_));
+    while (dirent* item = ::readdir(dir.get())) {
+      std::string_view name(item->d_name);
+      if (name.size() >= 3 && name.substr(name.size() - 3) == ".db") names.emplace_back(name);
+    }
+  }
+  std::sort(names.begin(), names.end());
+  State& st = *state_;
+  st.ResetIfLarge();
+  // Forget files that are gone so the per-file caches stay as large as the directory.
+  for (auto it = st.files.begin(); it != st.files.end();) {
+    it = std::binary_search(names.begin(), names.end(), it->first) ? std::next(it)
+                                                                    : st.files.erase(it);
+  }
+  for (auto it = st.open.begin(); it != st.open.end();) {
+    it = std::binary_search(names.begin(), names.end(), it->first) ? std::next(it)
+                                                                    : st.open.erase(it);
+  }
+
+  MultiprocResult result;
+  // Per metric id: (type, help) of the first file that has it, as the Python reader keeps.
+  std::vector<const std::string*> meta_type(st.metrics.size(), nullptr);
+  std::vector<const std::string*> meta_help(st.metrics.size(), nullptr);
+  std::vector<std::string> types;  // file types seen, addresses stable (reserved)
+  types.reserve(names.size());
+  std::vector<double> totals(st.slots.size(), 0.0);
+  std::vector<char> is_touched(st.slots.size(), 0);
+  std::vector<int> touched;  // slots in first-touch order
+  struct GaugeFamily {
+    int metric_id;
+    std::vector<GaugeSeries> series;
+  };
+  std::vector<GaugeFamily> gauges;
+  std::vector<int> gauge_of_metric(st.metrics.size(), -1);
+  std::vector<int> gauge_index(st.series.size(), -1);  // by series id: position in its family
+  std::vector<Value> values;
+  for (const std::string& name : names) {
+    std::string_view stem = std::string_view(name).substr(0, name.size() - 3);
+    std::vector<std::string> parts;
+    for (size_t start = 0;;) {
+      size_t us = stem.find('_', start);
+      parts.emplace_back(stem.substr(start, us == std::string_view::npos ? us : us - start));
+      if (us == std::string_view::npos) break;
+      start = us + 1;
+    }
+    const std::string& typ = parts.front();
+    bool gauge = typ == "gauge";
+    std::string mode = gauge ? (parts.size() == 3 ? parts[1] : "all") : "";
+    bool recent = Live(mode, "mostrecent"), min = Live(mode, "min"), max = Live(mode, "max");
+    bool all = gauge && !(recent || min || max || Live(mode, "sum"));
+    values.clear();
+    try {
+      size_t trusted = 0;
+      if (!st.ReadFile(directory_, name, &trusted)) continue;
+      st.Entries(name, st.data.data(), st.data.size(), trusted, all ? &parts.back() : nullptr,
+                 &values);
+    } catch (const CorruptFile& exc) {
+      st.files.erase(name);
+      result.corrupt.push_back(name + ": " + exc.what());
+      continue;
+    }
+    ++result.files;
+    if (meta_type.size() < st.metrics.size()) {
+      meta_type.resize(st.metrics.size(), nullptr);
+      meta_help.resize(st.metrics.size(), nullptr);
+      gauge_of_metric.resize(st.metrics.size(), -1);
+    }
+    if (types.empty() || types.back() != typ) types.push_back(typ);
+    for (const Value& v : values) {
+      const ParsedKey& key = *v.entry->key;
+      if (meta_type[key.metric_id] == nullptr) {
+        meta_type[key.metric_id] = &types.back();
+        meta_help[key.metric_id] = &key.help;
+      }
+    }
+    if (gauge) {
+      for (const Value& v : values) {
+        const ParsedKey& key = *v.entry->key;
+        int& g = gauge_of_metric[key.metric_id];
+        if (g < 0) {
+          g = static_cast<int>(gauges.size());
+          gauges.push_back(GaugeFamily{key.metric_id, {}});
+        }
+        GaugeFamily& fam = gauges[g];
+        const SeriesPtr& series = all ? v.entry->pid_series : key.gauge;
+        if (series->id >= gauge_index.size()) gauge_index.resize(st.series.size(), -1);
+        int& at = gauge_index[series->id];
+        if (recent) {
+          // As prometheus_client: a gauge never set (timestamp 0) is not exposed.
+          double current = at < 0 ? 0.0 : fam.series[at].stamp;
+          if (!(v.stamp > current)) continue;
+        }
+        if (at < 0) {
+          at = static_cast<int>(fam.series.size());
+          fam.series.push_back(GaugeSeries{series, v.value, v.stamp});
+          continue;
+        }
+        GaugeSeries& s = fam.series[at];
+        if (recent || all) {
+          s.value = v.value, s.stamp = v.stamp;
+        } else if (min) {
+          s.value = std::min(s.value, v.value), s.stamp = 0;
+        } else if (max) {
+          s.value = std::max(s.value, v.value), s.stamp = 0;
+        } else {
+          s.value += v.value, s.stamp = 0;
+        }
+      }
+    } else {
+      bool histogram = typ == "histogram";
+      for (const Value& v : values) {
+        int slot = st.SlotFor(v.entry->key, histogram);
+        if (static_cast<size_t>(slot) >= totals.size()) {
+          totals.resize(st.slots.size(), 0.0);
+          is_touched.resize(st.slots.size(), 0);
+        }
+        totals[slot] += v.value;
+        if (!is_touched[slot]) is_touched[slot] = 1, touched.push_back(slot);
+      }
+    }
+  }
+  if (meta_type.size() < st.metrics.size()) {
+    meta_type.resize(st.metrics.size(), nullptr);
+    meta_help.resize(st.metrics.size(), nullptr);
+  }
+
+  // Summed slots into families, as MultiProcessCollector._accumulate_metrics orders them:
+  // plain samples, then per label set the buckets by le (cumulative), _count, then _sum.
+  struct Group {
+    const Slot* first;
+    std::vector<std::pair<double, int>> buckets;
+  };
+  struct SumFamily {
+    std::vector<int> plain;
+    std::vector<Group> groups;
+  };
+  // By _count series id: its bucket group's position in the family, and its _sum slot.
+  std::vector<int> group_of(st.series.size(), -1), sum_of(st.series.size(), -1);
+  std::vector<int> order;
+  std::vector<int> family_of_metric(st.metrics.size(), -1);
+  std::vector<SumFamily> sum_families;
+  for (int index : touched) {
+    Slot& slot = st.slots[index];
+    int& f = family_of_metric[slot.metric_id];
+    if (f < 0) {
+      f = static_cast<int>(sum_families.size());
+      sum_families.emplace_back();
+      order.push_back(slot.metric_id);
+    }
+    SumFamily& fam = sum_families[f];
+    const std::string& metric = st.metrics[slot.metric_id];
+    if (slot.bucket) {
+      int& g = group_of[slot.count->id];
+      if (g < 0) {
+        g = static_cast<int>(fam.groups.size());
+        fam.groups.push_back(Group{&slot, {}});
+      }
+      fam.groups[g].buckets.emplace_back(slot.le, index);
+    } else if (*meta_type[slot.metric_id] == "histogram") {
+      // Only _sum is kept: _count is the bucket total, as prometheus_client makes it.
+      if (slot.series->name.size() == metric.size() + 4 &&
+          slot.series->name.compare(0, metric.size(), metric) == 0 &&
+          slot.series->name.compare(metric.size(), 4, "_sum") == 0) {
+        // Keyed by the matching _count series, which buckets of the same labels share.
+        if (slot.count == nullptr) {
+          slot.count = st.SeriesFor(metric + "_count", slot.series->labels);
+          if (slot.count->id >= group_of.size()) {
+            group_of.resize(st.series.size(), -1);
+            sum_of.resize(st.series.size(), -1);
+          }
+        }
+        sum_of[slot.count->id] = index;
+      }
+    } else {
+      fam.plain.push_back(index);
+    }
+  }
+  std::vector<int> out_of_metric(st.metrics.size(), -1);
+  for (size_t f = 0; f < order.size(); ++f) {
+    int metric_id = order[f];
+    SumFamily& sf = sum_families[f];
+    const std::string& metric = st.metrics[metric_id];
+    Family fam{metric, *meta_type[metric_id], *meta_help[metric_id], {}};
+    for (int index : sf.plain) fam.samples.push_back(Sample{st.slots[index].series, totals[index]});
+    for (Group& group : sf.groups) {
+      std::sort(group.buckets.begin(), group.buckets.end());
+      double acc = 0;
+      for (const auto& [le, index] : group.buckets) {
+        acc += totals[index];
+        fam.samples.push_back(Sample{st.slots[index].series, acc});
+      }
+      fam.samples.push_back(Sample{group.first->count, acc});
+      int sum = sum_of[group.first->count->id];
+      if (sum >= 0) fam.samples.push_back(Sample{st.slots[sum].series, totals[sum]});
+    }
+    out_of_metric[metric_id] = static_cast<int>(result.families.size());
+    result.families.push_back(std::move(fam));
+  }
+  for (GaugeFamily& g : gauges) {
+    int& out = out_of_metric[g.metric_id];
+    if (out < 0) {
+      out = static_cast<int>(result.families.size());
+      result.families.push_back(Family{st.metrics[g.metric_id], *meta_type[g.metric_id],
+                                       *meta_help[g.metric_id], {}});
+    }
+    Family& fam = result.families[out];
+    for (GaugeSeries& s : g.series) fam.samples.push_back(Sample{std::move(s.series), s.value});
+  }
+  return result;
+}
+
+}  // namespace llm_serving::metrics

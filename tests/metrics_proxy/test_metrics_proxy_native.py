@@ -1,0 +1,226 @@
+"""The native merge (``runtime.metrics_proxy._metrics``) against the Python reference.
+
+The reference is the proxy's former hot path, kept as the oracle: ``MultiprocReader`` (itself
+tested against ``MultiProcessCollector``), ``parse_text_exposition``, ``merge_families`` and
+``Encoder``. Random multiprocess histories must read the same families, series for series;
+random families must encode to the same bytes; Triton texts must parse alike, or fail alike.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runtime.metrics_proxy import _metrics
+from runtime.metrics_proxy.exposition import Encoder, Family, Sample
+from runtime.metrics_proxy.merge import merge_families
+from runtime.metrics_proxy.multiproc import MultiprocReader
+from runtime.metrics_proxy.triton import TritonScrapeError, parse_text_exposition
+from tests.metrics_proxy.test_metrics_proxy_cache import _STEPS, _apply
+from tests.metrics_proxy.test_metrics_proxy_exposition import TRICKY
+from tests.support.metrics_harness import WriterProcesses
+from tests.support.triton_metrics_server import render_exposition
+
+POD = (("model_id", "llama-3-8b"), ("model_version", "v7"), ("colour", "green"))
+
+
+def _native_view(families: list) -> dict:
+    """{family: (type, help, {(sample, labels): value})} from ``FamilyList.families()``."""
+    view = {}
+    for name, typ, help_text, samples in families:
+        series = {(s, labels): v for s, labels, v in samples}
+        assert len(series) == len(samples), f"a series repeated in {name}"
+        view[name] = (typ, help_text, series)
+    return view
+
+
+def _python_view(families: list[Family]) -> dict:
+    return {
+        f.name: (f.type, f.help, {(s.name, s.labels): s.value for s in f.samples}) for f in families
+    }
+
+
+def _same(native: dict, python: dict) -> None:
+    assert native.keys() == python.keys()
+    for name, (typ, help_text, series) in python.items():
+        assert native[name][:2] == (typ, help_text), name
+        assert native[name][2] == pytest.approx(series, nan_ok=True), name
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(steps=_STEPS)
+def test_random_histories_read_as_the_python_reader(tmp_path_factory, steps) -> None:
+    directory = tmp_path_factory.mktemp("history")
+    python, native = MultiprocReader(directory), _metrics.MultiprocReader(str(directory))
+    clock = [1_700_000_000.0]
+    for number, step in enumerate(steps):
+        _apply(directory, step, clock)
+        expected = python.read()
+        got = native.read()
+        assert got.files == expected.files, f"after step {number}: {step}"
+        _same(_native_view(got.families()), _python_view(expected.families))
+
+
+def _body(encoder: _metrics.Encoder, sources: list, own: list[Family], om: bool, gz: bool):
+    writer = _metrics.BodyWriter(encoder, om, gz)
+    writer.reserve(own)
+    for source in sources:
+        writer.add(source)
+    writer.add_reserved(own)
+    body = writer.finish()
+    return gzip.decompress(body) if gz else body
+
+
+def _blocks(body: bytes) -> dict[str, tuple[list[str], set[str]]]:
+    """Family name -> (its HELP and TYPE lines, its sample lines); # EOF is left out."""
+    out: dict[str, tuple[list[str], set[str]]] = {}
+    current = ""
+    for line in body.decode().split("\n"):
+        if line.startswith("# HELP "):
+            current = line.split(" ")[2]
+            out[current] = ([line], set())
+        elif line.startswith("# TYPE "):
+            out[current][0].append(line)
+        elif line and line != "# EOF":
+            out.setdefault(current, ([], set()))[1].add(line)
+    return out
+
+
+def test_the_whole_body_matches_the_python_path(tmp_path: Path) -> None:
+    """Real writers' files and Triton's replay: every format, series for series."""
+    with WriterProcesses(tmp_path, 3) as writers:
+        writers.tick()
+        writers.tick()
+    own = [
+        Family("up", "gauge", "up", [Sample("up", (("source", "vllm"),), 1.0)]),
+        # A source family of the same name must lose to this one.
+        Family("vllm:num_requests_running", "gauge", "shadowed", []),
+    ]
+    text = render_exposition(("llama-3-8b", "mistral-7b"), 3)
+    python_families, _ = merge_families(
+        [own, MultiprocReader(tmp_path).read().families, parse_text_exposition(text)]
+    )
+    encoder = _metrics.Encoder(list(POD))
+    sources = [
+        _metrics.MultiprocReader(str(tmp_path)).read(),
+        _metrics.TextParser().parse(text.encode()),
+    ]
+    for om in (False, True):
+        expected = Encoder(POD).encode(python_families, om)
+        for gz in (False, True):
+            body = _body(encoder, sources, own, om, gz)
+            assert _blocks(body) == _blocks(expected)
+            assert body.endswith(b"# EOF\n") == om
+            assert len(body) == len(expected)
+
+
+_NAMES = st.sampled_from(["a", "a_total", "b", "b_bucket", "c:x", "a_created", "d_count"])
+_LABEL_VALUES = st.sampled_from(["x", 'q"uote', "back\\slash", "new\nline", "ü", ""])
+_LABELS = st.lists(
+    st.tuples(st.sampled_from(["k", "le", "colour", "model_id"]), _LABEL_VALUES),
+    max_size=3,
+    unique_by=lambda kv: kv[0],
+).map(tuple)
+_VALUES = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-(10**17), max_value=10**17).map(float),
+    st.sampled_from([0.0, -0.0, 1e16, 1e15, 1e-5, 1e-4, 0.1, 123456789.0, 1e22, 5e-324]),
+)
+_FAMILIES = st.lists(
+    st.builds(
+        lambda name, typ, help_text, samples: Family(name, typ, help_text, samples),
+        _NAMES,
+        st.sampled_from(["counter", "gauge", "histogram", "untyped", "unknown", "summary"]),
+        st.sampled_from(["", "plain", 'q"uote', "back\\slash", "new\nline"]),
+        st.lists(st.builds(Sample, _NAMES, _LABELS, _VALUES), max_size=4),
+    ),
+    max_size=5,
+)
+
+
+# The proxy's own families, reserved ahead of every source: their names and sample names win.
+_OWN = [
+    Family("a", "gauge", "own", [Sample("a", (("source", "x"),), 1.0)]),
+    Family("e", "counter", "own", [Sample("b_bucket", (), 2.0)]),
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(sources=st.lists(_FAMILIES, max_size=3), om=st.booleans())
+def test_random_families_encode_to_the_same_bytes(sources: list, om: bool) -> None:
+    """Merge rules (names, sample owners), repeated series, escapes and number spelling."""
+    merged, _ = merge_families([_OWN, *sources])
+    assert merged[: len(_OWN)] == _OWN
+    # The Python path writes the proxy's own families first, the native writer last.
+    expected = Encoder(POD).encode(merged[len(_OWN) :] + _OWN, om)
+    lists = [_metrics.FamilyList.of(s) for s in sources]
+    assert _body(_metrics.Encoder(list(POD)), lists, _OWN, om, False) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        TRICKY,
+        render_exposition(("llama-3-8b", "mistral-7b"), 2),
+        'a 1\r\nb{x="y"} 2 123\n  \t\n# TYPE a gauge\n',
+        "# HELP c_total counted\n# TYPE c_total counter\nc_total 1\nc_created 5\n",
+        '# TYPE h histogram\nh_bucket{le="1"} 1\nh_count 1\nh_sum 0.5\nother 2\n',
+        '# TYPE odd  gauge  \nodd 1e3\nodd{a="1" , b = "2" } -inf\n',
+    ],
+)
+def test_triton_texts_parse_as_the_python_parser(text: str) -> None:
+    native = _native_view(_metrics.TextParser().parse(text.encode()).families())
+    _same(native, _python_view(parse_text_exposition(text)))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'nv_x{model="a"\n',
+        "nv_x{model=a} 1\n",
+        "nv_x\n",
+        'nv_x{model="a"} one\n',
+        'nv_x{m="a"}x} 1\n',
+        'nv_x{m="a",} 1\n',
+        "nv_x 0x10\n",
+    ],
+)
+def test_malformed_texts_fail_in_both(text: str) -> None:
+    with pytest.raises(TritonScrapeError):
+        parse_text_exposition(text)
+    with pytest.raises(ValueError, match="line 1"):
+        _metrics.TextParser().parse(text.encode())
+
+
+def test_invalid_utf8_and_a_missing_directory_are_typed_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="UTF-8"):
+        _metrics.TextParser().parse(b'a{b="\xff"} 1\n')
+    with pytest.raises(OSError, match="No such file"):
+        _metrics.MultiprocReader(str(tmp_path / "missing")).read()
+
+
+def test_a_writer_is_spent_after_finish() -> None:
+    writer = _metrics.BodyWriter(_metrics.Encoder([]), False, True)
+    assert gzip.decompress(writer.finish()) == b""
+    with pytest.raises(RuntimeError, match="twice"):
+        writer.finish()
+
+
+def test_values_are_spelled_as_python_repr() -> None:
+    values = [0.0, -0.0, 1.0, -2.5, 1e15, 1e16, 1e-4, 1e-5, 0.1, 1 / 3, 2.0**60, 5e-324, 1e308]
+    samples = [Sample("v", (("i", str(i)),), v) for i, v in enumerate(values)]
+    families = [
+        Family("v", "gauge", "", samples),
+        Family("w", "gauge", "", [Sample("w", (("s", str(v)),), v) for v in (math.inf, -math.inf)]),
+    ]
+    body = _body(_metrics.Encoder([]), [_metrics.FamilyList.of(families)], [], False, False)
+    assert body == Encoder(()).encode(families, False)
