@@ -150,10 +150,9 @@ py::list FamilyList_Names(const FamilyList& list) {
   return out;
 }
 
-void Writer_Reserve(Writer& w, const py::iterable& families) {
-  std::vector<m::Family> own = FromPython(families);
+void Writer_Reserve(Writer& w, const FamilyList& list) {
   std::lock_guard<std::mutex> lock(*w.mutex);
-  w.writer->Reserve(own);
+  w.writer->Reserve(*list.families);
 }
 
 void Writer_Add(Writer& w, const FamilyList& list) {
@@ -163,11 +162,11 @@ void Writer_Add(Writer& w, const FamilyList& list) {
   w.writer->Add(*families);
 }
 
-void Writer_AddReserved(Writer& w, const py::iterable& families) {
-  std::vector<m::Family> own = FromPython(families);
+void Writer_AddReserved(Writer& w, const FamilyList& list) {
+  auto families = list.families;
   py::gil_scoped_release release;
   std::lock_guard<std::mutex> lock(*w.mutex);
-  w.writer->AddReserved(own);
+  w.writer->AddReserved(*families);
 }
 
 py::bytes Writer_Finish(Writer& w) {

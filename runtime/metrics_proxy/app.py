@@ -40,7 +40,8 @@ class _Collected:
     """
 
     encoder: _metrics.Encoder
-    own: list[Family]
+    layout: _metrics.FamilyList
+    own: _metrics.FamilyList
     sources: list[_metrics.FamilyList]
     bodies: dict[tuple[bool, bool], bytes] = field(default_factory=dict)
 
@@ -49,7 +50,7 @@ class _Collected:
         body = self.bodies.get(key)
         if body is None:
             writer = _metrics.BodyWriter(self.encoder, openmetrics, gzipped)
-            writer.reserve(self.own)
+            writer.reserve(self.layout)
             for source in self.sources:
                 writer.add(source)
             writer.add_reserved(self.own)
@@ -90,7 +91,7 @@ class MetricsProxyApp:
         self._corrupt = 0
         self._dropped = 0
         # Names are all that reserve() reads: the proxy's own families hide any source's.
-        self._own_layout = self._own_families()
+        self._own_layout = _metrics.FamilyList.of(self._own_families())
 
     async def startup(self) -> None:
         """Create the keep-alive client used for every Triton fetch."""
@@ -232,9 +233,9 @@ class MetricsProxyApp:
             self._dropped = sum(1 for name in triton.names() if name in shared)
         else:
             self._dropped = 0
-        own = self._own_families()
+        own = _metrics.FamilyList.of(self._own_families())
         writer.add_reserved(own)
-        collected = _Collected(self._encoder, own, sources)
+        collected = _Collected(self._encoder, self._own_layout, own, sources)
         collected.bodies[(openmetrics, gzipped)] = writer.finish()
         self._finished_at = time.monotonic()
         return collected

@@ -72,10 +72,11 @@ def test_random_histories_read_as_the_python_reader(tmp_path_factory, steps) -> 
 
 def _body(encoder: _metrics.Encoder, sources: list, own: list[Family], om: bool, gz: bool):
     writer = _metrics.BodyWriter(encoder, om, gz)
-    writer.reserve(own)
+    own_list = _metrics.FamilyList.of(own)
+    writer.reserve(own_list)
     for source in sources:
         writer.add(source)
-    writer.add_reserved(own)
+    writer.add_reserved(own_list)
     body = writer.finish()
     return gzip.decompress(body) if gz else body
 
