@@ -10,7 +10,9 @@ scrapers always do, so those rows show the cost of serving a cached merge. The f
 change during the run, which flatters nothing: the proxy re-reads and re-sums every value on
 every merge (only names, labels and file layouts are cached). The figure the target is about:
 added time = proxy p50 - triton_alone p50 (same run, same concurrency), printed as a multiple
-of triton_alone p50 (target <= 2x, merging every scrape).
+of triton_alone p50 (target <= 2x, merging every scrape). A third proxy (``writers`` 0) reads
+an empty multiprocess directory: its added time is the proxy's fixed cost per scrape (HTTP
+serving, Triton's fetch, parse and body), which no faster merge can remove.
 Run: ``python -m benchmarks.metrics_proxy [--quick] [--json PATH]``.
 """
 
@@ -181,7 +183,10 @@ def run(quick: bool) -> list[dict]:
     # by round, so that the noise of a shared machine hits them alike.
     plan = [(1, 50, 4 if quick else 20), (20, 5, 2 if quick else 20)]
     rows = []
-    with tempfile.TemporaryDirectory(prefix="bench-metrics-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-metrics-") as tmp,
+        tempfile.TemporaryDirectory(prefix="bench-metrics-empty-") as empty,
+    ):
         multiproc = Path(tmp)
         with WriterProcesses(multiproc, WRITERS) as writers:
             for _ in range(3):
@@ -208,20 +213,26 @@ def run(quick: bool) -> list[dict]:
             with (
                 ProxyProcess(multiproc, triton_url, METRICS_PROXY_REUSE_S="0", **pod) as merge,
                 ProxyProcess(multiproc, triton_url, METRICS_PROXY_REUSE_S="0.1", **pod) as reuse,
+                ProxyProcess(Path(empty), triton_url, METRICS_PROXY_REUSE_S="0", **pod) as fixed,
             ):
-                assert merge.process is not None and reuse.process is not None
+                assert merge.process and reuse.process and fixed.process
+                # (impl, reuse_ms, writers, url, pid)
                 endpoints = [
-                    ("triton_alone", 0, triton_url, triton.pid),
-                    ("proxy", 0, f"{merge.url}/metrics", merge.process.pid),
-                    ("proxy", 100, f"{reuse.url}/metrics", reuse.process.pid),
+                    ("triton_alone", 0, 0, triton_url, triton.pid),
+                    ("proxy", 0, WRITERS, f"{merge.url}/metrics", merge.process.pid),
+                    ("proxy", 100, WRITERS, f"{reuse.url}/metrics", reuse.process.pid),
+                    ("proxy", 0, 0, f"{fixed.url}/metrics", fixed.process.pid),
                 ]
                 for concurrency, per_scraper, rounds in plan:
                     tallies = [_Tally() for _ in endpoints]
                     for _ in range(rounds):
-                        for (_, _, url, pid), tally in zip(endpoints, tallies, strict=True):
+                        for (*_, url, pid), tally in zip(endpoints, tallies, strict=True):
                             _measure(url, pid, concurrency, per_scraper, tally)
-                    for (impl, reuse_ms, _, pid), tally in zip(endpoints, tallies, strict=True):
-                        rows.append({**_row(impl, pid, concurrency, tally), "reuse_ms": reuse_ms})
+                    for (impl, reuse_ms, writers, _, pid), tally in zip(
+                        endpoints, tallies, strict=True
+                    ):
+                        row = _row(impl, pid, concurrency, tally)
+                        rows.append({**row, "reuse_ms": reuse_ms, "writers": writers})
                 steps = _breakdown(multiproc, triton_url, 50 if quick else 300)
                 print(
                     "one merge, step by step (native, CPU ms, in this process; write_gzip is "
@@ -240,11 +251,16 @@ def _print(rows: list[dict]) -> None:
     print("  ".join(f"{c:>17}" for c in columns))
     for row in rows:
         print("  ".join(f"{row[c]!s:>17}" for c in columns))
-    by = {(r["impl"], r["concurrency"], r["reuse_ms"]): r for r in rows}
+    by = {(r["impl"], r["concurrency"], r["reuse_ms"], r["writers"]): r for r in rows}
+    cases = (
+        (0, WRITERS, "merging every scrape"),
+        (100, WRITERS, "100 ms reuse window"),
+        (0, 0, "fixed cost (no .db files)"),
+    )
     for concurrency in sorted({r["concurrency"] for r in rows}):
-        alone = by[("triton_alone", concurrency, 0)]
-        for reuse_ms, what in ((0, "merging every scrape"), (100, "100 ms reuse window")):
-            proxy = by[("proxy", concurrency, reuse_ms)]
+        alone = by[("triton_alone", concurrency, 0, 0)]
+        for reuse_ms, writers, what in cases:
+            proxy = by[("proxy", concurrency, reuse_ms, writers)]
             added = proxy["p50_ms"] - alone["p50_ms"]
             print(
                 f"concurrency {concurrency}, {what}: added p50 {added:.3f} ms = "
