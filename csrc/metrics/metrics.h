@@ -55,14 +55,17 @@ class ParseError : public std::invalid_argument {
 };
 
 struct MultiprocResult {
-  std::vector<Family> families;
+  // Shared with the reader, which writes the next reads' values into it once no caller
+  // holds it any more.
+  std::shared_ptr<const std::vector<Family>> families;
   int files = 0;                    // files merged
   std::vector<std::string> corrupt; // "name: reason" per file skipped
 };
 
 // Merges a PROMETHEUS_MULTIPROC_DIR on every read. Parsed keys are cached per file and
 // offset (a key never changes once written; it is compared byte for byte before reuse) and
-// interned across files; both caches are bounded and rebuilt past their limits.
+// interned across files; both caches are bounded and rebuilt past their limits. While no
+// file is added, removed, replaced or grown, a read replays the last merge on the values.
 class MultiprocReader {
  public:
   explicit MultiprocReader(std::string directory);

@@ -68,7 +68,7 @@ FamilyList Reader_Read(PyReader& r) {
     result = r.reader.Read();
   }
   FamilyList out;
-  out.families = std::make_shared<const std::vector<m::Family>>(std::move(result.families));
+  out.families = std::move(result.families);
   out.files = result.files;
   out.corrupt = std::move(result.corrupt);
   return out;
@@ -85,7 +85,7 @@ FamilyList Reader_ReadInto(PyReader& r, Writer& w) {
       std::lock_guard<std::mutex> lock(r.mutex);
       result = r.reader.Read();
     }
-    out.families = std::make_shared<const std::vector<m::Family>>(std::move(result.families));
+    out.families = std::move(result.families);
     out.files = result.files;
     out.corrupt = std::move(result.corrupt);
     std::lock_guard<std::mutex> lock(*w.mutex);

@@ -15,6 +15,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "merge_plan.h"
 #include "metrics.h"
 
 namespace llm_serving::metrics {
@@ -81,12 +82,6 @@ int32_t ReadInt32(const char* data, size_t pos) {
   return value;
 }
 
-double ReadDouble(const char* data, size_t pos) {
-  double value;
-  std::memcpy(&value, data + pos, sizeof value);
-  return value;
-}
-
 // A file's used bytes, in a buffer kept across files and reads (never zero-filled).
 class FileData {
  public:
@@ -96,14 +91,13 @@ class FileData {
   // Reads `fd`'s used bytes, first as many as `expect` (the size it had last time).
   void Read(int fd, const std::string& path, size_t expect) {
     size_ = 0;
-    ReadAt(fd, path, std::max(kFirstRead, expect + kFirstRead / 4));
+    Append(fd, path, std::max(kFirstRead, expect + kFirstRead / 4));
     if (size_ < kHeader) {
       throw CorruptFile(std::to_string(size_) + " bytes, shorter than the 8-byte header");
     }
-    int32_t used;
-    std::memcpy(&used, buf_.get(), sizeof used);
+    int32_t used = ReadInt32(buf_.get(), 0);
     if (used > 0 && static_cast<size_t>(used) > size_) {
-      ReadAt(fd, path, static_cast<size_t>(used) - size_);
+      Append(fd, path, static_cast<size_t>(used) - size_);
     }
     if (used < static_cast<int32_t>(kHeader) || static_cast<size_t>(used) > size_) {
       throw CorruptFile("header says " + std::to_string(used) + " bytes used, file holds " +
@@ -116,9 +110,22 @@ class FileData {
     size_ = static_cast<size_t>(used);
   }
 
+  // Reads exactly `used` bytes, the used size `fd` had when it last passed Read(); false if
+  // its header now says another size or it cannot be read (a Read() then says why).
+  bool ReadUsed(int fd, size_t used) {
+    size_ = 0;
+    return Append(fd, used) == 0 && size_ == used &&
+           static_cast<size_t>(ReadInt32(buf_.get(), 0)) == used;
+  }
+
  private:
-  // Appends up to count bytes read at the current end (fewer at the end of the file).
-  void ReadAt(int fd, const std::string& path, size_t count) {
+  void Append(int fd, const std::string& path, size_t count) {
+    if (int error = Append(fd, count)) throw CorruptFile(ErrnoText(error, path));
+  }
+
+  // Appends up to count bytes read at the current end (fewer at the end of the file);
+  // returns 0 or the errno of a failed read.
+  int Append(int fd, size_t count) {
     if (size_ + count > capacity_) {
       size_t capacity = std::max(size_ + count, 2 * capacity_);
       auto grown = std::make_unique<char[]>(capacity);  // value-initialised once per growth
@@ -130,11 +137,12 @@ class FileData {
     while (done < count) {
       ssize_t n = ::pread(fd, buf_.get() + size_ + done, count - done, size_ + done);
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0) throw CorruptFile(ErrnoText(errno, path));
+      if (n < 0) return errno;
       if (n == 0) break;
       done += static_cast<size_t>(n);
     }
     size_ += done;
+    return 0;
   }
 
   std::unique_ptr<char[]> buf_;
@@ -308,15 +316,8 @@ struct Entry {
   SeriesPtr pid_series;  // an all/liveall gauge's series, with this file's pid label
 };
 
-struct Value {
-  const Entry* entry;
-  double value, stamp;
-};
-
-struct GaugeSeries {
-  SeriesPtr series;
-  double value, stamp;
-};
+// Where the value of the entry at `pos`, of a `len`-byte key, lies; its timestamp follows.
+size_t ValueAt(size_t pos, size_t len) { return pos + 4 + len + (8 - (len + 4) % 8); }
 
 bool Live(const std::string& mode, const char* base) {
   return mode == base || mode == std::string("live") + base;
@@ -342,13 +343,23 @@ struct MultiprocReader::State {
     size_t used = 0;
   };
   std::unordered_map<std::string, OpenFile> open;
+  MergePlan plan;
+
+  // Replays the plan if the directory and its files are as planned; false if not (or not
+  // replayable), `dir` then read in part.
+  bool Replay(DIR* dir, MultiprocResult* result);
+  // Merges every file, caching what it parses, and makes a new plan.
+  MultiprocResult ReadFull(const std::string& directory, DIR* dir);
 
   // Reads `name` into `data`; returns false if the file is gone. `*trusted` is how many
   // leading bytes hold the same keys as at the last read: a file kept open is the same
   // inode (an open file's inode number cannot be reused), and prometheus_client only
   // appends keys, so up to its last used size unless that shrank; 0 for any other file.
-  bool ReadFile(const std::string& directory, const std::string& name, size_t* trusted) {
+  // `*kept` is the file kept open that was read, null if it was opened for this read only.
+  bool ReadFile(const std::string& directory, const std::string& name, size_t* trusted,
+                const OpenFile** kept) {
     *trusted = 0;
+    *kept = nullptr;
     std::string path = directory + "/" + name;
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) {
@@ -386,6 +397,7 @@ struct MultiprocReader::State {
     }
     if (data.size() >= last) *trusted = last;
     found->second.used = data.size();
+    *kept = &found->second;
     return true;
   }
 
@@ -438,14 +450,13 @@ struct MultiprocReader::State {
   }
 
   // Every entry of one file, its keys parsed (or found in the caches).
-  void Entries(const std::string& name, const char* data, size_t used, size_t trusted,
-               const std::string* pid, std::vector<Value>* out) {
+  const std::vector<Entry>& Entries(const std::string& name, const char* data, size_t used,
+                                    size_t trusted, const std::string* pid) {
     std::vector<Entry>& cached = files[name];
     size_t pos = kHeader, index = 0;
     // Entries wholly inside the trusted bytes are the cached ones, unchanged.
     while (index < cached.size() && pos == cached[index].offset) {
-      size_t len = cached[index].raw->size();
-      size_t end = pos + 4 + len + (8 - (len + 4) % 8) + 16;
+      size_t end = ValueAt(pos, cached[index].raw->size()) + 16;
       if (end > trusted) break;
       pos = end;
       ++index;
@@ -454,8 +465,7 @@ struct MultiprocReader::State {
       if (pos + 4 > used) throw CorruptFile("entry header cut at byte " + std::to_string(pos));
       int32_t length = ReadInt32(data, pos);
       size_t len = length > 0 ? static_cast<size_t>(length) : 0;
-      size_t padded = len + (8 - (len + 4) % 8);
-      size_t end = pos + 4 + padded + 16;
+      size_t end = ValueAt(pos, len) + 16;
       if (length <= 0 || end > used) {
         throw CorruptFile("entry at byte " + std::to_string(pos) + " runs past the used size " +
                           std::to_string(used));
@@ -477,13 +487,7 @@ struct MultiprocReader::State {
       ++index;
     }
     cached.resize(index);
-    // Values in a second pass: `cached` no longer grows, so the entries' addresses hold.
-    pos = kHeader;
-    for (const Entry& entry : cached) {
-      size_t padded = entry.raw->size() + (8 - (entry.raw->size() + 4) % 8);
-      size_t at = entry.offset + 4 + padded;
-      out->push_back(Value{&entry, ReadDouble(data, at), ReadDouble(data, at + 8)});
-    }
+    return cached;
   }
 
   int SlotFor(ParsedKey* key, bool histogram) {
@@ -518,46 +522,79 @@ MultiprocReader::MultiprocReader(std::string directory)
 MultiprocReader::~MultiprocReader() = default;
 
 MultiprocResult MultiprocReader::Read() {
-  std::vector<std::string> names;
-  {
-    Dir dir(directory_);
-    if (dir.get() == nullptr) throw DirectoryError(ErrnoText(errno, directory_));
-    while (dirent* item = ::readdir(dir.get())) {
-      std::string_view name(item->d_name);
-      if (name.size() >= 3 && name.substr(name.size() - 3) == ".db") names.emplace_back(name);
+  Dir dir(directory_);
+  if (dir.get() == nullptr) throw DirectoryError(ErrnoText(errno, directory_));
+  State& st = *state_;
+  MultiprocResult result;
+  if (st.Replay(dir.get(), &result)) return result;
+  ::rewinddir(dir.get());
+  return st.ReadFull(directory_, dir.get());
+}
+
+bool MultiprocReader::State::Replay(DIR* dir, MultiprocResult* result) {
+  if (!plan.replayable || !plan.Lists(dir)) return false;
+  plan.Start();
+  for (const MergePlan::File& file : plan.files) {
+    // Another used size is new entries (or a file cut short): a full read parses them.
+    if (!data.ReadUsed(file.fd, file.used) || !plan.Apply(file, data.data(), false)) {
+      return false;
     }
   }
-  std::sort(names.begin(), names.end());
-  State& st = *state_;
-  st.ResetIfLarge();
-  // Forget files that are gone so the per-file caches stay as large as the directory.
-  for (auto it = st.files.begin(); it != st.files.end();) {
-    it = std::binary_search(names.begin(), names.end(), it->first) ? std::next(it)
-                                                                    : st.files.erase(it);
+  if (!plan.AllSet()) return false;
+  result->families = plan.Output();
+  result->files = static_cast<int>(plan.files.size());
+  return true;
+}
+
+MultiprocResult MultiprocReader::State::ReadFull(const std::string& directory, DIR* dir) {
+  plan.Clear();  // first: the files it names may be closed below
+  struct Listed {
+    std::string name;
+    ino_t ino;
+    uint32_t position;  // in readdir's order
+  };
+  std::vector<Listed> names;
+  while (dirent* item = ::readdir(dir)) {
+    if (IsDb(item->d_name)) {
+      names.push_back(Listed{item->d_name, item->d_ino, static_cast<uint32_t>(names.size())});
+    }
   }
-  for (auto it = st.open.begin(); it != st.open.end();) {
-    it = std::binary_search(names.begin(), names.end(), it->first) ? std::next(it)
-                                                                    : st.open.erase(it);
+  std::sort(names.begin(), names.end(),
+            [](const Listed& a, const Listed& b) { return a.name < b.name; });
+  auto is_listed = [&names](const std::string& name) {
+    auto it = std::lower_bound(names.begin(), names.end(), name,
+                               [](const Listed& l, const std::string& n) { return l.name < n; });
+    return it != names.end() && it->name == name;
+  };
+  ResetIfLarge();
+  // Forget files that are gone so the per-file caches stay as large as the directory.
+  for (auto it = files.begin(); it != files.end();) {
+    it = is_listed(it->first) ? std::next(it) : files.erase(it);
+  }
+  for (auto it = open.begin(); it != open.end();) {
+    it = is_listed(it->first) ? std::next(it) : open.erase(it);
   }
 
+  bool replayable = true;  // every file read, kept open, and under the inode listed
   MultiprocResult result;
   // Per metric id: (type, help) of the first file that has it, as the Python reader keeps.
-  std::vector<const std::string*> meta_type(st.metrics.size(), nullptr);
-  std::vector<const std::string*> meta_help(st.metrics.size(), nullptr);
+  std::vector<const std::string*> meta_type(metrics.size(), nullptr);
+  std::vector<const std::string*> meta_help(metrics.size(), nullptr);
   std::vector<std::string> types;  // file types seen, addresses stable (reserved)
   types.reserve(names.size());
-  std::vector<double> totals(st.slots.size(), 0.0);
-  std::vector<char> is_touched(st.slots.size(), 0);
-  std::vector<int> touched;  // slots in first-touch order
-  struct GaugeFamily {
-    int metric_id;
-    std::vector<GaugeSeries> series;
+  std::vector<int> dense_of_slot(slots.size(), -1);  // the plan's summed slot of each slot
+  std::vector<int> touched;                          // slots in first-touch order
+  std::vector<int> gauge_metrics;                    // gauge families' metrics, in order
+  std::vector<int> gauge_of_metric(metrics.size(), -1);
+  struct GaugeSeries {
+    SeriesPtr series;
+    int family;  // in gauge_metrics
   };
-  std::vector<GaugeFamily> gauges;
-  std::vector<int> gauge_of_metric(st.metrics.size(), -1);
-  std::vector<int> gauge_index(st.series.size(), -1);  // by series id: position in its family
-  std::vector<Value> values;
-  for (const std::string& name : names) {
+  std::vector<GaugeSeries> gauge_series;  // by the plan's gauge series
+  // By metric id and series id: a series may be in two families, under two metric names.
+  std::unordered_map<uint64_t, uint32_t> gauge_index;
+  for (const Listed& item : names) {
+    const std::string& name = item.name;
     std::string_view stem = std::string_view(name).substr(0, name.size() - 3);
     std::vector<std::string> parts;
     for (size_t start = 0;;) {
@@ -568,83 +605,85 @@ MultiprocResult MultiprocReader::Read() {
     }
     const std::string& typ = parts.front();
     bool gauge = typ == "gauge";
-    std::string mode = gauge ? (parts.size() == 3 ? parts[1] : "all") : "";
-    bool recent = Live(mode, "mostrecent"), min = Live(mode, "min"), max = Live(mode, "max");
-    bool all = gauge && !(recent || min || max || Live(mode, "sum"));
-    values.clear();
+    std::string mode_name = gauge ? (parts.size() == 3 ? parts[1] : "all") : "";
+    Mode mode = !gauge                          ? Mode::kSum
+                : Live(mode_name, "mostrecent") ? Mode::kMostRecent
+                : Live(mode_name, "min")        ? Mode::kMin
+                : Live(mode_name, "max")        ? Mode::kMax
+                : Live(mode_name, "sum")        ? Mode::kGaugeSum
+                                                : Mode::kAll;
+    const std::vector<Entry>* entries;
+    const OpenFile* kept;
     try {
       size_t trusted = 0;
-      if (!st.ReadFile(directory_, name, &trusted)) continue;
-      st.Entries(name, st.data.data(), st.data.size(), trusted, all ? &parts.back() : nullptr,
-                 &values);
+      if (!ReadFile(directory, name, &trusted, &kept)) {
+        replayable = false;
+        continue;
+      }
+      entries = &Entries(name, data.data(), data.size(), trusted,
+                         mode == Mode::kAll ? &parts.back() : nullptr);
     } catch (const CorruptFile& exc) {
-      st.files.erase(name);
+      files.erase(name);
       result.corrupt.push_back(name + ": " + exc.what());
+      replayable = false;
       continue;
     }
     ++result.files;
-    if (meta_type.size() < st.metrics.size()) {
-      meta_type.resize(st.metrics.size(), nullptr);
-      meta_help.resize(st.metrics.size(), nullptr);
-      gauge_of_metric.resize(st.metrics.size(), -1);
+    if (meta_type.size() < metrics.size()) {
+      meta_type.resize(metrics.size(), nullptr);
+      meta_help.resize(metrics.size(), nullptr);
+      gauge_of_metric.resize(metrics.size(), -1);
     }
     if (types.empty() || types.back() != typ) types.push_back(typ);
-    for (const Value& v : values) {
-      const ParsedKey& key = *v.entry->key;
+    bool histogram = typ == "histogram";
+    MergePlan::File file{name, item.ino, -1, data.size(), mode,
+                         static_cast<uint32_t>(plan.ops.size()), 0};
+    for (const Entry& entry : *entries) {
+      ParsedKey& key = *entry.key;
       if (meta_type[key.metric_id] == nullptr) {
         meta_type[key.metric_id] = &types.back();
         meta_help[key.metric_id] = &key.help;
       }
+      uint32_t target;
+      if (gauge) {
+        int& family = gauge_of_metric[key.metric_id];
+        if (family < 0) {
+          family = static_cast<int>(gauge_metrics.size());
+          gauge_metrics.push_back(key.metric_id);
+        }
+        const SeriesPtr& series = mode == Mode::kAll ? entry.pid_series : key.gauge;
+        uint64_t id = static_cast<uint64_t>(key.metric_id) << 32 | series->id;
+        auto [it, fresh] = gauge_index.emplace(id, static_cast<uint32_t>(gauge_series.size()));
+        if (fresh) {
+          gauge_series.push_back(GaugeSeries{series, family});
+          plan.AddGauge();
+        }
+        target = it->second;
+      } else {
+        size_t slot = static_cast<size_t>(SlotFor(&key, histogram));
+        if (slot >= dense_of_slot.size()) dense_of_slot.resize(slots.size(), -1);
+        int& dense = dense_of_slot[slot];
+        if (dense < 0) {
+          dense = static_cast<int>(plan.AddSlot());
+          touched.push_back(static_cast<int>(slot));
+        }
+        target = static_cast<uint32_t>(dense);
+      }
+      plan.ops.push_back(MergePlan::Op{
+          static_cast<uint32_t>(ValueAt(entry.offset, entry.raw->size())), target});
     }
-    if (gauge) {
-      for (const Value& v : values) {
-        const ParsedKey& key = *v.entry->key;
-        int& g = gauge_of_metric[key.metric_id];
-        if (g < 0) {
-          g = static_cast<int>(gauges.size());
-          gauges.push_back(GaugeFamily{key.metric_id, {}});
-        }
-        GaugeFamily& fam = gauges[g];
-        const SeriesPtr& series = all ? v.entry->pid_series : key.gauge;
-        if (series->id >= gauge_index.size()) gauge_index.resize(st.series.size(), -1);
-        int& at = gauge_index[series->id];
-        if (recent) {
-          // As prometheus_client: a gauge never set (timestamp 0) is not exposed.
-          double current = at < 0 ? 0.0 : fam.series[at].stamp;
-          if (!(v.stamp > current)) continue;
-        }
-        if (at < 0) {
-          at = static_cast<int>(fam.series.size());
-          fam.series.push_back(GaugeSeries{series, v.value, v.stamp});
-          continue;
-        }
-        GaugeSeries& s = fam.series[at];
-        if (recent || all) {
-          s.value = v.value, s.stamp = v.stamp;
-        } else if (min) {
-          s.value = std::min(s.value, v.value), s.stamp = 0;
-        } else if (max) {
-          s.value = std::max(s.value, v.value), s.stamp = 0;
-        } else {
-          s.value += v.value, s.stamp = 0;
-        }
-      }
+    file.end = static_cast<uint32_t>(plan.ops.size());
+    plan.Apply(file, data.data(), true);
+    if (kept != nullptr && kept->ino == item.ino) {
+      file.fd = kept->fd.get();
+      plan.files.push_back(std::move(file));
     } else {
-      bool histogram = typ == "histogram";
-      for (const Value& v : values) {
-        int slot = st.SlotFor(v.entry->key, histogram);
-        if (static_cast<size_t>(slot) >= totals.size()) {
-          totals.resize(st.slots.size(), 0.0);
-          is_touched.resize(st.slots.size(), 0);
-        }
-        totals[slot] += v.value;
-        if (!is_touched[slot]) is_touched[slot] = 1, touched.push_back(slot);
-      }
+      replayable = false;
     }
   }
-  if (meta_type.size() < st.metrics.size()) {
-    meta_type.resize(st.metrics.size(), nullptr);
-    meta_help.resize(st.metrics.size(), nullptr);
+  if (meta_type.size() < metrics.size()) {
+    meta_type.resize(metrics.size(), nullptr);
+    meta_help.resize(metrics.size(), nullptr);
   }
 
   // Summed slots into families, as MultiProcessCollector._accumulate_metrics orders them:
@@ -658,12 +697,12 @@ MultiprocResult MultiprocReader::Read() {
     std::vector<Group> groups;
   };
   // By _count series id: its bucket group's position in the family, and its _sum slot.
-  std::vector<int> group_of(st.series.size(), -1), sum_of(st.series.size(), -1);
+  std::vector<int> group_of(series.size(), -1), sum_of(series.size(), -1);
   std::vector<int> order;
-  std::vector<int> family_of_metric(st.metrics.size(), -1);
+  std::vector<int> family_of_metric(metrics.size(), -1);
   std::vector<SumFamily> sum_families;
   for (int index : touched) {
-    Slot& slot = st.slots[index];
+    Slot& slot = slots[index];
     int& f = family_of_metric[slot.metric_id];
     if (f < 0) {
       f = static_cast<int>(sum_families.size());
@@ -671,7 +710,7 @@ MultiprocResult MultiprocReader::Read() {
       order.push_back(slot.metric_id);
     }
     SumFamily& fam = sum_families[f];
-    const std::string& metric = st.metrics[slot.metric_id];
+    const std::string& metric = metrics[slot.metric_id];
     if (slot.bucket) {
       int& g = group_of[slot.count->id];
       if (g < 0) {
@@ -686,10 +725,10 @@ MultiprocResult MultiprocReader::Read() {
           slot.series->name.compare(metric.size(), 4, "_sum") == 0) {
         // Keyed by the matching _count series, which buckets of the same labels share.
         if (slot.count == nullptr) {
-          slot.count = st.SeriesFor(metric + "_count", slot.series->labels);
+          slot.count = SeriesFor(metric + "_count", slot.series->labels);
           if (slot.count->id >= group_of.size()) {
-            group_of.resize(st.series.size(), -1);
-            sum_of.resize(st.series.size(), -1);
+            group_of.resize(series.size(), -1);
+            sum_of.resize(series.size(), -1);
           }
         }
         sum_of[slot.count->id] = index;
@@ -698,37 +737,62 @@ MultiprocResult MultiprocReader::Read() {
       fam.plain.push_back(index);
     }
   }
-  std::vector<int> out_of_metric(st.metrics.size(), -1);
+  std::vector<Family> families;
+  std::vector<std::vector<MergePlan::Fill>> fills;  // per family: gauges may join a summed one
+  auto add = [&families, &fills](size_t out, const SeriesPtr& series, MergePlan::Fill::Kind kind,
+                                 int index) {
+    families[out].samples.push_back(Sample{series, 0.0});
+    fills[out].push_back(MergePlan::Fill{kind, static_cast<uint32_t>(index)});
+  };
+  auto add_family = [&](int metric_id) {
+    families.push_back(
+        Family{metrics[metric_id], *meta_type[metric_id], *meta_help[metric_id], {}});
+    fills.emplace_back();
+    return families.size() - 1;
+  };
+  std::vector<int> out_of_metric(metrics.size(), -1);
   for (size_t f = 0; f < order.size(); ++f) {
-    int metric_id = order[f];
+    size_t out = add_family(order[f]);
+    out_of_metric[order[f]] = static_cast<int>(out);
     SumFamily& sf = sum_families[f];
-    const std::string& metric = st.metrics[metric_id];
-    Family fam{metric, *meta_type[metric_id], *meta_help[metric_id], {}};
-    for (int index : sf.plain) fam.samples.push_back(Sample{st.slots[index].series, totals[index]});
+    for (int index : sf.plain) {
+      add(out, slots[index].series, MergePlan::Fill::kTotal, dense_of_slot[index]);
+    }
     for (Group& group : sf.groups) {
       std::sort(group.buckets.begin(), group.buckets.end());
-      double acc = 0;
-      for (const auto& [le, index] : group.buckets) {
-        acc += totals[index];
-        fam.samples.push_back(Sample{st.slots[index].series, acc});
+      for (size_t b = 0; b < group.buckets.size(); ++b) {
+        int index = group.buckets[b].second;
+        add(out, slots[index].series,
+            b == 0 ? MergePlan::Fill::kFirstBucket : MergePlan::Fill::kBucket,
+            dense_of_slot[index]);
       }
-      fam.samples.push_back(Sample{group.first->count, acc});
+      add(out, group.first->count, MergePlan::Fill::kCount, 0);
       int sum = sum_of[group.first->count->id];
-      if (sum >= 0) fam.samples.push_back(Sample{st.slots[sum].series, totals[sum]});
+      if (sum >= 0) add(out, slots[sum].series, MergePlan::Fill::kTotal, dense_of_slot[sum]);
     }
-    out_of_metric[metric_id] = static_cast<int>(result.families.size());
-    result.families.push_back(std::move(fam));
   }
-  for (GaugeFamily& g : gauges) {
-    int& out = out_of_metric[g.metric_id];
-    if (out < 0) {
-      out = static_cast<int>(result.families.size());
-      result.families.push_back(Family{st.metrics[g.metric_id], *meta_type[g.metric_id],
-                                       *meta_help[g.metric_id], {}});
+  // Gauges follow, each family's in the order they were first set.
+  std::vector<std::vector<uint32_t>> set_in(gauge_metrics.size());
+  for (uint32_t index : plan.set_order) set_in[gauge_series[index].family].push_back(index);
+  for (size_t g = 0; g < gauge_metrics.size(); ++g) {
+    int& out = out_of_metric[gauge_metrics[g]];
+    if (out < 0) out = static_cast<int>(add_family(gauge_metrics[g]));
+    for (uint32_t index : set_in[g]) {
+      add(static_cast<size_t>(out), gauge_series[index].series, MergePlan::Fill::kGauge,
+          static_cast<int>(index));
     }
-    Family& fam = result.families[out];
-    for (GaugeSeries& s : g.series) fam.samples.push_back(Sample{std::move(s.series), s.value});
   }
+  for (const auto& family_fills : fills) {
+    plan.fills.insert(plan.fills.end(), family_fills.begin(), family_fills.end());
+  }
+
+  plan.Finish(std::move(families));
+  if (replayable) {
+    plan.listed.resize(names.size());
+    for (size_t i = 0; i < names.size(); ++i) plan.listed[names[i].position] = i;
+    plan.replayable = true;
+  }
+  result.families = plan.Output();
   return result;
 }
 

@@ -197,17 +197,15 @@ _PIDS = st.sampled_from(["11", "12", "13"])
 _LABELS = st.sampled_from(["a", "b", "c"])
 _GAUGE_MODES = st.sampled_from(["all", "min", "max", "sum", "mostrecent", "liveall", "livesum"])
 _AMOUNTS = st.integers(min_value=0, max_value=1000).map(lambda v: v / 4)
-_STEPS = st.lists(
-    st.one_of(
-        st.tuples(st.just("counter"), _PIDS, _LABELS, _AMOUNTS),
-        st.tuples(st.just("histogram"), _PIDS, _LABELS, _AMOUNTS),
-        st.tuples(st.just("gauge"), _PIDS, _LABELS, _AMOUNTS, _GAUGE_MODES),
-        st.tuples(st.just("remove"), _PIDS),
-        st.tuples(st.just("replace"), _PIDS, _LABELS, _AMOUNTS),
-    ),
-    min_size=1,
-    max_size=12,
+_STEP = st.one_of(
+    st.tuples(st.just("counter"), _PIDS, _LABELS, _AMOUNTS),
+    st.tuples(st.just("histogram"), _PIDS, _LABELS, _AMOUNTS),
+    st.tuples(st.just("gauge"), _PIDS, _LABELS, _AMOUNTS, _GAUGE_MODES),
+    st.tuples(st.just("remove"), _PIDS),
+    st.tuples(st.just("replace"), _PIDS, _LABELS, _AMOUNTS),
 )
+"""One step of a history, applied by ``_apply``."""
+_STEPS = st.lists(_STEP, min_size=1, max_size=12)
 _BUCKETS = (1.0, 10.0, 100.0, float("inf"))
 
 

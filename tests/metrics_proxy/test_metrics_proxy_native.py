@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import gzip
 import math
+import os
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from runtime.metrics_proxy import _metrics
@@ -21,7 +22,16 @@ from runtime.metrics_proxy.exposition import Encoder, Family, Sample
 from runtime.metrics_proxy.merge import merge_families
 from runtime.metrics_proxy.multiproc import MultiprocReader
 from runtime.metrics_proxy.triton import TritonScrapeError, parse_text_exposition
-from tests.metrics_proxy.test_metrics_proxy_cache import _STEPS, _apply
+from tests.metrics_proxy.test_metrics_proxy_cache import (
+    _AMOUNTS,
+    _GAUGE_MODES,
+    _PIDS,
+    _STEP,
+    _STEPS,
+    _apply,
+    _write,
+)
+from tests.metrics_proxy.test_metrics_proxy_cache import _LABELS as _SERIES
 from tests.metrics_proxy.test_metrics_proxy_exposition import TRICKY
 from tests.support.metrics_harness import WriterProcesses
 from tests.support.triton_metrics_server import render_exposition
@@ -68,6 +78,120 @@ def test_random_histories_read_as_the_python_reader(tmp_path_factory, steps) -> 
         got = native.read()
         assert got.files == expected.files, f"after step {number}: {step}"
         _same(_native_view(got.families()), _python_view(expected.families))
+
+
+_REREAD_STEP = st.one_of(
+    _STEP,
+    st.tuples(st.just("again")),
+    # A mostrecent gauge created but never set (timestamp 0), or set back to that.
+    st.tuples(st.just("declare"), _PIDS, _SERIES),
+    # A gauge of one family written in files of every mode.
+    st.tuples(st.just("shared"), _PIDS, _SERIES, _AMOUNTS, _GAUGE_MODES),
+    # In place, the same inode: cut to its used size (still whole), cut into its entries, a
+    # half-written entry, a used size that is no multiple of 8.
+    st.tuples(
+        st.just("damage"),
+        _PIDS,
+        st.integers(min_value=0, max_value=7),
+        st.sampled_from(["tight", "cut", "half_entry", "odd"]),
+    ),
+)
+
+
+def _reread_apply(directory: Path, step: tuple, clock: list[float], damaged: set[Path]) -> None:
+    """``_apply`` plus the steps of ``_REREAD_STEP``; a damaged file that a writer writes
+    again is a new file (the writer restarted)."""
+    kind = step[0]
+    if kind == "again":
+        return
+    if kind == "damage":
+        _, pid, pick, how = step
+        paths = sorted(directory.glob(f"*_{pid}.db"))
+        if not paths:
+            return
+        path = paths[pick % len(paths)]
+        data = bytearray(path.read_bytes())
+        used = int.from_bytes(data[:4], "little")
+        if how == "tight":
+            os.truncate(path, used)
+            return
+        if how == "cut":
+            os.truncate(path, max(used // 2, 4))
+        elif how == "half_entry":
+            data[used : used + 12] = (40).to_bytes(4, "little") + b'["c", "c_'
+            data[:4] = (used + 16).to_bytes(4, "little")
+            path.write_bytes(data)  # in place: "wb" truncates, keeping the inode
+        else:
+            data[:4] = (used + 4).to_bytes(4, "little")
+            path.write_bytes(data)
+        damaged.add(path)
+        return
+    if kind in ("declare", "shared"):
+        pid, label = step[1], step[2]
+        mode = "mostrecent" if kind == "declare" else step[4]
+        path = directory / f"gauge_{mode}_{pid}.db"
+    elif kind == "gauge":
+        path = directory / f"gauge_{step[4]}_{step[1]}.db"
+    else:
+        path = directory / f"{'histogram' if kind == 'histogram' else 'counter'}_{step[1]}.db"
+    if path in damaged:
+        damaged.discard(path)
+        path.unlink()
+    if kind == "declare":
+        _write(path, {("g_mostrecent", "g_mostrecent", (("k", label),)): 0.0}, stamp=0.0)
+    elif kind == "shared":
+        clock[0] += 1.0
+        _write(path, {("g_shared", "g_shared", (("k", label),)): step[3]}, stamp=clock[0])
+    else:
+        _apply(directory, step, clock)
+        damaged.intersection_update(directory.glob("*.db"))
+
+
+def _corrupt_names(result) -> list[str]:
+    return [c.split(":")[0] for c in result.corrupt_files]
+
+
+@settings(
+    max_examples=80,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(steps=st.lists(_REREAD_STEP, min_size=1, max_size=24))
+# A mostrecent gauge first set in an earlier file moves ahead of another series.
+@example(
+    steps=[
+        ("gauge", "12", "b", 1.0, "mostrecent"),
+        ("gauge", "12", "a", 2.0, "mostrecent"),
+        ("declare", "11", "a"),
+        ("gauge", "11", "a", 3.0, "mostrecent"),
+    ]
+)
+# One set back to never set disappears.
+@example(steps=[("gauge", "11", "a", 1.0, "mostrecent"), ("declare", "11", "a")])
+def test_one_reader_rereading_after_every_change_reads_as_a_new_one(
+    tmp_path_factory, steps
+) -> None:
+    """The reader kept across reads replays its last merge while nothing changed and merges
+    anew when anything did: it must read what the Python reader reads, and what a new
+    native reader reads, family for family and sample for sample, in order."""
+    directory = tmp_path_factory.mktemp("reread")
+    python, native = MultiprocReader(directory), _metrics.MultiprocReader(str(directory))
+    clock, damaged = [1_700_000_000.0], set()
+    held = native.read()  # results a caller holds are never written by later reads
+    held_text = repr(held.families())
+    for number, step in enumerate(steps):
+        _reread_apply(directory, step, clock, damaged)
+        where = f"after step {number}: {step}"
+        expected = python.read()
+        for _ in range(2):  # the second read replays, if the first made a plan
+            got = native.read()
+            assert repr(held.families()) == held_text, where
+            held, held_text = got, repr(got.families())
+            fresh = _metrics.MultiprocReader(str(directory)).read()
+            assert got.files == expected.files == fresh.files, where
+            assert _corrupt_names(got) == _corrupt_names(expected) == _corrupt_names(fresh), where
+            _same(_native_view(got.families()), _python_view(expected.families))
+            assert repr(got.families()) == repr(fresh.families()), where
 
 
 def _body(encoder: _metrics.Encoder, sources: list, own: list[Family], om: bool, gz: bool):
