@@ -12,9 +12,9 @@ VLLM_VERSION := 0.27.1
 VLLM_INTERFACE_DEPS := msgspec cachetools cloudpickle blake3 py-cpuinfo psutil pyzmq regex \
 	sentencepiece "transformers>=5.5.3" partial-json-parser cbor2 aiohttp openai-harmony pillow \
 	pybase64 uvloop
-# Debian packages that tests run for real (Prometheus and promtool), and zlib's headers for the
-# metrics proxy's native merge.
-DEBIAN_PACKAGES := prometheus zlib1g-dev
+# Debian packages that tests run for real (Prometheus and promtool), and ISA-L's headers for the
+# metrics proxy's native merge (its gzip); installed before the extension is built.
+DEBIAN_PACKAGES := prometheus libisal-dev
 SOURCES := Makefile pyproject.toml CMakeLists.txt $(shell find csrc -type f 2>/dev/null)
 STAMP := $(VENV)/.installed
 DEBS_STAMP := $(VENV)/.debian-packages
@@ -35,7 +35,7 @@ $(VENV)/bin/python:
 	$(PIP) install --quiet --upgrade "pip>=24.2"
 
 # Reinstalls (and so rebuilds the extension) only when the metadata or the C++ sources change.
-$(STAMP): $(VENV)/bin/python $(SOURCES)
+$(STAMP): $(VENV)/bin/python $(SOURCES) | $(DEBS_STAMP)
 	$(PIP) install --quiet -e '.[dev,bench]'
 	$(PIP) install --quiet --no-deps "vllm==$(VLLM_VERSION)"
 	$(PIP) install --quiet $(VLLM_INTERFACE_DEPS)
