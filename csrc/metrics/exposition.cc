@@ -318,10 +318,14 @@ void BodyWriter::Reserve(const std::vector<Family>& families) {
   }
 }
 
-void BodyWriter::Add(const std::vector<Family>& families) {
+int BodyWriter::Add(const std::vector<Family>& families) {
   std::vector<const Sample*> kept;
+  int hidden = 0;
   for (const auto& fam : families) {
-    if (families_.count(fam.name) != 0) continue;  // an earlier source has it
+    if (families_.count(fam.name) != 0) {  // an earlier source has it
+      ++hidden;
+      continue;
+    }
     kept.clear();
     const std::string* last = nullptr;
     bool last_kept = false;
@@ -347,6 +351,7 @@ void BodyWriter::Add(const std::vector<Family>& families) {
   }
   // Compress the source now: the caller may be a worker thread, finishing is not.
   if (gzip_ && !text_.empty()) Flush(false);
+  return hidden;
 }
 
 void BodyWriter::AddReserved(const std::vector<Family>& families) {

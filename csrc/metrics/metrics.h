@@ -136,7 +136,8 @@ class BodyWriter {
   BodyWriter& operator=(const BodyWriter&) = delete;
 
   void Reserve(const std::vector<Family>& families);
-  void Add(const std::vector<Family>& families);
+  // The number of families it hid because an earlier source (or a reserved one) had the name.
+  int Add(const std::vector<Family>& families);
   void AddReserved(const std::vector<Family>& families);
   std::string Finish();
 

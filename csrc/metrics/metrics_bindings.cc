@@ -1,14 +1,18 @@
 // Python bindings of the metrics proxy's per-scrape path. The heavy calls (read, parse, add,
-// finish) release the GIL; families cross as opaque, immutable lists.
+// finish, fetch) release the GIL; families cross as opaque, immutable lists. The scrape server
+// calls back into Python (with the GIL) once per merge and per /healthz.
+#include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "metrics.h"
+#include "scrape.h"
 
 namespace py = pybind11;
 namespace m = llm_serving::metrics;
@@ -74,26 +78,6 @@ FamilyList Reader_Read(PyReader& r) {
   return out;
 }
 
-// Read, then write the families into `w`, all without the GIL: the proxy runs this on a
-// worker thread while its event loop fetches Triton.
-FamilyList Reader_ReadInto(PyReader& r, Writer& w) {
-  FamilyList out;
-  {
-    py::gil_scoped_release release;
-    m::MultiprocResult result;
-    {
-      std::lock_guard<std::mutex> lock(r.mutex);
-      result = r.reader.Read();
-    }
-    out.families = std::move(result.families);
-    out.files = result.files;
-    out.corrupt = std::move(result.corrupt);
-    std::lock_guard<std::mutex> lock(*w.mutex);
-    w.writer->Add(*out.families);
-  }
-  return out;
-}
-
 FamilyList Parser_Parse(PyParser& p, const py::bytes& body) {
   // The bytes object is immutable and held by the caller for the whole call.
   std::string_view text(PyBytes_AS_STRING(body.ptr()), PyBytes_GET_SIZE(body.ptr()));
@@ -155,11 +139,11 @@ void Writer_Reserve(Writer& w, const FamilyList& list) {
   w.writer->Reserve(*list.families);
 }
 
-void Writer_Add(Writer& w, const FamilyList& list) {
+int Writer_Add(Writer& w, const FamilyList& list) {
   auto families = list.families;  // kept alive without the GIL
   py::gil_scoped_release release;
   std::lock_guard<std::mutex> lock(*w.mutex);
-  w.writer->Add(*families);
+  return w.writer->Add(*families);
 }
 
 void Writer_AddReserved(Writer& w, const FamilyList& list) {
@@ -177,6 +161,126 @@ py::bytes Writer_Finish(Writer& w) {
     body = w.writer->Finish();
   }
   return py::bytes(body);
+}
+
+// A fetch error raised as runtime.metrics_proxy.triton.TritonScrapeError(reason, message).
+[[noreturn]] void RaiseFetchError(const m::FetchError& exc) {
+  py::object cls = py::module_::import("runtime.metrics_proxy.triton").attr("TritonScrapeError");
+  PyErr_SetObject(cls.ptr(), py::make_tuple(exc.reason, exc.what()).ptr());
+  throw py::error_already_set();
+}
+
+py::bytes Fetcher_Fetch(m::HttpFetcher& fetcher, std::mutex& mutex) {
+  std::string body;
+  try {
+    py::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(mutex);
+    body = fetcher.Fetch();
+  } catch (const m::FetchError& exc) {
+    RaiseFetchError(exc);
+  }
+  return py::bytes(body);
+}
+
+struct PyFetcher {
+  PyFetcher(std::string host, int port, std::string path, double timeout_s, size_t max_bytes)
+      : fetcher(std::move(host), port, std::move(path), timeout_s, max_bytes) {}
+  m::HttpFetcher fetcher;
+  std::mutex mutex;
+};
+
+py::dict OutcomeDict(const m::Outcome& o) {
+  py::dict d;
+  d["triton_ok"] = o.triton_ok;
+  d["triton_reason"] = o.triton_reason;
+  d["triton_message"] = o.triton_message;
+  d["triton_seconds"] = o.triton_seconds;
+  d["vllm_ok"] = o.vllm_ok;
+  d["vllm_reason"] = o.vllm_reason;
+  d["vllm_message"] = o.vllm_message;
+  d["vllm_seconds"] = o.vllm_seconds;
+  d["files"] = o.files;
+  d["corrupt"] = py::tuple(py::cast(o.corrupt));
+  d["duplicates"] = o.duplicates;
+  return d;
+}
+
+// The native server and the Python callables it runs. The callables are released with the GIL
+// held: after the threads that call them are joined.
+struct PyScrapeServer {
+  std::shared_ptr<py::function> record, prepare, health;
+  std::shared_ptr<m::Scraper> scraper;
+  std::unique_ptr<m::ScrapeServer> server;
+
+  ~PyScrapeServer() {
+    py::gil_scoped_release release;
+    server.reset();
+    scraper.reset();
+  }
+};
+
+std::unique_ptr<PyScrapeServer> MakeServer(
+    const std::string& host, int port, double reuse_s, double idle_timeout_s,
+    const std::string& triton_host, int triton_port, const std::string& triton_path,
+    double triton_timeout_s, size_t triton_max_bytes, const std::string& directory,
+    m::Labels constant_labels, const FamilyList& own_layout, py::function record,
+    std::optional<py::function> prepare, py::function health) {
+  auto out = std::make_unique<PyScrapeServer>();
+  out->record = std::make_shared<py::function>(std::move(record));
+  out->health = std::make_shared<py::function>(std::move(health));
+  if (prepare) out->prepare = std::make_shared<py::function>(std::move(*prepare));
+  // Plain pointers into callables `out` owns: the lambdas never touch a refcount without the
+  // GIL, and `out` outlives the threads.
+  py::function* record_fn = out->record.get();
+  py::function* prepare_fn = out->prepare.get();
+  py::function* health_fn = out->health.get();
+  auto on_record = [record_fn](const m::Outcome& outcome) -> std::vector<m::Family> {
+    py::gil_scoped_acquire gil;
+    try {
+      py::object own = (*record_fn)(OutcomeDict(outcome));
+      return *own.cast<const FamilyList&>().families;
+    } catch (py::error_already_set& exc) {
+      exc.discard_as_unraisable("metrics proxy: recording a merge");
+    } catch (const py::cast_error& exc) {
+      PyErr_WarnEx(PyExc_RuntimeWarning, exc.what(), 1);
+    }
+    return {};  // the body goes out without the proxy's own families
+  };
+  std::function<void()> on_prepare;
+  if (prepare_fn != nullptr) {
+    on_prepare = [prepare_fn] {
+      py::gil_scoped_acquire gil;
+      try {
+        (*prepare_fn)();
+      } catch (py::error_already_set& exc) {
+        exc.discard_as_unraisable("metrics proxy: before reading the directory");
+      }
+    };
+  }
+  auto fetcher = std::make_unique<m::HttpFetcher>(triton_host, triton_port, triton_path,
+                                                  triton_timeout_s, triton_max_bytes);
+  out->scraper = std::make_shared<m::Scraper>(std::move(fetcher), directory,
+                                              std::move(constant_labels), *own_layout.families,
+                                              on_record, on_prepare);
+  m::ServerOptions options;
+  options.host = host;
+  options.port = port;
+  options.reuse_s = reuse_s;
+  options.idle_timeout_s = idle_timeout_s;
+  m::Scraper* scraper = out->scraper.get();
+  out->server = std::make_unique<m::ScrapeServer>(
+      options, [scraper](const std::vector<int>& formats) { return scraper->Merge(formats); },
+      [health_fn]() -> std::string {
+        py::gil_scoped_acquire gil;
+        try {
+          return py::str((*health_fn)());
+        } catch (py::error_already_set& exc) {
+          std::string message = exc.what();
+          exc.discard_as_unraisable("metrics proxy: /healthz");
+          throw std::runtime_error(message);
+        }
+      });
+  return out;
 }
 
 }  // namespace
@@ -210,9 +314,7 @@ PYBIND11_MODULE(_metrics, mod) {
       .def(py::init<std::string>(), py::arg("directory"))
       .def("read", &Reader_Read,
            "Merge every *.db file; raises DirectoryError (an OSError) if the directory cannot "
-           "be listed.")
-      .def("read_into", &Reader_ReadInto, py::arg("writer"),
-           "read(), then writer.add() of the result, in one call without the GIL.");
+           "be listed.");
 
   py::class_<PyParser>(mod, "TextParser",
                        "Parses one endpoint's Prometheus text, caching its series.")
@@ -230,8 +332,45 @@ PYBIND11_MODULE(_metrics, mod) {
            py::arg("gzip"))
       .def("reserve", &Writer_Reserve, py::arg("families"),
            "Claim these families' names (and sample names) ahead of every source.")
-      .def("add", &Writer_Add, py::arg("families"), "Write a source's families.")
+      .def("add", &Writer_Add, py::arg("families"),
+           "Write a source's families; returns how many it hid (names an earlier one had).")
       .def("add_reserved", &Writer_AddReserved, py::arg("families"),
            "Write the reserved families.")
       .def("finish", &Writer_Finish, "The body (gzipped if asked); the writer is spent.");
+
+  py::class_<PyFetcher>(mod, "HttpFetcher",
+                        "GETs one URL over kept-alive HTTP/1.1 within a time and size bound.")
+      .def(py::init<std::string, int, std::string, double, size_t>(), py::arg("host"),
+           py::arg("port"), py::arg("path"), py::arg("timeout_s"), py::arg("max_bytes"))
+      .def(
+          "fetch", [](PyFetcher& f) { return Fetcher_Fetch(f.fetcher, f.mutex); },
+          "The body; raises TritonScrapeError(reason, message).");
+
+  mod.def("wants_openmetrics", &m::WantsOpenMetrics, py::arg("accept"),
+          "Whether an Accept header prefers OpenMetrics (the server's negotiation).");
+  mod.def("wants_gzip", &m::WantsGzip, py::arg("accept_encoding"),
+          "Whether an Accept-Encoding header accepts gzip (the server's negotiation).");
+
+  py::class_<PyScrapeServer>(mod, "ScrapeServer",
+                             "The proxy's HTTP server: /metrics merged natively, /healthz.")
+      .def(py::init(&MakeServer), py::arg("host"), py::arg("port"), py::arg("reuse_s"),
+           py::arg("idle_timeout_s"), py::arg("triton_host"), py::arg("triton_port"),
+           py::arg("triton_path"), py::arg("triton_timeout_s"), py::arg("triton_max_bytes"),
+           py::arg("directory"), py::arg("constant_labels"), py::arg("own_layout"),
+           py::arg("record"), py::arg("prepare"), py::arg("health"))
+      .def(
+          "start",
+          [](PyScrapeServer& s) {
+            py::gil_scoped_release release;
+            return s.server->Start();
+          },
+          "Bind and serve from two native threads; returns the bound port.")
+      .def(
+          "stop",
+          [](PyScrapeServer& s, double grace_s) {
+            py::gil_scoped_release release;
+            s.server->Stop(grace_s);
+          },
+          py::arg("grace_s"),
+          "Close the listener, answer the scrapes in flight for up to grace_s, then end.");
 }

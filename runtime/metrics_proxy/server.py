@@ -1,33 +1,34 @@
-"""Runs the proxy under uvicorn until SIGTERM/SIGINT, finishing in-flight scrapes first."""
+"""Runs the proxy's native server until SIGTERM/SIGINT, finishing in-flight scrapes first."""
 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
-
-import uvicorn
+import threading
 
 from runtime.metrics_proxy.app import ProxyConfigError, create_app
 from runtime.metrics_proxy.settings import ProxySettings
 
 __all__ = ["run_from_env", "serve"]
 
+log = logging.getLogger(__name__)
+
 
 def serve(settings: ProxySettings) -> None:
     """Serve ``/metrics`` and ``/healthz`` on ``settings.host:settings.port`` until signalled."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     app = create_app(settings)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        lifespan="on",
-        access_log=False,
-        log_level="warning",
-        timeout_graceful_shutdown=settings.graceful_shutdown_s,
-    )
-    # uvicorn handles SIGTERM: stops accepting, lets running requests finish, runs shutdown.
-    uvicorn.Server(config).run()
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    port = app.start()
+    log.info("metrics proxy serving on %s:%d", settings.host, port)
+    # Timed waits: the main thread runs the signal handler only between them.
+    while not stop.wait(0.5):
+        pass
+    log.info("stopping: answering scrapes in flight for up to %gs", settings.graceful_shutdown_s)
+    app.stop(settings.graceful_shutdown_s)
 
 
 def run_from_env() -> int:
@@ -35,6 +36,9 @@ def run_from_env() -> int:
     try:
         serve(ProxySettings())
     except ProxyConfigError as exc:
+        print(f"metrics proxy: {exc}", file=sys.stderr)
+        return 1
+    except RuntimeError as exc:  # e.g. the port is taken
         print(f"metrics proxy: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -49,6 +49,9 @@ class ProxySettings(BaseSettings):
         description="A merge this recent is served again to the next scrapes (0: never).",
     )
     graceful_shutdown_s: float = Field(5.0, ge=0, description="Wait for in-flight scrapes.")
+    idle_timeout_s: float = Field(
+        60.0, gt=0, description="A kept-alive scraper connection idle this long is closed."
+    )
 
     def constant_labels(self) -> tuple[tuple[str, str], ...]:
         """``model_id``, ``model_version``, ``colour`` as set (empty ones are left out)."""

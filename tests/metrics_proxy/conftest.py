@@ -51,13 +51,13 @@ def make_settings(multiproc_dir: Path, triton_url: str, **overrides: object) -> 
 
 
 class InProcessProxy:
-    """The ASGI app started by hand and an httpx client speaking to it."""
+    """The proxy's native server started in this process on a free loopback port, and an
+    httpx client speaking to it."""
 
     def __init__(self, app: MetricsProxyApp) -> None:
         self.app = app
-        self.client = httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://proxy"
-        )
+        port = app.start()
+        self.client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30)
 
     async def metrics(self, **headers: str) -> httpx.Response:
         response = await self.client.get("/metrics", headers=headers)
@@ -70,13 +70,13 @@ async def proxy_factory() -> AsyncIterator:
     started: list[InProcessProxy] = []
 
     async def factory(settings: ProxySettings) -> InProcessProxy:
-        app = create_app(settings)
-        await app.startup()
-        proxy = InProcessProxy(app)
+        proxy = InProcessProxy(
+            create_app(settings.model_copy(update={"host": "127.0.0.1", "port": 0}))
+        )
         started.append(proxy)
         return proxy
 
     yield factory
     for proxy in started:
         await proxy.client.aclose()
-        await proxy.app.shutdown()
+        proxy.app.stop()

@@ -1,6 +1,7 @@
 """The native merge's tests, the property tests against the Python path among them, run against
 an AddressSanitizer + UndefinedBehaviorSanitizer build of ``_metrics``
-(``tests/support/sanitized.py``), together with the proxy's app tests that use it."""
+(``tests/support/sanitized.py``), together with the tests of the native server and Triton
+client (the app, HTTP and client tests)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from tests.support.sanitized import build_sanitized, run_tests_against
 TESTS = [
     "tests/metrics_proxy/test_metrics_proxy_native.py",
     "tests/metrics_proxy/test_metrics_proxy_app.py",
+    "tests/metrics_proxy/test_metrics_proxy_http.py",
+    "tests/metrics_proxy/test_metrics_proxy_triton_client.py",
 ]
 
 

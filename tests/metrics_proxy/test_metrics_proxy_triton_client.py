@@ -1,13 +1,17 @@
-"""The proxy's keep-alive HTTP/1.1 client for Triton's metrics, against a scripted server."""
+"""The proxy's native keep-alive HTTP/1.1 client for Triton's metrics (``_metrics.HttpFetcher``),
+against a scripted server."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import pytest
 
-from runtime.metrics_proxy.triton import TritonClient, TritonScrapeError
+from runtime.metrics_proxy import _metrics
+from runtime.metrics_proxy.app import ProxyConfigError, create_app
+from runtime.metrics_proxy.settings import ProxySettings
+from runtime.metrics_proxy.triton import TritonScrapeError
 
 Answer = Callable[[int], bytes]
 """The raw response to the n-th request a connection gets (0-based); b"" closes it."""
@@ -52,17 +56,24 @@ def _length(body: bytes, extra: bytes = b"") -> bytes:
     return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n%s" % (len(body), extra, body)
 
 
+class Client:
+    """The native fetcher, run off the event loop that the scripted server answers on."""
+
+    def __init__(self, url: str, timeout_s: float, max_bytes: int) -> None:
+        host, _, rest = url.removeprefix("http://").partition(":")
+        port, _, path = rest.partition("/")
+        self.fetcher = _metrics.HttpFetcher(host, int(port), "/" + path, timeout_s, max_bytes)
+
+    async def fetch(self) -> bytes:
+        return await asyncio.to_thread(self.fetcher.fetch)
+
+
 @pytest.fixture
-async def client_for() -> AsyncIterator[Callable[..., TritonClient]]:
-    made: list[TritonClient] = []
+def client_for() -> Callable[..., Client]:
+    def make(url: str, timeout_s: float = 2.0, max_bytes: int = 1 << 20) -> Client:
+        return Client(url, timeout_s, max_bytes)
 
-    def make(url: str, timeout_s: float = 2.0, max_bytes: int = 1 << 20) -> TritonClient:
-        made.append(TritonClient(url, timeout_s, max_bytes))
-        return made[-1]
-
-    yield make
-    for client in made:
-        client.close()
+    return make
 
 
 async def test_fetches_reuse_one_connection(client_for) -> None:
@@ -133,6 +144,7 @@ async def test_a_silent_server_is_cut_at_the_timeout(client_for) -> None:
     assert info.value.reason == "timeout"
 
 
-def test_only_plain_http_urls() -> None:
-    with pytest.raises(ValueError, match="http://"):
-        TritonClient("https://127.0.0.1:8002/metrics", 1.0, 1000)
+def test_only_plain_http_urls(tmp_path) -> None:
+    settings = ProxySettings(multiproc_dir=tmp_path, triton_url="https://127.0.0.1:8002/metrics")
+    with pytest.raises(ProxyConfigError, match="http://"):
+        create_app(settings)
