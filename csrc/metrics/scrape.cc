@@ -1,6 +1,8 @@
 // One merge of the proxy's two sources (Scraper), and the HTTP/1.1 server that answers scrapes
 // from it (ScrapeServer): an epoll thread for the connections, a thread for merges.
 #include <netdb.h>
+#include <pthread.h>
+#include <signal.h>
 #include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -43,6 +45,23 @@ std::string_view TrimSpace(std::string_view text) {
     text.remove_suffix(1);
   }
   return text;
+}
+
+// A thread that takes no signals: they stay with Python's main thread.
+template <typename F>
+std::thread Spawn(F body) {
+  sigset_t all, previous;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &previous);
+  std::thread thread;
+  try {
+    thread = std::thread(std::move(body));
+  } catch (...) {
+    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+    throw;
+  }
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  return thread;
 }
 
 }  // namespace
@@ -624,8 +643,8 @@ int ScrapeServer::Start() {
   epoll_ctl(s.epoll_fd, EPOLL_CTL_ADD, s.listen_fd, &ev);
   ev.data.u64 = kWakeTag;
   epoll_ctl(s.epoll_fd, EPOLL_CTL_ADD, s.wake_fd, &ev);
-  s.merger = std::thread([&s] { s.MergeLoop(); });
-  s.io = std::thread([&s] { s.Loop(); });
+  s.merger = Spawn([&s] { s.MergeLoop(); });
+  s.io = Spawn([&s] { s.Loop(); });
   return port;
 }
 
