@@ -1,6 +1,6 @@
 // Python bindings of the metrics proxy's per-scrape path. The heavy calls (read, parse, add,
 // finish, fetch) release the GIL; families cross as opaque, immutable lists. The scrape server
-// calls back into Python (with the GIL) once per merge and per /healthz.
+// calls back into Python (with the GIL) only to log a warning and, if asked, before each read.
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -189,26 +189,10 @@ struct PyFetcher {
   std::mutex mutex;
 };
 
-py::dict OutcomeDict(const m::Outcome& o) {
-  py::dict d;
-  d["triton_ok"] = o.triton_ok;
-  d["triton_reason"] = o.triton_reason;
-  d["triton_message"] = o.triton_message;
-  d["triton_seconds"] = o.triton_seconds;
-  d["vllm_ok"] = o.vllm_ok;
-  d["vllm_reason"] = o.vllm_reason;
-  d["vllm_message"] = o.vllm_message;
-  d["vllm_seconds"] = o.vllm_seconds;
-  d["files"] = o.files;
-  d["corrupt"] = py::tuple(py::cast(o.corrupt));
-  d["duplicates"] = o.duplicates;
-  return d;
-}
-
 // The native server and the Python callables it runs. The callables are released with the GIL
 // held: after the threads that call them are joined.
 struct PyScrapeServer {
-  std::shared_ptr<py::function> record, prepare, health;
+  std::shared_ptr<py::function> warn, prepare;
   std::shared_ptr<m::Scraper> scraper;
   std::unique_ptr<m::ScrapeServer> server;
 
@@ -223,28 +207,23 @@ std::unique_ptr<PyScrapeServer> MakeServer(
     const std::string& host, int port, double reuse_s, double idle_timeout_s,
     const std::string& triton_host, int triton_port, const std::string& triton_path,
     double triton_timeout_s, size_t triton_max_bytes, const std::string& directory,
-    m::Labels constant_labels, const FamilyList& own_layout, py::function record,
-    std::optional<py::function> prepare, py::function health) {
+    m::Labels constant_labels, py::function warn, std::optional<py::function> prepare) {
   auto out = std::make_unique<PyScrapeServer>();
-  out->record = std::make_shared<py::function>(std::move(record));
-  out->health = std::make_shared<py::function>(std::move(health));
+  out->warn = std::make_shared<py::function>(std::move(warn));
   if (prepare) out->prepare = std::make_shared<py::function>(std::move(*prepare));
   // Plain pointers into callables `out` owns: the lambdas never touch a refcount without the
   // GIL, and `out` outlives the threads.
-  py::function* record_fn = out->record.get();
+  py::function* warn_fn = out->warn.get();
   py::function* prepare_fn = out->prepare.get();
-  py::function* health_fn = out->health.get();
-  auto on_record = [record_fn](const m::Outcome& outcome) -> std::vector<m::Family> {
+  auto on_warn = [warn_fn](const std::vector<std::string>& lines) {
     py::gil_scoped_acquire gil;
-    try {
-      py::object own = (*record_fn)(OutcomeDict(outcome));
-      return *own.cast<const FamilyList&>().families;
-    } catch (py::error_already_set& exc) {
-      exc.discard_as_unraisable("metrics proxy: recording a merge");
-    } catch (const py::cast_error& exc) {
-      PyErr_WarnEx(PyExc_RuntimeWarning, exc.what(), 1);
+    for (const std::string& line : lines) {
+      try {
+        (*warn_fn)(line);
+      } catch (py::error_already_set& exc) {
+        exc.discard_as_unraisable("metrics proxy: logging a warning");
+      }
     }
-    return {};  // the body goes out without the proxy's own families
   };
   std::function<void()> on_prepare;
   if (prepare_fn != nullptr) {
@@ -260,8 +239,7 @@ std::unique_ptr<PyScrapeServer> MakeServer(
   auto fetcher = std::make_unique<m::HttpFetcher>(triton_host, triton_port, triton_path,
                                                   triton_timeout_s, triton_max_bytes);
   out->scraper = std::make_shared<m::Scraper>(std::move(fetcher), directory,
-                                              std::move(constant_labels), *own_layout.families,
-                                              on_record, on_prepare);
+                                              std::move(constant_labels), on_warn, on_prepare);
   m::ServerOptions options;
   options.host = host;
   options.port = port;
@@ -270,16 +248,7 @@ std::unique_ptr<PyScrapeServer> MakeServer(
   m::Scraper* scraper = out->scraper.get();
   out->server = std::make_unique<m::ScrapeServer>(
       options, [scraper](const std::vector<int>& formats) { return scraper->Merge(formats); },
-      [health_fn]() -> std::string {
-        py::gil_scoped_acquire gil;
-        try {
-          return py::str((*health_fn)());
-        } catch (py::error_already_set& exc) {
-          std::string message = exc.what();
-          exc.discard_as_unraisable("metrics proxy: /healthz");
-          throw std::runtime_error(message);
-        }
-      });
+      [scraper] { return scraper->Health().Json(); }, [scraper] { scraper->FlushWarnings(); });
   return out;
 }
 
@@ -352,12 +321,12 @@ PYBIND11_MODULE(_metrics, mod) {
           "Whether an Accept-Encoding header accepts gzip (the server's negotiation).");
 
   py::class_<PyScrapeServer>(mod, "ScrapeServer",
-                             "The proxy's HTTP server: /metrics merged natively, /healthz.")
+                             "The proxy's HTTP server: /metrics merged natively, /healthz, each source's health.")
       .def(py::init(&MakeServer), py::arg("host"), py::arg("port"), py::arg("reuse_s"),
            py::arg("idle_timeout_s"), py::arg("triton_host"), py::arg("triton_port"),
            py::arg("triton_path"), py::arg("triton_timeout_s"), py::arg("triton_max_bytes"),
-           py::arg("directory"), py::arg("constant_labels"), py::arg("own_layout"),
-           py::arg("record"), py::arg("prepare"), py::arg("health"))
+           py::arg("directory"), py::arg("constant_labels"), py::arg("warn"),
+           py::arg("prepare"))
       .def(
           "start",
           [](PyScrapeServer& s) {

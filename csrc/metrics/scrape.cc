@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -79,16 +80,147 @@ void Merged::Write(int format) {
   bodies[format] = writer.Finish();
 }
 
+namespace {
+
+// Error counter label values per source, exposed at 0 from the start so rate() works.
+const char* const kTritonReasons[] = {"connect", "timeout", "http_status", "too_large", "parse",
+                                      "internal"};
+const char* const kVllmReasons[] = {"read_dir", "corrupt_file", "internal"};
+
+struct OwnFamily {
+  const char* name;
+  const char* type;
+  const char* help;
+};
+const OwnFamily kOwn[] = {
+    {"metrics_proxy_source_up", "gauge", "1 if the source was read in the last scrape, 0 if not."},
+    {"metrics_proxy_source_scrape_duration_seconds", "gauge",
+     "Time the last scrape spent reading the source."},
+    {"metrics_proxy_source_errors", "counter",
+     "Failed reads of a source (corrupt_file: per skipped file), by reason."},
+    {"metrics_proxy_multiproc_files", "gauge", "Multiprocess .db files merged in the last scrape."},
+    {"metrics_proxy_multiproc_corrupt_files", "gauge",
+     "Multiprocess .db files skipped as truncated or corrupt in the last scrape."},
+    {"metrics_proxy_duplicate_families", "gauge",
+     "Triton families hidden because vLLM's multiprocess files carry them complete."},
+};
+
+std::string Join(const std::vector<std::string>& items, const char* sep) {
+  std::string out;
+  for (const std::string& item : items) out.append(out.empty() ? "" : sep).append(item);
+  return out;
+}
+
+}  // namespace
+
+SourceHealth::SourceHealth() {
+  sources_[0].name = "triton";
+  sources_[1].name = "vllm";
+  for (const char* r : kTritonReasons) sources_[0].errors.emplace_back(r, 0.0);
+  for (const char* r : kVllmReasons) sources_[1].errors.emplace_back(r, 0.0);
+  auto series = [this](const char* name, Labels labels) {
+    series_.push_back(std::make_shared<const Series>(Series{name, std::move(labels)}));
+  };
+  for (const Source& s : sources_) series("metrics_proxy_source_up", {{"source", s.name}});
+  for (const Source& s : sources_) {
+    series("metrics_proxy_source_scrape_duration_seconds", {{"source", s.name}});
+  }
+  for (const Source& s : sources_) {
+    for (const auto& e : s.errors) {
+      series("metrics_proxy_source_errors_total", {{"source", s.name}, {"reason", e.first}});
+    }
+  }
+  series("metrics_proxy_multiproc_files", {});
+  series("metrics_proxy_multiproc_corrupt_files", {});
+  series("metrics_proxy_duplicate_families", {});
+}
+
+void SourceHealth::Fail(Source& source, const std::string& reason, const std::string& message,
+                        std::vector<std::string>* lines) {
+  auto counter = std::find_if(source.errors.begin(), source.errors.end(),
+                              [&](const auto& e) { return e.first == reason; });
+  if (counter == source.errors.end()) {  // a reason of no counter's: counted as a bug
+    counter = std::find_if(source.errors.begin(), source.errors.end(),
+                           [](const auto& e) { return e.first == "internal"; });
+  }
+  counter->second += 1;
+  if (source.up || message != source.last_error) {
+    lines->push_back("metrics source " + source.name + " failed (" + reason + "): " + message);
+  }
+  source.up = false;
+  source.last_error = message;
+}
+
+std::vector<std::string> SourceHealth::Apply(const Outcome& o) {
+  std::vector<std::string> lines;
+  Source& triton = sources_[0];
+  Source& vllm = sources_[1];
+  if (o.triton_ok) {
+    triton.up = true;
+    triton.last_error.clear();
+    duplicates_ = o.duplicates;
+  } else {
+    Fail(triton, o.triton_reason, o.triton_message, &lines);
+    duplicates_ = 0;
+  }
+  triton.seconds = o.triton_seconds;
+  if (o.vllm_ok) {
+    files_ = o.files;
+    corrupt_ = static_cast<int>(o.corrupt.size());
+    vllm.up = true;
+    vllm.last_error.clear();
+    vllm.errors[1].second += static_cast<double>(o.corrupt.size());  // corrupt_file
+    if (o.corrupt != corrupt_seen_) {  // log changes, not every scrape
+      corrupt_seen_ = o.corrupt;
+      if (!o.corrupt.empty()) lines.push_back("skipping corrupt files: " + Join(o.corrupt, "; "));
+    }
+  } else {
+    Fail(vllm, o.vllm_reason, o.vllm_message, &lines);
+    files_ = corrupt_ = 0;
+  }
+  vllm.seconds = o.vllm_seconds;
+  for (Source& s : sources_) s.reported_up.store(s.up);
+  return lines;
+}
+
+std::vector<Family> SourceHealth::Families() const {
+  std::vector<Family> out;
+  for (const OwnFamily& f : kOwn) out.push_back(Family{f.name, f.type, f.help, {}});
+  size_t next = 0;
+  auto add = [&](Family& fam, double value) { fam.samples.push_back({series_[next++], value}); };
+  for (const Source& s : sources_) add(out[0], s.up ? 1.0 : 0.0);
+  for (const Source& s : sources_) add(out[1], s.seconds);
+  for (const Source& s : sources_) {
+    for (const auto& e : s.errors) add(out[2], e.second);
+  }
+  add(out[3], files_);
+  add(out[4], corrupt_);
+  add(out[5], duplicates_);
+  return out;
+}
+
+std::string SourceHealth::Json() const {
+  auto up = [this](int i) { return sources_[i].reported_up.load() ? "true" : "false"; };
+  return std::string(R"({"status": "ok", "sources": {"triton": )") + up(0) + R"(, "vllm": )" +
+         up(1) + "}}";
+}
+
 Scraper::Scraper(std::unique_ptr<HttpFetcher> fetcher, std::string directory,
-                 Labels constant_labels, std::vector<Family> own_layout, Record record,
-                 std::function<void()> prepare)
+                 Labels constant_labels, Warn warn, std::function<void()> prepare)
     : fetcher_(std::move(fetcher)),
       directory_(directory),
       reader_(std::move(directory)),
       encoder_(std::make_shared<Encoder>(std::move(constant_labels))),
-      layout_(std::make_shared<const std::vector<Family>>(std::move(own_layout))),
-      record_(std::move(record)),
+      // Names are all that is reserved: the proxy's own families hide any source's.
+      layout_(std::make_shared<const std::vector<Family>>(health_.Families())),
+      warn_(std::move(warn)),
       prepare_(std::move(prepare)) {}
+
+void Scraper::FlushWarnings() {
+  if (warnings_.empty()) return;
+  if (warn_) warn_(warnings_);
+  warnings_.clear();
+}
 
 std::shared_ptr<Merged> Scraper::Merge(const std::vector<int>& formats) {
   auto merged = std::make_shared<Merged>();
@@ -139,7 +271,8 @@ std::shared_ptr<Merged> Scraper::Merge(const std::vector<int>& formats) {
   }
   outcome.triton_seconds = SecondsSince(triton_start);
 
-  merged->own = record_(outcome);
+  warnings_ = health_.Apply(outcome);
+  merged->own = health_.Families();
   writer.AddReserved(merged->own);
   merged->bodies[first] = writer.Finish();
   for (int format : formats) {
@@ -238,6 +371,7 @@ struct ScrapeServer::Impl {
   ServerOptions options;
   MergeFn merge;
   HealthFn health;
+  std::function<void()> after;
   int listen_fd = -1, epoll_fd = -1, wake_fd = -1;
   std::thread io, merger;
 
@@ -578,15 +712,18 @@ struct ScrapeServer::Impl {
         done = true;
       }
       Wake();
+      if (after) after();
     }
   }
 };
 
-ScrapeServer::ScrapeServer(ServerOptions options, MergeFn merge, HealthFn health)
+ScrapeServer::ScrapeServer(ServerOptions options, MergeFn merge, HealthFn health,
+                           std::function<void()> after)
     : impl_(std::make_unique<Impl>()) {
   impl_->options = std::move(options);
   impl_->merge = std::move(merge);
   impl_->health = std::move(health);
+  impl_->after = std::move(after);
 }
 
 ScrapeServer::~ScrapeServer() {

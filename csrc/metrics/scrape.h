@@ -4,6 +4,7 @@
 // handed over once per merge (runtime/metrics_proxy/app.py).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -86,7 +87,7 @@ struct Merged {
   void Write(int format);  // on the merge thread only: the encoder is not shared
 };
 
-// What a merge found about its two sources: what Python's health state is updated from.
+// What a merge found about its two sources: what SourceHealth is updated from.
 struct Outcome {
   bool triton_ok = false;
   std::string triton_reason, triton_message;
@@ -99,14 +100,48 @@ struct Outcome {
   int duplicates = 0;  // Triton families hidden by vLLM's complete copies
 };
 
+// Each source's health as the proxy reports it: its own families (the same series every
+// merge, new values) and /healthz. Apply() and Families() run on the merge thread; Json() on
+// any thread.
+class SourceHealth {
+ public:
+  SourceHealth();
+  // One merge's outcome applied; the lines worth a warning (a failure that is new or changed,
+  // a change in the corrupt files skipped).
+  std::vector<std::string> Apply(const Outcome& outcome);
+  std::vector<Family> Families() const;
+  std::string Json() const;
+
+ private:
+  struct Source {
+    std::string name;
+    std::vector<std::pair<std::string, double>> errors;  // by reason, in exposition order
+    bool up = false;
+    double seconds = 0;
+    std::string last_error;
+    std::atomic<bool> reported_up{false};
+  };
+  void Fail(Source& source, const std::string& reason, const std::string& message,
+            std::vector<std::string>* lines);
+
+  Source sources_[2];  // triton, vllm
+  int files_ = 0, corrupt_ = 0, duplicates_ = 0;
+  std::vector<std::string> corrupt_seen_;
+  std::vector<SeriesPtr> series_;  // made once, in Families()' sample order
+};
+
 // Reads both sources and writes the bodies asked for. Used by one merge thread.
 class Scraper {
  public:
-  // `record` turns an outcome into the proxy's own families; `prepare` (may be empty) runs
-  // before each read of the directory.
-  using Record = std::function<std::vector<Family>(const Outcome&)>;
+  // `warn` gets each line worth a warning (with the GIL, off the scrape's critical path: after
+  // the body is written); `prepare` (may be empty) runs before each read of the directory.
+  using Warn = std::function<void(const std::vector<std::string>&)>;
   Scraper(std::unique_ptr<HttpFetcher> fetcher, std::string directory, Labels constant_labels,
-          std::vector<Family> own_layout, Record record, std::function<void()> prepare);
+          Warn warn, std::function<void()> prepare);
+
+  const SourceHealth& Health() const { return health_; }
+  // Warnings of the last merge, for after its scrapes are answered.
+  void FlushWarnings();
 
   // One merge, its first body written as it goes (the others from its families).
   std::shared_ptr<Merged> Merge(const std::vector<int>& formats);
@@ -117,8 +152,10 @@ class Scraper {
   MultiprocReader reader_;
   TextParser parser_;
   std::shared_ptr<Encoder> encoder_;
+  SourceHealth health_;  // before layout_, which is made from it
   std::shared_ptr<const std::vector<Family>> layout_;
-  Record record_;
+  Warn warn_;
+  std::vector<std::string> warnings_;
   std::function<void()> prepare_;
 };
 
@@ -138,7 +175,8 @@ class ScrapeServer {
  public:
   using MergeFn = std::function<std::shared_ptr<Merged>(const std::vector<int>& formats)>;
   using HealthFn = std::function<std::string()>;
-  ScrapeServer(ServerOptions options, MergeFn merge, HealthFn health);
+  // `after` runs on the merge thread once a merge's scrapes can be answered.
+  ScrapeServer(ServerOptions options, MergeFn merge, HealthFn health, std::function<void()> after);
   ~ScrapeServer();
   ScrapeServer(const ScrapeServer&) = delete;
   ScrapeServer& operator=(const ScrapeServer&) = delete;

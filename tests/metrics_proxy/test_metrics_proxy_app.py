@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import logging
 import shutil
 import subprocess
 from pathlib import Path
@@ -250,3 +251,19 @@ def test_pod_labels_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
         ("model_version", "2026-11-01"),
         ("colour", "blue"),
     )
+
+
+async def test_failures_are_logged_once_per_change(
+    vllm_dir: Path, proxy_factory, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    mixed = tmp_path / "mixed"
+    shutil.copytree(vllm_dir, mixed)
+    (mixed / "histogram_4242.db").write_bytes(b"\x10\x00")
+    proxy = await proxy_factory(make_settings(mixed, f"http://127.0.0.1:{free_port()}/metrics"))
+    with caplog.at_level(logging.WARNING, logger="runtime.metrics_proxy.app"):
+        for _ in range(3):
+            await proxy.metrics()
+        await asyncio.sleep(0.3)  # warnings are logged once the scrape is answered
+    messages = [record.getMessage() for record in caplog.records]
+    assert sum("metrics source triton failed (connect)" in m for m in messages) == 1, messages
+    assert sum("skipping corrupt files: histogram_4242.db" in m for m in messages) == 1, messages
