@@ -19,20 +19,6 @@ namespace {
 
 constexpr char kClosedIdle[] = "closed before a response";
 
-std::string Lower(std::string_view text) {
-  std::string out(text);
-  for (char& c : out) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
-  return out;
-}
-
-std::string_view Trim(std::string_view text) {
-  while (!text.empty() && (text.front() == ' ' || text.front() == '\t')) text.remove_prefix(1);
-  while (!text.empty() && (text.back() == ' ' || text.back() == '\t')) text.remove_suffix(1);
-  return text;
-}
-
 // Splits on `sep`, as Python's str.split(sep).
 std::vector<std::string_view> Split(std::string_view text, char sep) {
   std::vector<std::string_view> out;
@@ -45,7 +31,7 @@ std::vector<std::string_view> Split(std::string_view text, char sep) {
 }
 
 bool ParseSize(std::string_view text, int base, size_t* out) {
-  text = Trim(text);
+  text = TrimBlanks(text);
   if (text.empty()) return false;
   size_t value = 0;
   for (char c : text) {
@@ -62,6 +48,21 @@ bool ParseSize(std::string_view text, int base, size_t* out) {
 }
 
 }  // namespace
+
+std::string LowerAscii(std::string_view text) {
+  std::string out(text);
+  for (char& c : out) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return out;
+}
+
+std::string_view TrimBlanks(std::string_view text) {
+  auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\r'; };
+  while (!text.empty() && blank(text.front())) text.remove_prefix(1);
+  while (!text.empty() && blank(text.back())) text.remove_suffix(1);
+  return text;
+}
 
 HttpFetcher::HttpFetcher(std::string host, int port, std::string path, double timeout_s,
                          size_t max_bytes)
@@ -239,10 +240,10 @@ std::optional<std::string> HttpFetcher::Parse(bool eof) {
     std::string_view line = head[i];
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     size_t colon = line.find(':');
-    std::string name = Lower(Trim(line.substr(0, colon)));
-    std::string_view value = colon == std::string_view::npos ? "" : Trim(line.substr(colon + 1));
-    if (name == "transfer-encoding") transfer = Lower(value);
-    if (name == "connection") connection = Lower(value);
+    std::string name = LowerAscii(TrimBlanks(line.substr(0, colon)));
+    std::string_view value = colon == std::string_view::npos ? "" : TrimBlanks(line.substr(colon + 1));
+    if (name == "transfer-encoding") transfer = LowerAscii(value);
+    if (name == "connection") connection = LowerAscii(value);
     if (name == "content-length") length_text = value, has_length = true;
   }
   if (status != 200) Fail("http_status", "answered " + std::to_string(status));
@@ -296,15 +297,15 @@ bool WantsOpenMetrics(std::string_view accept) {
   double om = 0, text = 0;
   for (std::string_view item : Split(accept, ',')) {
     std::vector<std::string_view> parts = Split(item, ';');
-    std::string media = Lower(Trim(parts[0]));
+    std::string media = LowerAscii(TrimBlanks(parts[0]));
     double q = 1.0;
     for (size_t i = 1; i < parts.size(); ++i) {
-      std::string_view param = Trim(parts[i]);
+      std::string_view param = TrimBlanks(parts[i]);
       size_t eq = param.find('=');
-      if (Trim(param.substr(0, eq)) != "q") continue;
+      if (TrimBlanks(param.substr(0, eq)) != "q") continue;
       std::string_view value = eq == std::string_view::npos ? "" : param.substr(eq + 1);
       // Python's float() takes surrounding whitespace; an unparsable q counts as 0.
-      value = Trim(value);
+      value = TrimBlanks(value);
       if (!ParseFloat(value, &q)) q = 0.0;
     }
     if (media == "application/openmetrics-text") {
@@ -319,10 +320,10 @@ bool WantsOpenMetrics(std::string_view accept) {
 bool WantsGzip(std::string_view accept_encoding) {
   for (std::string_view item : Split(accept_encoding, ',')) {
     std::vector<std::string_view> parts = Split(item, ';');
-    if (Lower(Trim(parts[0])) != "gzip") continue;
+    if (LowerAscii(TrimBlanks(parts[0])) != "gzip") continue;
     for (size_t i = 1; i < parts.size(); ++i) {
       std::string param;
-      for (char c : Trim(parts[i])) {
+      for (char c : TrimBlanks(parts[i])) {
         if (c != ' ') param += c;
       }
       if (param == "q=0" || param == "q=0.0") return false;

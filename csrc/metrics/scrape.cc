@@ -32,22 +32,6 @@ constexpr const char* kContentType[2] = {
     "text/plain; version=0.0.4; charset=utf-8",
     "application/openmetrics-text; version=1.0.0; charset=utf-8"};
 
-std::string LowerAscii(std::string_view text) {
-  std::string out(text);
-  for (char& c : out) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
-  return out;
-}
-
-std::string_view TrimSpace(std::string_view text) {
-  while (!text.empty() && (text.front() == ' ' || text.front() == '\t')) text.remove_prefix(1);
-  while (!text.empty() && (text.back() == ' ' || text.back() == '\t' || text.back() == '\r')) {
-    text.remove_suffix(1);
-  }
-  return text;
-}
-
 // A thread that takes no signals: they stay with Python's main thread.
 template <typename F>
 std::thread Spawn(F body) {
@@ -334,8 +318,8 @@ Request ParseHead(std::string_view head) {
       r.bad = true;
       return r;
     }
-    std::string name = LowerAscii(TrimSpace(field.substr(0, colon)));
-    std::string_view value = TrimSpace(field.substr(colon + 1));
+    std::string name = LowerAscii(TrimBlanks(field.substr(0, colon)));
+    std::string_view value = TrimBlanks(field.substr(colon + 1));
     if (name == "accept") {
       r.accept = std::string(value);
     } else if (name == "accept-encoding") {

@@ -68,6 +68,10 @@ class HttpFetcher {
   std::optional<FetchError> failed_;  // from Send(), raised by Receive()
 };
 
+// What the HTTP code shares: ASCII lowercase, and blanks (space, tab, CR) trimmed both ends.
+std::string LowerAscii(std::string_view text);
+std::string_view TrimBlanks(std::string_view text);
+
 // Prometheus's content negotiation, as runtime/metrics_proxy/exposition.py: OpenMetrics when its
 // q is positive and at least text's; gzip when Accept-Encoding names it with q > 0.
 bool WantsOpenMetrics(std::string_view accept);
