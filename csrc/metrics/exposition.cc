@@ -349,7 +349,7 @@ int BodyWriter::Add(const std::vector<Family>& families) {
       Write(fam, kept);
     }
   }
-  // Compress the source now: the caller may be a worker thread, finishing is not.
+  // Compress the source now: the vLLM part is added while Triton is still answering.
   if (gzip_ && !text_.empty()) Flush(false);
   return hidden;
 }

@@ -93,7 +93,7 @@ class TextParser {
 };
 
 // The pod's constant labels and each series' text before its value, cached across bodies.
-// Used by one thread at a time (the proxy's event loop); BodyWriter locks it per call.
+// Used by one thread at a time (the scrape server's merge thread; the bindings lock it per call).
 class Encoder {
  public:
   explicit Encoder(Labels constant_labels);
