@@ -31,6 +31,7 @@ struct MergePlan {
     int fd;       // owned by the reader's open files, which only a full read changes (and
                   // then replans)
     size_t used;  // the used size its entries were planned at
+    const char* map;  // the open file's mapping of at least `used` bytes, or null (read it)
     Mode mode;
     uint32_t begin, end;  // its ops
   };
@@ -76,6 +77,7 @@ struct MergePlan {
   // Merges one file's values into the totals and gauges, as MultiProcessCollector does in
   // file order. The families list gauges in the order they are first set, which depends on
   // timestamps (mostrecent): a full read records it, a replay returns false where it differs.
+  // A replay's Apply allocates nothing, so ReadMapped may abandon it midway.
   bool Apply(const File& file, const char* data, bool record);
 
   // Whether a replay set every gauge the plan's families hold.

@@ -32,11 +32,14 @@ constexpr const char* kContentType[2] = {
     "text/plain; version=0.0.4; charset=utf-8",
     "application/openmetrics-text; version=1.0.0; charset=utf-8"};
 
-// A thread that takes no signals: they stay with Python's main thread.
+// A thread that takes no signals sent to the process: they stay with Python's main thread.
+// Faults stay unblocked: a blocked one kills the process, and a .db file cut short under the
+// merge thread's mapping must reach ReadMapped's handler instead.
 template <typename F>
 std::thread Spawn(F body) {
   sigset_t all, previous;
   sigfillset(&all);
+  for (int fault : {SIGBUS, SIGSEGV, SIGFPE, SIGILL}) sigdelset(&all, fault);
   pthread_sigmask(SIG_BLOCK, &all, &previous);
   std::thread thread;
   try {

@@ -9,8 +9,11 @@ random families must encode to the same bytes; Triton texts must parse alike, or
 from __future__ import annotations
 
 import gzip
+import json
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -349,3 +352,60 @@ def test_values_are_spelled_as_python_repr() -> None:
     ]
     body = _body(_metrics.Encoder([]), [_metrics.FamilyList.of(families)], [], False, False)
     assert body == Encoder(()).encode(families, False)
+
+
+_CUT_UNDER_READS = """
+import importlib.util, json, os, sys, threading, time
+from pathlib import Path
+from prometheus_client.mmap_dict import MmapedDict, mmap_key
+
+spec = importlib.util.spec_from_file_location("_metrics", sys.argv[3])  # the caller's build
+_metrics = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(_metrics)
+path = Path(sys.argv[1]) / "counter_1.db"
+db = MmapedDict(str(path))
+for i in range(20_000):
+    db.write_value(mmap_key("c", "c_total", ["k"], [str(i)], "c"), 1.0, 0.0)
+db.close()
+whole = path.read_bytes()
+reader = _metrics.MultiprocReader(str(path.parent))
+stop = threading.Event()
+
+def cut_and_restore():
+    # In place, the same inode: cut to nothing, then written back whole.
+    with open(path, "r+b") as f:
+        while not stop.is_set():
+            os.truncate(f.fileno(), 0)
+            os.pwrite(f.fileno(), whole, 0)
+
+cutter = threading.Thread(target=cut_and_restore)
+cutter.start()
+reads = corrupt = 0
+deadline = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < deadline:
+    corrupt += bool(reader.read().corrupt_files)
+    reads += 1
+stop.set()
+cutter.join()
+total = sum(v for f in reader.read().families() for _, _, v in f[3])
+print(json.dumps({"reads": reads, "corrupt": corrupt, "total": total}))
+"""
+
+
+def test_a_file_cut_under_its_mapping_is_read_again_not_fatal(tmp_path: Path) -> None:
+    """A replay reads the kept files' mappings, and a file cut short under one raises SIGBUS
+    on the reading thread: the reader must turn that into a full read (which reports the
+    file while it is cut), never die of it. The cutter races the reader for two seconds, in
+    a child that loads this process's build of the module (the sanitized one, in that run)."""
+    run = subprocess.run(
+        [sys.executable, "-c", _CUT_UNDER_READS, str(tmp_path), "2", _metrics.__file__],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, f"reader died (rc {run.returncode}): {run.stderr[-2000:]}"
+    stats = json.loads(run.stdout)
+    assert stats["reads"] > 100
+    assert 0 < stats["corrupt"] < stats["reads"], "the race was not run"
+    assert stats["total"] == 20_000.0
