@@ -33,6 +33,17 @@ std::vector<std::string_view> SplitWhitespace(std::string_view s) {
   return out;
 }
 
+// The first whitespace-separated word of `s` (empty if none); `s` is left after it.
+std::string_view NextWord(std::string_view* s) {
+  size_t i = 0;
+  while (i < s->size() && IsSpace((*s)[i])) ++i;
+  size_t start = i;
+  while (i < s->size() && !IsSpace((*s)[i])) ++i;
+  std::string_view word = s->substr(start, i - start);
+  s->remove_prefix(i);
+  return word;
+}
+
 std::string Unescape(std::string_view value) {
   std::string out;
   out.reserve(value.size());
@@ -104,36 +115,42 @@ size_t ParseSeries(std::string_view line, size_t brace, size_t lineno, Series* s
 constexpr size_t kSeriesCacheLimit = 50'000;
 
 Sample ParseSample(std::string_view line, size_t lineno,
-                   std::unordered_map<std::string, SeriesPtr>* cache) {
+                   FlatMap<std::string, SeriesPtr, StringHash>* cache) {
   Sample sample;
   size_t brace = line.find('{');
   size_t space = line.find(' ');
-  std::vector<std::string_view> rest;
+  std::string_view value;
   if (brace != std::string_view::npos && (space == std::string_view::npos || brace < space)) {
     // The value and timestamp never hold a brace, so the last one closes the labels.
     size_t last = line.rfind('}');
     size_t end = last == std::string_view::npos ? 0 : last + 1;
-    std::string text(line.substr(0, end));
-    auto found = cache->find(text);
-    if (found == cache->end()) {
+    std::string_view text = line.substr(0, end);
+    SeriesPtr* found = cache->Find(text);
+    if (found == nullptr) {
       auto series = std::make_shared<Series>();
       if (ParseSeries(line, brace, lineno, series.get()) != end) Fail(lineno, "bad labels", line);
-      if (cache->size() >= kSeriesCacheLimit) cache->clear();
-      found = cache->emplace(std::move(text), std::move(series)).first;
+      if (cache->size() >= kSeriesCacheLimit) cache->Clear();
+      found = cache->Emplace(text, std::move(series)).first;
     }
-    sample.series = found->second;
-    rest = SplitWhitespace(line.substr(end));
+    sample.series = *found;
+    std::string_view rest = line.substr(end);
+    value = NextWord(&rest);
   } else {
-    rest = SplitWhitespace(line);
-    auto series = std::make_shared<Series>();
-    if (!rest.empty()) {
-      series->name = std::string(rest.front());
-      rest.erase(rest.begin());
+    // Cached by the bare name, which no labelled series' text (it holds a brace) can equal.
+    std::string_view rest = line;
+    std::string_view name = NextWord(&rest);
+    SeriesPtr* found = cache->Find(name);
+    if (found == nullptr) {
+      auto series = std::make_shared<Series>();
+      series->name = std::string(name);
+      if (cache->size() >= kSeriesCacheLimit) cache->Clear();
+      found = cache->Emplace(name, std::move(series)).first;
     }
-    sample.series = std::move(series);
+    sample.series = *found;
+    value = NextWord(&rest);
   }
-  if (sample.series->name.empty() || rest.empty()) Fail(lineno, "no value", line);
-  if (!ParseFloat(rest[0], &sample.value)) Fail(lineno, "bad value", line);
+  if (sample.series->name.empty() || value.empty()) Fail(lineno, "no value", line);
+  if (!ParseFloat(value, &sample.value)) Fail(lineno, "bad value", line);
   return sample;
 }
 
@@ -258,8 +275,7 @@ Encoder::Encoder(Labels constant_labels) : constant_(std::move(constant_labels))
 }
 
 const Encoder::Prefix& Encoder::PrefixFor(const SeriesPtr& series) {
-  auto found = prefixes_.find(series.get());
-  if (found != prefixes_.end()) return found->second;
+  if (const Prefix* found = prefixes_.Find(series.get())) return *found;
   std::string text = series->name;
   bool any = false;
   auto label = [&](const std::string& k, const std::string& v) {
@@ -275,13 +291,13 @@ const Encoder::Prefix& Encoder::PrefixFor(const SeriesPtr& series) {
   text.append(any ? "} " : " ");
   auto [t, fresh] = texts_.emplace(std::move(text), static_cast<uint32_t>(texts_.size()));
   (void)fresh;
-  return prefixes_.emplace(series.get(), Prefix{series, &t->first, t->second}).first->second;
+  return *prefixes_.Emplace(series.get(), Prefix{series, &t->first, t->second}).first;
 }
 
 BodyWriter::BodyWriter(std::shared_ptr<Encoder> encoder, bool openmetrics, bool gzip)
     : encoder_(std::move(encoder)), openmetrics_(openmetrics), gzip_(gzip) {
   if (encoder_->writers_ == 0 && encoder_->prefixes_.size() > kPrefixCacheLimit) {
-    encoder_->prefixes_.clear();
+    encoder_->prefixes_.Clear();
     encoder_->texts_.clear();
   }
   text_.reserve(kFlushAt + (kFlushAt >> 2));
@@ -313,8 +329,8 @@ void BodyWriter::Reserve(const std::vector<Family>& families) {
   reserved_.insert(reserved_.end(), families.begin(), families.end());
   for (size_t i = first; i < reserved_.size(); ++i) {
     const Family& fam = reserved_[i];
-    families_.insert(fam.name);
-    for (const auto& s : fam.samples) owner_.emplace(s.series->name, fam.name);
+    families_.Emplace(std::string_view(fam.name), true);
+    for (const auto& s : fam.samples) owner_.Emplace(std::string_view(s.series->name), fam.name);
   }
 }
 
@@ -322,7 +338,7 @@ int BodyWriter::Add(const std::vector<Family>& families) {
   std::vector<const Sample*> kept;
   int hidden = 0;
   for (const auto& fam : families) {
-    if (families_.count(fam.name) != 0) {  // an earlier source has it
+    if (families_.Find(std::string_view(fam.name)) != nullptr) {  // an earlier source has it
       ++hidden;
       continue;
     }
@@ -332,20 +348,15 @@ int BodyWriter::Add(const std::vector<Family>& families) {
     for (const auto& s : fam.samples) {
       const std::string& name = s.series->name;
       if (last == nullptr || *last != name) {  // a family's samples mostly share names
-        auto found = owner_.find(name);
-        if (found == owner_.end()) {
-          owner_.emplace(name, fam.name);
-          last_kept = true;
-        } else {
-          last_kept = found->second == fam.name;
-        }
+        auto [owner, added] = owner_.Emplace(std::string_view(name), fam.name);
+        last_kept = added || *owner == fam.name;
         last = &name;
       }
       if (last_kept) kept.push_back(&s);
     }
     // A family whose every sample another one owns is left out, and does not take its name.
     if (!kept.empty() || fam.samples.empty()) {
-      families_.insert(fam.name);
+      families_.Emplace(std::string_view(fam.name), true);
       Write(fam, kept);
     }
   }

@@ -18,6 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include "flat_map.h"
+
 namespace llm_serving::metrics {
 
 using Labels = std::vector<std::pair<std::string, std::string>>;
@@ -89,7 +91,7 @@ class TextParser {
   std::vector<Family> Parse(std::string_view text);
 
  private:
-  std::unordered_map<std::string, SeriesPtr> series_;
+  FlatMap<std::string, SeriesPtr, StringHash> series_;
 };
 
 // The pod's constant labels and each series' text before its value, cached across bodies.
@@ -110,7 +112,7 @@ class Encoder {
 
   Labels constant_;
   std::unordered_set<std::string> constant_names_;
-  std::unordered_map<const Series*, Prefix> prefixes_;
+  FlatMap<const Series*, Prefix, PointerHash> prefixes_;
   std::unordered_map<std::string, uint32_t> texts_;
   int writers_ = 0;  // bodies being written: the cache is trimmed only when none is
   // A finished body's gzip state (ISA-L's igzip, level 1), kept for the next one: its window
@@ -152,8 +154,8 @@ class BodyWriter {
   // Names point into the families added (the caller keeps them alive until Finish) or into
   // reserved_, this writer's copy of the reserved families.
   std::vector<Family> reserved_;
-  std::unordered_set<std::string_view> families_;
-  std::unordered_map<std::string_view, std::string_view> owner_;  // sample -> family name
+  FlatMap<std::string_view, bool, StringHash> families_;
+  FlatMap<std::string_view, std::string_view, StringHash> owner_;  // sample -> family name
   std::vector<bool> seen_;  // by prefix text id
   std::string text_;  // pending text (all of it when not gzipping)
   std::string out_;   // compressed bytes so far
