@@ -246,22 +246,17 @@ std::vector<Family> TextParser::Parse(std::string_view text) {
 
 namespace {
 
-// Backslash and newline escaped; double quotes too where asked (label values, OpenMetrics help).
-std::string Escape(std::string_view text, bool quotes) {
-  std::string out;
-  out.reserve(text.size());
-  for (char c : text) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '"' && quotes) {
-      out += "\\\"";
-    } else {
-      out += c;
-    }
+// Appends `text` with backslash and newline escaped; double quotes too where asked (label
+// values, OpenMetrics help).
+void AppendEscaped(std::string_view text, bool quotes, std::string* out) {
+  while (!text.empty()) {
+    size_t plain = text.find_first_of(quotes ? "\\\n\"" : "\\\n");
+    out->append(text.substr(0, plain));
+    if (plain == std::string_view::npos) return;
+    char c = text[plain];
+    out->append(c == '\\' ? "\\\\" : c == '\n' ? "\\n" : "\\\"");
+    text.remove_prefix(plain + 1);
   }
-  return out;
 }
 
 constexpr size_t kFlushAt = 64 << 10;
@@ -279,7 +274,8 @@ const Encoder::Prefix& Encoder::PrefixFor(const SeriesPtr& series) {
   std::string text = series->name;
   bool any = false;
   auto label = [&](const std::string& k, const std::string& v) {
-    text.append(any ? "," : "{").append(k).append("=\"").append(Escape(v, true));
+    text.append(any ? "," : "{").append(k).append("=\"");
+    AppendEscaped(v, true, &text);
     text += '"';
     any = true;
   };
@@ -375,7 +371,7 @@ void BodyWriter::AddReserved(const std::vector<Family>& families) {
 }
 
 void BodyWriter::Write(const Family& fam, const std::vector<const Sample*>& kept) {
-  std::string name = fam.name, typ = fam.type;
+  std::string_view name = fam.name, typ = fam.type;
   bool has_total = false;
   if (typ == "counter") {
     has_total = true;
@@ -387,7 +383,6 @@ void BodyWriter::Write(const Family& fam, const std::vector<const Sample*>& kept
                    n.compare(fam.name.size(), std::string::npos, "_created") == 0);
     }
   }
-  std::string help;
   if (openmetrics_) {
     if (typ == "untyped") {
       typ = "unknown";
@@ -397,17 +392,13 @@ void BodyWriter::Write(const Family& fam, const std::vector<const Sample*>& kept
       typ = "unknown";
       if (!kept.empty()) name = kept.front()->series->name;
     }
-    help = Escape(fam.help, true);
-  } else {
-    if (has_total) {
-      name += "_total";
-    } else if (typ == "unknown") {
-      typ = "untyped";
-    }
-    help = Escape(fam.help, false);
+  } else if (typ == "unknown") {
+    typ = "untyped";
   }
-  text_.append("# HELP ").append(name).append(" ").append(help).append("\n# TYPE ");
-  text_.append(name).append(" ").append(typ).append("\n");
+  std::string_view total = !openmetrics_ && has_total ? "_total" : "";
+  text_.append("# HELP ").append(name).append(total).append(" ");
+  AppendEscaped(fam.help, openmetrics_, &text_);
+  text_.append("\n# TYPE ").append(name).append(total).append(" ").append(typ).append("\n");
   for (const Sample* s : kept) {
     if (!openmetrics_ && EndsWith(s->series->name, "_created")) continue;
     const Encoder::Prefix& prefix = encoder_->PrefixFor(s->series);
