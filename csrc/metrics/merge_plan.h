@@ -31,7 +31,7 @@ struct MergePlan {
     int fd;       // owned by the reader's open files, which only a full read changes (and
                   // then replans)
     size_t used;  // the used size its entries were planned at
-    const char* map;  // the open file's mapping of at least `used` bytes, or null (read it)
+    const char* map;  // the open file's mapping of at least `used` bytes
     Mode mode;
     uint32_t begin, end;  // its ops
   };

@@ -111,14 +111,6 @@ class FileData {
     size_ = static_cast<size_t>(used);
   }
 
-  // Reads exactly `used` bytes, the used size `fd` had when it last passed Read(); false if
-  // its header now says another size or it cannot be read (a Read() then says why).
-  bool ReadUsed(int fd, size_t used) {
-    size_ = 0;
-    return Append(fd, used) == 0 && size_ == used &&
-           static_cast<size_t>(ReadInt32(buf_.get(), 0)) == used;
-  }
-
  private:
   void Append(int fd, const std::string& path, size_t count) {
     if (int error = Append(fd, count)) throw CorruptFile(ErrnoText(error, path));
@@ -344,7 +336,7 @@ struct MultiprocReader::State {
     dev_t dev;
     ino_t ino;
     size_t used = 0;
-    Mapping map;  // covers `used`, or none (a file that cannot be mapped is read)
+    Mapping map;  // covers `used`, or none (the file could not be mapped)
   };
   std::unordered_map<std::string, OpenFile> open;
   MergePlan plan;
@@ -548,12 +540,6 @@ bool MultiprocReader::State::Replay(DIR* dir, MultiprocResult* result) {
   plan.Start();
   for (const MergePlan::File& file : plan.files) {
     // Another used size is new entries (or a file cut short): a full read parses them.
-    if (file.map == nullptr) {
-      if (!data.ReadUsed(file.fd, file.used) || !plan.Apply(file, data.data(), false)) {
-        return false;
-      }
-      continue;
-    }
     // Past the end of a file its mapping reads zeros (or faults), so the file must still
     // hold the used bytes; one cut after this check faults, which ReadMapped catches.
     struct stat now;
@@ -699,9 +685,10 @@ MultiprocResult MultiprocReader::State::ReadFull(const std::string& directory, D
     }
     file.end = static_cast<uint32_t>(plan.ops.size());
     plan.Apply(file, data.data(), true);
-    if (kept != nullptr && kept->ino == item.ino) {
+    // A file that cannot be mapped (a filesystem without mmap) is read in full every time.
+    if (kept != nullptr && kept->ino == item.ino && kept->map.size() >= file.used) {
       file.fd = kept->fd.get();
-      file.map = kept->map.size() >= file.used ? kept->map.data() : nullptr;
+      file.map = kept->map.data();
       plan.files.push_back(std::move(file));
     } else {
       replayable = false;
