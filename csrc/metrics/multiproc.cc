@@ -15,6 +15,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "dir_watch.h"
 #include "mapping.h"
 #include "merge_plan.h"
 #include "metrics.h"
@@ -341,9 +342,13 @@ struct MultiprocReader::State {
   std::unordered_map<std::string, OpenFile> open;
   MergePlan plan;
 
+  DirWatch watch;
+
   // Replays the plan if the directory and its files are as planned; false if not (or not
   // replayable), `dir` then read in part.
   bool Replay(DIR* dir, MultiprocResult* result);
+  // Replays the plan's values, each file's used size checked: false if one differs.
+  bool ReplayValues(MultiprocResult* result);
   // Merges every file, caching what it parses, and makes a new plan.
   MultiprocResult ReadFull(const std::string& directory, DIR* dir);
 
@@ -526,10 +531,14 @@ MultiprocReader::MultiprocReader(std::string directory)
 MultiprocReader::~MultiprocReader() = default;
 
 MultiprocResult MultiprocReader::Read() {
-  Dir dir(directory_);
-  if (dir.get() == nullptr) throw DirectoryError(ErrnoText(errno, directory_));
   State& st = *state_;
   MultiprocResult result;
+  // Nothing listed or cut since the last read: the files are those planned, at their sizes.
+  if (!st.watch.Changed(directory_) && st.plan.replayable && st.ReplayValues(&result)) {
+    return result;
+  }
+  Dir dir(directory_);
+  if (dir.get() == nullptr) throw DirectoryError(ErrnoText(errno, directory_));
   if (st.Replay(dir.get(), &result)) return result;
   ::rewinddir(dir.get());
   return st.ReadFull(directory_, dir.get());
@@ -537,13 +546,19 @@ MultiprocResult MultiprocReader::Read() {
 
 bool MultiprocReader::State::Replay(DIR* dir, MultiprocResult* result) {
   if (!plan.replayable || !plan.Lists(dir)) return false;
-  plan.Start();
   for (const MergePlan::File& file : plan.files) {
-    // Another used size is new entries (or a file cut short): a full read parses them.
     // Past the end of a file its mapping reads zeros (or faults), so the file must still
     // hold the used bytes; one cut after this check faults, which ReadMapped catches.
     struct stat now;
     if (::fstat(file.fd, &now) != 0 || static_cast<size_t>(now.st_size) < file.used) return false;
+  }
+  return ReplayValues(result);
+}
+
+bool MultiprocReader::State::ReplayValues(MultiprocResult* result) {
+  plan.Start();
+  for (const MergePlan::File& file : plan.files) {
+    // Another used size is new entries (or a file cut short): a full read parses them.
     bool same = false;
     bool read = ReadMapped([&] {
       same = static_cast<size_t>(ReadInt32(file.map, 0)) == file.used &&

@@ -170,6 +170,32 @@ def test_a_removed_file_disappears(tmp_path: Path, make_reader) -> None:
     assert _view(reader) == {("c_total", (("k", "a"),)): 1.0}
 
 
+@pytest.mark.parametrize("how", ["removed", "moved_away"])
+def test_a_directory_replaced_under_its_path_is_followed(
+    tmp_path: Path, make_reader, how: str
+) -> None:
+    """The entrypoint wipes the directory at start; a reader that watched the old one must
+    see what is written into the new one, however many reads later."""
+    directory = tmp_path / "prom"
+    directory.mkdir()
+    _write(directory / "counter_1.db", {_counter(): 1.0})
+    reader = make_reader(directory)
+    for _ in range(2):
+        assert _view(reader) == {("c_total", (("k", "a"),)): 1.0}
+    if how == "removed":
+        (directory / "counter_1.db").unlink()
+        directory.rmdir()
+    else:
+        directory.rename(tmp_path / "old")
+    directory.mkdir()
+    for _ in range(2):
+        assert _view(reader) == {}
+    _write(directory / "counter_2.db", {_counter(): 5.0})
+    assert _view(reader) == {("c_total", (("k", "a"),)): 5.0}
+    _write(directory / "counter_2.db", {_counter((("k", "b"),)): 2.0})  # a new key, in place
+    assert _view(reader) == {("c_total", (("k", "a"),)): 5.0, ("c_total", (("k", "b"),)): 2.0}
+
+
 def test_a_truncated_entry_at_the_end_is_skipped_and_counted(tmp_path: Path, make_reader) -> None:
     good, damaged = tmp_path / "counter_1.db", tmp_path / "counter_2.db"
     _write(good, {_counter(): 1.0})
