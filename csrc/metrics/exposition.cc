@@ -21,18 +21,6 @@ bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
-std::vector<std::string_view> SplitWhitespace(std::string_view s) {
-  std::vector<std::string_view> out;
-  size_t i = 0;
-  while (i < s.size()) {
-    while (i < s.size() && IsSpace(s[i])) ++i;
-    size_t start = i;
-    while (i < s.size() && !IsSpace(s[i])) ++i;
-    if (i > start) out.push_back(s.substr(start, i - start));
-  }
-  return out;
-}
-
 // The first whitespace-separated word of `s` (empty if none); `s` is left after it.
 std::string_view NextWord(std::string_view* s) {
   size_t i = 0;
@@ -42,6 +30,14 @@ std::string_view NextWord(std::string_view* s) {
   std::string_view word = s->substr(start, i - start);
   s->remove_prefix(i);
   return word;
+}
+
+std::vector<std::string_view> SplitWhitespace(std::string_view s) {
+  std::vector<std::string_view> out;
+  for (std::string_view word = NextWord(&s); !word.empty(); word = NextWord(&s)) {
+    out.push_back(word);
+  }
+  return out;
 }
 
 std::string Unescape(std::string_view value) {
@@ -114,6 +110,16 @@ size_t ParseSeries(std::string_view line, size_t brace, size_t lineno, Series* s
 
 constexpr size_t kSeriesCacheLimit = 50'000;
 
+// The cached series of a line's text before its value, made by `make` on a miss.
+template <typename Make>
+const SeriesPtr& CachedSeries(FlatMap<std::string, SeriesPtr, StringHash>* cache,
+                              std::string_view text, Make make) {
+  if (SeriesPtr* found = cache->Find(text)) return *found;
+  SeriesPtr series = make();
+  if (cache->size() >= kSeriesCacheLimit) cache->Clear();
+  return *cache->Emplace(text, std::move(series)).first;
+}
+
 Sample ParseSample(std::string_view line, size_t lineno,
                    FlatMap<std::string, SeriesPtr, StringHash>* cache) {
   Sample sample;
@@ -124,29 +130,22 @@ Sample ParseSample(std::string_view line, size_t lineno,
     // The value and timestamp never hold a brace, so the last one closes the labels.
     size_t last = line.rfind('}');
     size_t end = last == std::string_view::npos ? 0 : last + 1;
-    std::string_view text = line.substr(0, end);
-    SeriesPtr* found = cache->Find(text);
-    if (found == nullptr) {
+    sample.series = CachedSeries(cache, line.substr(0, end), [&] {
       auto series = std::make_shared<Series>();
       if (ParseSeries(line, brace, lineno, series.get()) != end) Fail(lineno, "bad labels", line);
-      if (cache->size() >= kSeriesCacheLimit) cache->Clear();
-      found = cache->Emplace(text, std::move(series)).first;
-    }
-    sample.series = *found;
+      return series;
+    });
     std::string_view rest = line.substr(end);
     value = NextWord(&rest);
   } else {
     // Cached by the bare name, which no labelled series' text (it holds a brace) can equal.
     std::string_view rest = line;
     std::string_view name = NextWord(&rest);
-    SeriesPtr* found = cache->Find(name);
-    if (found == nullptr) {
+    sample.series = CachedSeries(cache, name, [&] {
       auto series = std::make_shared<Series>();
       series->name = std::string(name);
-      if (cache->size() >= kSeriesCacheLimit) cache->Clear();
-      found = cache->Emplace(name, std::move(series)).first;
-    }
-    sample.series = *found;
+      return series;
+    });
     value = NextWord(&rest);
   }
   if (sample.series->name.empty() || value.empty()) Fail(lineno, "no value", line);
