@@ -533,13 +533,13 @@ MultiprocReader::~MultiprocReader() = default;
 MultiprocResult MultiprocReader::Read() {
   State& st = *state_;
   MultiprocResult result;
-  // Nothing listed or cut since the last read: the files are those planned, at their sizes.
-  if (!st.watch.Changed(directory_) && st.plan.replayable && st.ReplayValues(&result)) {
-    return result;
-  }
+  // Nothing listed or cut since the last read: the files are those planned, at their sizes,
+  // so a replay that fails found new keys, which only a full read parses.
+  const bool quiet = !st.watch.Changed(directory_);
+  if (quiet && st.plan.replayable && st.ReplayValues(&result)) return result;
   Dir dir(directory_);
   if (dir.get() == nullptr) throw DirectoryError(ErrnoText(errno, directory_));
-  if (st.Replay(dir.get(), &result)) return result;
+  if (!quiet && st.Replay(dir.get(), &result)) return result;
   ::rewinddir(dir.get());
   return st.ReadFull(directory_, dir.get());
 }
