@@ -8,7 +8,10 @@ import contextlib
 import hashlib
 import random
 import select
+import signal
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 
@@ -203,6 +206,80 @@ def test_half_close_travels_both_ways(relays: list[_relay.Relay], splice: bool) 
         sock.close()
         assert wait_until(lambda: relay.connections == 0)
     finally:
+        upstream.close()
+
+
+_PAUSABLE_RELAY = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("_relay", sys.argv[1])  # the caller's build
+_relay = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(_relay)
+relay = _relay.Relay("127.0.0.1", int(sys.argv[2]), splice=sys.argv[3] == "1")
+print(relay.open("127.0.0.1", 0), flush=True)
+sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def paused_relay(upstream_port: int, splice: bool) -> Iterator[tuple[int, Callable[[], None]]]:
+    """A relay in a child process (this process's build), its port, and a context that stops
+    the child (SIGSTOP) while its body runs, so that what the body sends waits unread."""
+    argv = [_relay.__file__, str(upstream_port), str(int(splice))]
+    child = subprocess.Popen(
+        [sys.executable, "-c", _PAUSABLE_RELAY, *argv],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        port = int(child.stdout.readline())
+
+        @contextlib.contextmanager
+        def stopped() -> Iterator[None]:
+            child.send_signal(signal.SIGSTOP)
+            try:
+                yield
+            finally:
+                child.send_signal(signal.SIGCONT)
+
+        yield port, stopped
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.parametrize("splice", MODES)
+def test_bytes_and_fin_that_arrive_together_both_pass(splice: bool) -> None:
+    # With the relay stopped, each side's last bytes and its FIN are queued before the relay
+    # reads them, so one wake-up reports both: the relay must read past the bytes to the FIN.
+    requests: list[bytes] = []
+    answer = threading.Event()
+
+    def answer_after_eof(conn: socket.socket) -> None:
+        requests.append(read_all(conn))
+        answer.wait(GUARD_SECONDS)
+        conn.sendall(b"answer")
+        conn.shutdown(socket.SHUT_WR)
+
+    upstream = Upstream(answer_after_eof)
+    try:
+        with paused_relay(upstream.port, splice) as (port, stopped):
+            sock = connect(port)
+            assert wait_until(lambda: len(upstream.accepted) == 1)
+            with stopped():
+                sock.sendall(b"question")
+                sock.shutdown(socket.SHUT_WR)
+                threading.Event().wait(0.2)
+            assert wait_until(lambda: len(requests) == 1)
+            assert requests == [b"question"]
+            with stopped():
+                answer.set()
+                threading.Event().wait(0.2)
+            assert read_all(sock) == b"answer"
+            sock.close()
+    finally:
+        answer.set()
         upstream.close()
 
 
