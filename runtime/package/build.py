@@ -6,10 +6,12 @@ import hashlib
 import os
 import shutil
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from runtime.compat import load_matrix
@@ -26,11 +28,12 @@ from runtime.package.manifest import (
 )
 from runtime.package.sources import SourceFile, collect, resolve_inside
 from runtime.package.tensors import check_python_model
-from runtime.package.wheels import check_against_pins, parse_pins, read_wheel
+from runtime.package.wheels import ImageEnvironment, check_against_pins, parse_pins, read_wheel
 
 __all__ = [
     "SPEC_NAME",
     "TOKENIZER_FILES",
+    "ImagePins",
     "PackageSpec",
     "build_package",
     "check_catalog",
@@ -61,8 +64,19 @@ class PackageSpec(BaseModel):
     include: list[str] = Field(default_factory=list, description="more files or folders")
 
 
-def image_pins(triton: str | None, constraints: Path | None) -> tuple[str, dict[str, Any]]:
-    """The Triton release and the exact pins of its image (matrix pair plus a constraints file)."""
+@dataclass(frozen=True)
+class ImagePins:
+    """What plugin wheels are checked against: one Triton release's image and its pins."""
+
+    triton: str
+    pins: dict[str, Version]
+    """Exact versions by canonical distribution name (matrix pair plus a constraints file)."""
+    environment: ImageEnvironment
+    """The image's interpreter and platform, for requirement markers."""
+
+
+def image_pins(triton: str | None, constraints: Path | None) -> ImagePins:
+    """The image of a Triton release (default: the serving image's) and its exact pins."""
     matrix = load_matrix()
     pair = matrix.default if triton is None else matrix.for_triton(triton)
     lines = [f"vllm=={pair.vllm}", *(f"{n}=={v}" for n, v in pair.pins)]
@@ -71,7 +85,7 @@ def image_pins(triton: str | None, constraints: Path | None) -> tuple[str, dict[
             lines += constraints.read_text(encoding="utf-8").splitlines()
         except OSError as exc:
             raise PackageError(f"cannot read constraints file {constraints}: {exc}") from exc
-    return pair.triton, parse_pins(lines)
+    return ImagePins(pair.triton, parse_pins(lines), ImageEnvironment(python=pair.python))
 
 
 def check_catalog(path: Path, catalog: Catalog, where: str) -> None:
@@ -208,12 +222,12 @@ def build_package(
             f"{source / SPEC_NAME}: field engine_args: serving_mode embedded needs "
             "max_model_len (the OpenAI frontend and vLLM must use the same context length)"
         )
-    release, pins = image_pins(triton, constraints)
+    image = image_pins(triton, constraints)
     files = _archive_sources(source, spec)
     plugins = []
     for wheel in spec.plugins:
         info = read_wheel(source / wheel, wheel)
-        check_against_pins(info, wheel, pins)
+        check_against_pins(info, wheel, image.pins, image.environment)
         plugins.append(
             Plugin(
                 wheel=wheel,
@@ -236,7 +250,7 @@ def build_package(
             backend=spec.backend,
             serving_mode=spec.serving_mode,
             engine_args=spec.engine_args,
-            triton=release,
+            triton=image.triton,
             weights=spec.weights,
             tokenizer=spec.tokenizer,
             plugins=plugins,

@@ -73,7 +73,7 @@ def verify_archive_members(archive: Path, manifest: Manifest) -> None:
 
 
 def _check_plugins(archive: Path, manifest: Manifest, constraints: Path | None) -> None:
-    _, pins = image_pins(manifest.triton, constraints)
+    image = image_pins(manifest.triton, constraints)
     with tarfile.open(archive, "r:") as tar, tempfile.TemporaryDirectory() as tmp:
         for plugin in manifest.plugins:
             handle = tar.extractfile(plugin.wheel)
@@ -87,7 +87,7 @@ def _check_plugins(archive: Path, manifest: Manifest, constraints: Path | None) 
                     f"plugin wheel {plugin.wheel} is {info.distribution} {info.version}, the "
                     f"manifest says {plugin.distribution} {plugin.version}"
                 )
-            check_against_pins(info, plugin.wheel, pins)
+            check_against_pins(info, plugin.wheel, image.pins, image.environment)
 
 
 def _check_catalogs(archive: Path, manifest: Manifest) -> None:

@@ -13,9 +13,42 @@ from packaging.version import InvalidVersion, Version
 
 from runtime.package.errors import PackageError
 
-__all__ = ["PLUGIN_GROUPS", "WheelInfo", "check_against_pins", "parse_pins", "read_wheel"]
+__all__ = [
+    "PLUGIN_GROUPS",
+    "ImageEnvironment",
+    "WheelInfo",
+    "check_against_pins",
+    "parse_pins",
+    "read_wheel",
+]
 
 PLUGIN_GROUPS = ("vllm.general_plugins", "vllm.logits_processors")
+
+
+@dataclass(frozen=True)
+class ImageEnvironment:
+    """The serving image's interpreter and platform, which plugin requirement markers are
+    evaluated against (not the machine that builds the package)."""
+
+    python: str
+    """The image's Python, ``major.minor`` as ``images/compat.toml`` records it."""
+
+    def markers(self) -> dict[str, str]:
+        """PEP 508 marker variables of the image: CPython ``python`` on x86_64 Linux."""
+        return {
+            "python_version": self.python,
+            # The matrix records major.minor only, so a patch-level marker is judged against
+            # the minor release's first patch.
+            "python_full_version": f"{self.python}.0",
+            "implementation_version": f"{self.python}.0",
+            "implementation_name": "cpython",
+            "platform_python_implementation": "CPython",
+            "os_name": "posix",
+            "sys_platform": "linux",
+            "platform_system": "Linux",
+            "platform_machine": "x86_64",
+            "extra": "",
+        }
 
 
 @dataclass(frozen=True)
@@ -90,8 +123,12 @@ def parse_pins(lines: list[str]) -> dict[str, Version]:
     return pins
 
 
-def check_against_pins(info: WheelInfo, label: str, pins: dict[str, Version]) -> None:
-    """Refuse a wheel that is, or requires another version of, a distribution the image pins."""
+def check_against_pins(
+    info: WheelInfo, label: str, pins: dict[str, Version], environment: ImageEnvironment
+) -> None:
+    """Refuse a wheel that is, or requires another version of, a distribution the image pins;
+    requirements whose markers do not hold in the image's ``environment`` are skipped."""
+    markers = environment.markers()
     own = canonicalize_name(info.distribution)
     if own in pins:
         raise PackageError(
@@ -103,7 +140,7 @@ def check_against_pins(info: WheelInfo, label: str, pins: dict[str, Version]) ->
             req = Requirement(text)
         except InvalidRequirement as exc:
             raise PackageError(f"plugin wheel {label}: bad Requires-Dist {text!r}") from exc
-        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        if req.marker is not None and not req.marker.evaluate(markers):
             continue
         name = canonicalize_name(req.name)
         if name not in pins:

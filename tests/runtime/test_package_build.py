@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.version import Version
 
 from runtime.package import MANIFEST_NAME, PackageError, build_package, load_manifest
+from runtime.package.wheels import ImageEnvironment, WheelInfo, check_against_pins
 from tests.runtime.wheelmaker import make_source, make_wheel, write_catalog
 
 
@@ -88,6 +90,33 @@ def test_plugin_requirement_behind_an_unused_extra_is_ignored(tmp_path: Path) ->
     source = make_source(tmp_path / "src")
     make_wheel(source / "plugins", "toy-plugin", requires=('vllm>=0.30; extra == "dev"',))
     assert build_package(source, tmp_path / "out").plugins[0].distribution == "toy-plugin"
+
+
+def test_plugin_markers_are_evaluated_for_the_image_python(tmp_path: Path) -> None:
+    # The default pair's image runs Python 3.12; the tests run on whatever built the venv.
+    source = make_source(tmp_path / "src")
+    make_wheel(source / "plugins", "toy-plugin", requires=('vllm>=0.30; python_version >= "3.12"',))
+    with pytest.raises(PackageError, match=r"requires 'vllm>=0\.30; python_version"):
+        build_package(source, tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    "marker",
+    ['python_version < "3.12"', 'sys_platform == "darwin"', 'platform_machine == "arm64"'],
+)
+def test_plugin_requirement_for_another_platform_is_ignored(tmp_path: Path, marker: str) -> None:
+    source = make_source(tmp_path / "src")
+    make_wheel(source / "plugins", "toy-plugin", requires=(f"vllm>=0.30; {marker}",))
+    assert build_package(source, tmp_path / "out").plugins[0].distribution == "toy-plugin"
+
+
+def test_image_environment_markers_describe_the_image() -> None:
+    markers = ImageEnvironment(python="3.10").markers()
+    assert markers["python_version"] == "3.10" and markers["python_full_version"] == "3.10.0"
+    info = WheelInfo("p", "1", ('vllm>=0.30; python_version < "3.11"',), {})
+    with pytest.raises(PackageError, match=r"vllm==0\.27\.1"):
+        check_against_pins(info, "p.whl", {"vllm": Version("0.27.1")}, ImageEnvironment("3.10"))
+    check_against_pins(info, "p.whl", {"vllm": Version("0.27.1")}, ImageEnvironment("3.12"))
 
 
 def test_plugin_that_is_a_pinned_distribution_is_refused(tmp_path: Path) -> None:
