@@ -10,6 +10,7 @@ finds every file it lists.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -92,9 +93,36 @@ def _open_upload(client: Any, bucket: str, key: str) -> str | None:
     return uploads[-1]["UploadId"] if uploads else None
 
 
+def _check_present(folder: Path, entries: list[FileEntry]) -> None:
+    """Every listed file is readable and of the listed size, checked before any S3 call."""
+    for entry in entries:
+        path = folder / entry.path
+        try:
+            with path.open("rb") as handle:  # opening, not just stat, proves it readable
+                size = os.fstat(handle.fileno()).st_size
+        except FileNotFoundError:
+            raise PublishError(
+                f"{entry.path} is missing from {folder} (the manifest lists it, {entry.size:,d} "
+                "bytes); nothing was uploaded: rebuild the package (llm-serving package build) "
+                "or check the folder path"
+            ) from None
+        except OSError as exc:
+            raise PublishError(
+                f"cannot read {path}: {exc.strerror}; nothing was uploaded: check the file's "
+                "permissions or rebuild the package (llm-serving package build)"
+            ) from exc
+        if size != entry.size:
+            raise PublishError(
+                f"{path} is {size:,d} bytes, the manifest says {entry.size:,d}; nothing was "
+                "uploaded: rebuild the package (llm-serving package build)"
+            )
+
+
 def plan_publish(client: Any, folder: Path, bucket: str, root: str = "models") -> PublishPlan:
     """Decide, for every file of the version folder, whether to upload, resume or skip it."""
     manifest = load_manifest(folder / MANIFEST_NAME)
+    entries = [manifest.archive, *manifest.weight_files]
+    _check_present(folder, entries)
     prefix = version_prefix(manifest.model_id, manifest.model_version, root)
     manifest_key = prefix + MANIFEST_NAME
     remote_manifest = _head(client, bucket, manifest_key)
@@ -109,7 +137,7 @@ def plan_publish(client: Any, folder: Path, bucket: str, root: str = "models") -
             "build the package with a new model_version"
         )
     items = []
-    for entry in [manifest.archive, *manifest.weight_files]:
+    for entry in entries:
         key = prefix + entry.path
         head = _head(client, bucket, key)
         if head is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -213,3 +214,36 @@ def test_cli_reports_a_missing_bucket_in_one_line(s3_env: dict[str, str], versio
     # Only the last line: moto's own request log can land in the captured output too.
     last = result.output.strip().splitlines()[-1]
     assert last.startswith("error: S3 refused or failed") and "bucket does not exist" in last
+
+
+def test_cli_reports_a_missing_weight_file_before_uploading(
+    s3_env: dict[str, str], s3_client: Any, bucket: str, version: Path
+) -> None:
+    (version / "weights" / "config.json").unlink()
+    result = CliRunner().invoke(app, ["publish", str(version), "--bucket", bucket])
+    assert result.exit_code == 1
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("error: weights/config.json is missing from ")
+    assert "rebuild the package" in last
+    assert not isinstance(result.exception, FileNotFoundError)
+    assert keys(s3_client, bucket) == set()
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        # A directory where the file should be: unreadable even for root (chmod is not).
+        (lambda p: (p.unlink(), p.mkdir()), r"cannot read .*model\.safetensors: Is a directory"),
+        (lambda p: p.write_bytes(b"short"), r"model\.safetensors is 5 bytes, the manifest says"),
+    ],
+    ids=["unreadable", "wrong-size"],
+)
+def test_unreadable_or_resized_file_fails_before_the_first_upload(
+    s3_client: Any, bucket: str, version: Path, damage: Callable[[Path], object], message: str
+) -> None:
+    damage(version / "weights" / "model.safetensors")
+    client = CountingClient(s3_client)
+    with pytest.raises(PublishError, match=message):
+        publish(client, version, bucket, part_size=PART)
+    assert client.calls == {}
+    assert keys(s3_client, bucket) == set()
