@@ -30,16 +30,22 @@ def resolve_inside(root: Path, relative: str, field: str) -> Path:
     except ValueError as exc:
         raise PackageError(f"{field}: {exc}") from exc
     candidate = root / relative
-    _refuse_escape(root, candidate, relative)
+    _refuse_escape(root, candidate, relative, field)
     return candidate
 
 
-def _refuse_escape(root: Path, candidate: Path, relative: str) -> None:
+def _refuse_escape(root: Path, candidate: Path, relative: str, field: str) -> None:
     if candidate.is_symlink() or any(p.is_symlink() for p in _parents_below(root, candidate)):
-        target = candidate.resolve()
+        try:
+            target = candidate.resolve()
+        except (RuntimeError, OSError) as exc:  # Python 3.11 raises RuntimeError, 3.13 OSError
+            raise PackageError(
+                f"{field}: {relative} is a symlink loop ({exc}); remove it or point it at a "
+                "file inside the package"
+            ) from exc
         if not target.is_relative_to(root.resolve()):
             raise PackageError(
-                f"{relative} is a symlink out of the package root (-> {target}); "
+                f"{field}: {relative} is a symlink out of the package root (-> {target}); "
                 "copy the file into the package instead"
             )
 
@@ -74,12 +80,28 @@ def collect(root: Path, relative: str, field: str) -> list[SourceFile]:
         for name in sorted(filenames):
             path = here / name
             rel = _rel(root, path)
-            _refuse_escape(root, path, rel)
-            mode = path.stat().st_mode
+            _refuse_escape(root, path, rel, field)
+            _check_name(rel, field)
+            try:
+                mode = path.stat().st_mode
+            except FileNotFoundError as exc:
+                raise PackageError(
+                    f"{field}: {rel} is a dangling symlink (-> {os.readlink(path)}); "
+                    "remove it or point it at a file inside the package"
+                ) from exc
             if not stat.S_ISREG(mode):
                 raise PackageError(f"{field}: {rel} is not a regular file")
             found.append(SourceFile(rel, path, field))
     return found
+
+
+def _check_name(rel: str, field: str) -> None:
+    # The manifest and the archive take POSIX paths only; refuse here, not half-way through
+    # writing the version folder.
+    try:
+        check_relative_path(rel)
+    except ValueError as exc:
+        raise PackageError(f"{field}: file {rel!r} cannot be packaged: {exc}; rename it") from exc
 
 
 def _rel(root: Path, path: Path) -> str:

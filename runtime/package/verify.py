@@ -66,42 +66,59 @@ def verify_archive_members(archive: Path, manifest: Manifest) -> None:
                         f"checksum mismatch for archive member {member.name}; rebuild the package"
                     )
     except tarfile.TarError as exc:
-        raise PackageError(f"archive {archive} is corrupt: {exc}") from exc
+        raise _corrupt(archive, exc) from exc
     missing = sorted(set(expected) - seen)
     if missing:
         raise PackageError(f"archive {archive} lacks {', '.join(missing[:5])}")
 
 
+def _member_bytes(tar: tarfile.TarFile, name: str, what: str) -> bytes:
+    """The data of regular member ``name``; ``what`` says which manifest field names it."""
+    try:
+        handle = tar.extractfile(name)
+    except KeyError:
+        handle = None
+    if handle is None:
+        raise PackageError(
+            f"{what}: {name} is not a file in the archive; the archive does not match the "
+            "manifest: rebuild the package or restore it again"
+        )
+    return handle.read()
+
+
+def _corrupt(archive: Path, exc: tarfile.TarError) -> PackageError:
+    return PackageError(
+        f"archive {archive} is corrupt ({exc}); publish or restore it again, or rebuild the package"
+    )
+
+
 def _check_plugins(archive: Path, manifest: Manifest, constraints: Path | None) -> None:
     image = image_pins(manifest.triton, constraints)
-    with tarfile.open(archive, "r:") as tar, tempfile.TemporaryDirectory() as tmp:
-        for plugin in manifest.plugins:
-            handle = tar.extractfile(plugin.wheel)
-            if handle is None:
-                raise PackageError(f"plugin wheel {plugin.wheel} is not in the archive")
-            path = Path(tmp) / Path(plugin.wheel).name
-            path.write_bytes(handle.read())
-            info = read_wheel(path, plugin.wheel)
-            if (info.distribution, info.version) != (plugin.distribution, plugin.version):
-                raise PackageError(
-                    f"plugin wheel {plugin.wheel} is {info.distribution} {info.version}, the "
-                    f"manifest says {plugin.distribution} {plugin.version}"
-                )
-            check_against_pins(info, plugin.wheel, image.pins, image.environment)
+    try:
+        with tarfile.open(archive, "r:") as tar, tempfile.TemporaryDirectory() as tmp:
+            for i, plugin in enumerate(manifest.plugins):
+                path = Path(tmp) / Path(plugin.wheel).name
+                path.write_bytes(_member_bytes(tar, plugin.wheel, f"plugins.{i}"))
+                info = read_wheel(path, plugin.wheel)
+                if (info.distribution, info.version) != (plugin.distribution, plugin.version):
+                    raise PackageError(
+                        f"plugin wheel {plugin.wheel} is {info.distribution} {info.version}, the "
+                        f"manifest says {plugin.distribution} {plugin.version}"
+                    )
+                check_against_pins(info, plugin.wheel, image.pins, image.environment)
+    except tarfile.TarError as exc:  # a same-size damaged archive passes the --quick size check
+        raise _corrupt(archive, exc) from exc
 
 
 def _check_catalogs(archive: Path, manifest: Manifest) -> None:
-    with tarfile.open(archive, "r:") as tar, tempfile.TemporaryDirectory() as tmp:
-        for i, catalog in enumerate(manifest.catalogs):
-            try:
-                handle = tar.extractfile(catalog.path)
-            except KeyError:
-                handle = None
-            if handle is None:
-                raise PackageError(f"catalogs.{i}: {catalog.path} is not a file in the archive")
-            path = Path(tmp) / f"{i}.jsonl"
-            path.write_bytes(handle.read())
-            check_catalog(path, catalog, f"catalogs.{i}")
+    try:
+        with tarfile.open(archive, "r:") as tar, tempfile.TemporaryDirectory() as tmp:
+            for i, catalog in enumerate(manifest.catalogs):
+                path = Path(tmp) / f"{i}.jsonl"
+                path.write_bytes(_member_bytes(tar, catalog.path, f"catalogs.{i}"))
+                check_catalog(path, catalog, f"catalogs.{i}")
+    except tarfile.TarError as exc:
+        raise _corrupt(archive, exc) from exc
 
 
 def verify_package(folder: Path, *, full: bool = True, constraints: Path | None = None) -> Manifest:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zipfile
+import zlib
 from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path
@@ -67,11 +68,23 @@ def read_wheel(path: Path, label: str) -> WheelInfo:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
             metadata_name = _one(names, "METADATA", label)
-            metadata = archive.read(metadata_name).decode("utf-8")
+            metadata = _text(archive, metadata_name, label)
             ep_name = metadata_name.rsplit("/", 1)[0] + "/entry_points.txt"
-            entry_text = archive.read(ep_name).decode("utf-8") if ep_name in names else ""
-    except (OSError, zipfile.BadZipFile) as exc:
-        raise PackageError(f"plugin wheel {label} cannot be read as a wheel: {exc}") from exc
+            entry_text = _text(archive, ep_name, label) if ep_name in names else ""
+    # zipfile reports damage as BadZipFile, zlib.error, EOFError or, for an encrypted or
+    # unsupported member, RuntimeError and NotImplementedError.
+    except (
+        OSError,
+        EOFError,
+        RuntimeError,
+        NotImplementedError,
+        zipfile.BadZipFile,
+        zlib.error,
+    ) as exc:
+        raise PackageError(
+            f"plugin wheel {label} cannot be read as a wheel ({exc}); rebuild it "
+            "(pip wheel or python -m build) or drop it from plugins"
+        ) from exc
     headers = HeaderParser().parsestr(metadata)
     name, version = headers.get("Name"), headers.get("Version")
     if not name or not version:
@@ -82,6 +95,17 @@ def read_wheel(path: Path, label: str) -> WheelInfo:
         requires=tuple(headers.get_all("Requires-Dist") or ()),
         entry_points=_entry_points(entry_text),
     )
+
+
+def _text(archive: zipfile.ZipFile, name: str, label: str) -> str:
+    """A member of the wheel as text; wheel metadata is UTF-8 (PEP 427)."""
+    try:
+        return archive.read(name).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PackageError(
+            f"plugin wheel {label}: {name} is not UTF-8 ({exc.reason} at byte {exc.start}); "
+            "rebuild the wheel with UTF-8 metadata"
+        ) from exc
 
 
 def _one(names: list[str], leaf: str, label: str) -> str:
