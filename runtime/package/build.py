@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import shutil
 import tarfile
 from dataclasses import dataclass
@@ -193,10 +194,14 @@ def file_entry(path: Path, relative: str) -> FileEntry:
     return FileEntry(path=relative, size=path.stat().st_size, sha256=digest.hexdigest())
 
 
-def _place_weights(source: Path, spec: PackageSpec, out: Path) -> list[FileEntry]:
+def _weight_sources(source: Path, spec: PackageSpec) -> list[SourceFile]:
     files = collect(source, spec.weights, "weights")
     if not files:
         raise PackageError(f"weights: {spec.weights}/ has no files")
+    return files
+
+
+def _place_weights(files: list[SourceFile], out: Path) -> list[FileEntry]:
     entries = []
     for item in files:
         target = out / item.arcname
@@ -209,11 +214,65 @@ def _place_weights(source: Path, spec: PackageSpec, out: Path) -> list[FileEntry
     return entries
 
 
+def _placeholder(path: str) -> FileEntry:
+    return FileEntry(path=path, size=0, sha256="0" * 64)
+
+
+def _manifest(
+    spec: PackageSpec,
+    triton: str,
+    plugins: list[Plugin],
+    archive: FileEntry,
+    archive_files: list[FileEntry],
+    weight_files: list[FileEntry],
+    where: Path,
+) -> Manifest:
+    try:
+        return Manifest(
+            model_id=spec.model_id,
+            model_version=spec.model_version,
+            backend=spec.backend,
+            serving_mode=spec.serving_mode,
+            engine_args=spec.engine_args,
+            triton=triton,
+            weights=spec.weights,
+            tokenizer=spec.tokenizer,
+            plugins=plugins,
+            catalogs=spec.catalogs,
+            python_model=spec.python_model,
+            archive=archive,
+            archive_files=archive_files,
+            weight_files=weight_files,
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise PackageError(f"{where}: field {field}: {first['msg']}") from exc
+
+
+def _staging_folder(out: Path) -> Path:
+    """A new, empty sibling of ``out`` (same file system, so hard links and the rename work)."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise PackageError(f"output folder {out} is not empty; choose a new one")
+    staging = out.parent / f".{out.name}.{secrets.token_hex(4)}.partial"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging.mkdir()
+    except OSError as exc:
+        raise PackageError(f"cannot create {staging} beside the output folder: {exc}") from exc
+    return staging
+
+
 def build_package(
     source: Path, out: Path, triton: str | None = None, constraints: Path | None = None
 ) -> Manifest:
-    """Check the source tree, write ``package.tar``, the weights and ``manifest.json`` (last)."""
+    """Check the source tree, then write ``package.tar``, the weights and ``manifest.json``.
+
+    Every check runs before anything is written, and the folder is built beside ``out`` and
+    renamed into place, so ``out`` appears complete or not at all.
+    """
     source = source.resolve()
+    out = Path(os.path.abspath(out))  # a normalised name and parent for the staging folder
     spec = _load_spec(source)
     if spec.serving_mode == "embedded" and "max_model_len" not in spec.engine_args:
         # The entrypoint hands it to the frontend, which checks prompt + max_tokens against
@@ -224,6 +283,7 @@ def build_package(
         )
     image = image_pins(triton, constraints)
     files = _archive_sources(source, spec)
+    weights = _weight_sources(source, spec)
     plugins = []
     for wheel in spec.plugins:
         info = read_wheel(source / wheel, wheel)
@@ -238,33 +298,39 @@ def build_package(
         )
     if spec.python_model is not None:
         check_python_model(spec.python_model)
-    if out.exists() and any(out.iterdir()):
-        raise PackageError(f"output folder {out} is not empty; choose a new one")
-    out.mkdir(parents=True, exist_ok=True)
-    archive_files = _write_archive(files, out / ARCHIVE_NAME)
-    weight_files = _place_weights(source, spec, out)
+    # The manifest's own checks (ids, engine_args, consistency) need only names, so run them
+    # on placeholder digests before the archive and the weights are written.
+    _manifest(
+        spec,
+        image.triton,
+        plugins,
+        _placeholder(ARCHIVE_NAME),
+        [_placeholder(f.arcname) for f in files],
+        [_placeholder(f.arcname) for f in weights],
+        source / SPEC_NAME,
+    )
+    staging = _staging_folder(out)
     try:
-        manifest = Manifest(
-            model_id=spec.model_id,
-            model_version=spec.model_version,
-            backend=spec.backend,
-            serving_mode=spec.serving_mode,
-            engine_args=spec.engine_args,
-            triton=image.triton,
-            weights=spec.weights,
-            tokenizer=spec.tokenizer,
-            plugins=plugins,
-            catalogs=spec.catalogs,
-            python_model=spec.python_model,
-            archive=file_entry(out / ARCHIVE_NAME, ARCHIVE_NAME),
-            archive_files=archive_files,
-            weight_files=weight_files,
+        archive_files = _write_archive(files, staging / ARCHIVE_NAME)
+        weight_files = _place_weights(weights, staging)
+        manifest = _manifest(
+            spec,
+            image.triton,
+            plugins,
+            file_entry(staging / ARCHIVE_NAME, ARCHIVE_NAME),
+            archive_files,
+            weight_files,
+            source / SPEC_NAME,
         )
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        raise PackageError(f"{source / SPEC_NAME}: field {where}: {first['msg']}") from exc
-    tmp = out / f".{MANIFEST_NAME}.tmp"
-    tmp.write_text(manifest.to_json(), encoding="utf-8")
-    tmp.replace(out / MANIFEST_NAME)
+        (staging / MANIFEST_NAME).write_text(manifest.to_json(), encoding="utf-8")
+        # rename(2) replaces an empty ``out`` and fails if something filled it meanwhile.
+        staging.rename(out)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if out.is_dir() and any(out.iterdir()):
+            raise PackageError(f"output folder {out} is not empty; choose a new one") from exc
+        raise PackageError(f"writing {out} failed: {exc}; fix that and build again") from exc
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     return manifest
