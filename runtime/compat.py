@@ -7,12 +7,15 @@ import importlib
 import os
 import sys
 import tomllib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError
+from importlib.metadata import PackageNotFoundError, distributions
 from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import Literal
 
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 __all__ = [
@@ -20,9 +23,12 @@ __all__ = [
     "CompatError",
     "CompatMatrix",
     "CompatPair",
+    "check_pins",
     "check_vllm_version",
     "constraints_text",
     "default_matrix_path",
+    "image_constraints_text",
+    "installed_distributions",
     "installed_vllm_version",
     "load_matrix",
     "main",
@@ -47,6 +53,7 @@ class CompatPair:
     structured_outputs_key: str
     python: str
     backend_modules: tuple[str, ...]
+    """What the backend imports: ``module``, or ``module:name`` for a name it takes from one."""
     pins: tuple[tuple[str, str], ...] = ()
     """Further ``(distribution, exact version)`` pins of the image beside vllm."""
     response_hook: str | None = None
@@ -94,13 +101,24 @@ class _PairModel(BaseModel):
     vllm: str = Field(pattern=r"^\d+(\.\d+)+$", description="exact vLLM version")
     structured_outputs_key: Literal["guided_decoding", "structured_outputs"]
     python: str = Field(pattern=r"^3\.\d+$")
-    backend_modules: list[str] = Field(min_length=1)
+    backend_modules: list[str] = Field(
+        min_length=1, description="module or module:name, as the backend imports them"
+    )
     pins: dict[str, str] = Field(default_factory=dict)
     response_hook: str | None = Field(
         default=None,
         pattern=r"^[\w.]+:[\w]+\.[\w]+$",
         description="the stock backend's response hook, module:Class.method",
     )
+
+    @field_validator("backend_modules")
+    @classmethod
+    def _import_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            module, _, attribute = name.partition(":")
+            if not module or (":" in name and not attribute.isidentifier()):
+                raise ValueError(f"{name!r} is not `module` or `module:name`")
+        return names
 
     @field_validator("pins")
     @classmethod
@@ -178,11 +196,20 @@ def installed_vllm_version() -> str | None:
         return None
 
 
+def _same_release(installed: str, wanted: str) -> bool:
+    """Whether ``installed`` is ``wanted`` up to a local label: NGC and PyTorch builds carry
+    one (``0.11.1+9114fd76``, ``2.13.0+cu130``), and pip's ``==wanted`` accepts them too."""
+    try:
+        return Version(Version(installed).public) == Version(wanted)
+    except InvalidVersion:
+        return False
+
+
 def check_vllm_version(pair: CompatPair, installed: str | None) -> None:
-    """Raise `CompatError` unless the installed vLLM is exactly the pair's version."""
+    """Raise `CompatError` unless the installed vLLM is the pair's version (any local label)."""
     if installed is None:
         raise CompatError(f"vLLM is not installed; Triton {pair.triton} needs vllm=={pair.vllm}")
-    if installed != pair.vllm:
+    if not _same_release(installed, pair.vllm):
         raise CompatError(
             f"installed vllm {installed} does not match Triton {pair.triton}, which needs "
             f"vllm=={pair.vllm}; reinstall vllm=={pair.vllm} or use the image for the "
@@ -190,15 +217,55 @@ def check_vllm_version(pair: CompatPair, installed: str | None) -> None:
         )
 
 
-def probe_imports(modules: tuple[str, ...]) -> dict[str, str]:
-    """Import each module; return ``{module: error}`` for those that fail (empty when all load)."""
+def _installed_version(name: str) -> str | None:
+    try:
+        return dist_version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def check_pins(
+    pair: CompatPair, version_of: Callable[[str], str | None] = _installed_version
+) -> None:
+    """Raise `CompatError` naming every pinned distribution (torch, ...) whose installed
+    version is not the pair's."""
+    wrong = [
+        f"{name} {found}" if found else f"no {name}"
+        for name, wanted in pair.pins
+        if (found := version_of(name)) is None or not _same_release(found, wanted)
+    ]
+    if wrong:
+        wanted = ", ".join(f"{name}=={version}" for name, version in pair.pins)
+        raise CompatError(
+            f"Triton {pair.triton} pins {wanted}, but found {'; '.join(wrong)}; build from "
+            f"{pair.image}, whose vLLM {pair.vllm} brings exactly these"
+        )
+
+
+def probe_imports(names: Iterable[str]) -> dict[str, str]:
+    """Import each ``module`` or ``module:name``; return ``{name: error}`` for those that fail
+    (empty when all load)."""
     failures: dict[str, str] = {}
-    for module in modules:
+    for name in names:
+        module, _, attribute = name.partition(":")
         try:
-            importlib.import_module(module)
+            loaded = importlib.import_module(module)
+            if attribute and not hasattr(loaded, attribute):
+                raise ImportError(f"cannot import name {attribute!r} from {module!r}")
         except Exception as exc:  # any import-time failure makes the backend unusable
-            failures[module] = f"{type(exc).__name__}: {exc}"
+            failures[name] = f"{type(exc).__name__}: {exc}"
     return failures
+
+
+def installed_distributions() -> dict[str, str]:
+    """Every distribution this interpreter sees, ``{canonical name: version}``; the first one
+    on ``sys.path`` wins, as at import time."""
+    found: dict[str, str] = {}
+    for dist in distributions():
+        name = dist.metadata["Name"]
+        if name:
+            found.setdefault(canonicalize_name(name), dist.version)
+    return found
 
 
 def constraints_text(pair: CompatPair) -> str:
@@ -212,27 +279,75 @@ def constraints_text(pair: CompatPair) -> str:
     return "\n".join(lines) + "\n"
 
 
+def image_constraints_text(pair: CompatPair, pair_file: str, installed: dict[str, str]) -> str:
+    """The constraints every install in the image obeys: the pair's pins, then every other
+    distribution the image holds at its exact version. Raises `CompatError` unless
+    ``pair_file`` (the copied constraints.txt) is the pair's and the image matches it."""
+    if pair_file != constraints_text(pair):
+        raise CompatError(
+            f"the copied constraints file is not the one of Triton {pair.triton}; build with "
+            f"the release images/serving/constraints.txt was generated for, or regenerate it: "
+            f"python -m runtime.compat constraints --triton {pair.triton} "
+            f"> images/serving/constraints.txt"
+        )
+    check_vllm_version(pair, installed.get("vllm"))
+    check_pins(pair, lambda name: installed.get(canonicalize_name(name)))
+    pinned = {"vllm", *(canonicalize_name(name) for name, _ in pair.pins)}
+    rest = [f"{name}=={version}" for name, version in sorted(installed.items())]
+    return (
+        pair_file
+        + "# Every other distribution of the image, as installed (a plugin may not move them).\n"
+        + "".join(line + "\n" for line in rest if line.partition("==")[0] not in pinned)
+    )
+
+
 def _normalise(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m runtime.compat constraints|check [--triton R]``: used by the image build."""
+    """``python -m runtime.compat constraints|check|image-constraints|probe``: used by the
+    image build and the entrypoint."""
     parser = argparse.ArgumentParser(prog="python -m runtime.compat", description=__doc__)
-    parser.add_argument("command", choices=["constraints", "check"])
+    parser.add_argument(
+        "command",
+        choices=["constraints", "check", "image-constraints", "probe"],
+        help="constraints: the pair's pins; check: the installed vLLM and pins match the pair "
+        "(and the backend imports load); image-constraints: check, then print every pin of "
+        "the image; probe: import NAMES, printing `name<TAB>error` for each that fails",
+    )
+    parser.add_argument("names", nargs="*", help="probe: module or module:name")
     parser.add_argument("--triton", help="Triton release (default: the matrix's default)")
     parser.add_argument("--matrix", type=Path, help="matrix file (default: the installed one)")
     parser.add_argument(
         "--versions-only", action="store_true", help="check versions, skip the import probe"
     )
+    parser.add_argument(
+        "--pair-file", type=Path, help="image-constraints: the copied constraints.txt"
+    )
     args = parser.parse_args(argv)
+    if args.command == "probe":
+        failures = probe_imports(args.names)
+        for name, error in failures.items():
+            print(f"{name}\t{error}")
+        return 1 if failures else 0
     try:
         matrix = load_matrix(args.matrix)
         pair = matrix.default if args.triton is None else matrix.for_triton(args.triton)
         if args.command == "constraints":
             sys.stdout.write(constraints_text(pair))
             return 0
+        if args.command == "image-constraints":
+            if args.pair_file is None:
+                parser.error("image-constraints needs --pair-file")
+            try:
+                pair_file = args.pair_file.read_text(encoding="utf-8")
+            except OSError as exc:
+                raise CompatError(f"cannot read {args.pair_file}: {exc}") from exc
+            sys.stdout.write(image_constraints_text(pair, pair_file, installed_distributions()))
+            return 0
         check_vllm_version(pair, installed_vllm_version())
+        check_pins(pair)
         failures = {} if args.versions_only else probe_imports(pair.backend_modules)
         if failures:
             raise CompatError(
@@ -242,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     probed = "" if args.versions_only else "; backend modules import"
-    print(f"vllm {pair.vllm} matches Triton {pair.triton}{probed}")
+    print(f"vllm {pair.vllm} and its pins match Triton {pair.triton}{probed}")
     return 0
 
 

@@ -143,17 +143,6 @@ def wipe_multiproc_dir(path: Path | None) -> int:
     return removed
 
 
-_PROBE = """
-import importlib, sys
-for module in sys.argv[1:]:
-    try:
-        importlib.import_module(module)
-    except Exception as exc:
-        print(f"{module}\\t{type(exc).__name__}: {exc}")
-        sys.exit(1)
-"""
-
-
 def start_import_probe(
     release: str | None, matrix_path: Path | None
 ) -> subprocess.Popen[str] | None:
@@ -171,7 +160,7 @@ def start_import_probe(
     except CompatError:
         return None  # stage 5 reports it; no point importing a vLLM it will refuse
     return subprocess.Popen(
-        [sys.executable, "-c", _PROBE, *pair.backend_modules],
+        [sys.executable, "-m", "runtime.compat", "probe", *pair.backend_modules],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -202,8 +191,8 @@ def check_compat(
     assert probe is not None  # the pair resolved above
     stdout, stderr = probe.communicate()
     if probe.returncode != 0:
-        lines = stdout.strip().splitlines() or stderr.strip().splitlines()
-        module, _, error = (lines[-1] if lines else "?").partition("\t")
+        lines = stdout.strip().splitlines() or stderr.strip().splitlines()[-1:]
+        module, _, error = (lines[0] if lines else "?").partition("\t")
         raise StageFailed(
             f"vLLM {pair.vllm} cannot import {module}, which the Triton {release} backend "
             f"needs: {error}",

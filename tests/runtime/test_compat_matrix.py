@@ -10,8 +10,10 @@ from runtime import compat
 from runtime.compat import (
     CompatError,
     CompatPair,
+    check_pins,
     check_vllm_version,
     constraints_text,
+    image_constraints_text,
     load_matrix,
     probe_imports,
 )
@@ -64,14 +66,14 @@ def test_default_pair_is_triton_26_08_with_vllm_0_27_1() -> None:
     assert (default.triton, default.vllm) == ("26.08", "0.27.1")
     assert default.structured_outputs_key == "structured_outputs"
     assert default.image == "nvcr.io/nvidia/tritonserver:26.08-vllm-python-py3"
-    assert "vllm.v1.sample.logits_processor" in default.backend_modules
+    assert "vllm.v1.sample.logits_processor:LogitsProcessor" in default.backend_modules
 
 
 def test_only_the_oldest_release_uses_the_removed_metrics_module() -> None:
     matrix = load_matrix()
-    assert "vllm.engine.metrics" in matrix.for_triton("25.09").backend_modules
-    newer = [p for p in matrix.pairs if p.triton != "25.09"]
-    assert all("vllm.v1.metrics.loggers" in p.backend_modules for p in newer)
+    modules = {p.triton: {n.partition(":")[0] for n in p.backend_modules} for p in matrix.pairs}
+    assert "vllm.engine.metrics" in modules.pop("25.09")
+    assert all("vllm.v1.metrics.loggers" in names for names in modules.values())
 
 
 def test_unknown_release_lists_supported_ones() -> None:
@@ -109,6 +111,8 @@ def test_loads_a_given_file_with_pins(tmp_path: Path) -> None:
         ('default_triton = "26.08"', 'default_triton = "26.09"', "default_triton '26.09'"),
         ('{ torch = "2.9.0" }', '{ vllm = "0.27.1" }', "pairs.0.pins"),
         ('backend_modules = ["json"]', "backend_modules = []", "pairs.0.backend_modules"),
+        ('backend_modules = ["json"]', 'backend_modules = ["json:"]', "pairs.0.backend_modules"),
+        ('backend_modules = ["json"]', 'backend_modules = [":x"]', "pairs.0.backend_modules"),
     ],
 )
 def test_malformed_matrix_names_the_field(
@@ -145,6 +149,56 @@ def test_vllm_version_check() -> None:
         check_vllm_version(pair, None)
 
 
+@pytest.mark.parametrize(
+    ("installed", "accepted"),
+    [("0.24.0+9114fd76", True), ("0.24.0+cu130", True), ("0.24.0.post1", False),
+     ("0.24.0rc1", False), ("0.24", True), ("not a version", False)],
+)  # fmt: skip
+def test_vllm_version_check_ignores_only_a_local_label(installed: str, accepted: bool) -> None:
+    # NGC builds report e.g. 0.11.1+9114fd76 (vllm-project/vllm#31424); pip's ==0.24.0 takes
+    # those too, and nothing else.
+    pair = load_matrix().for_triton("26.07")
+    if accepted:
+        check_vllm_version(pair, installed)
+    else:
+        with pytest.raises(CompatError, match="does not match"):
+            check_vllm_version(pair, installed)
+
+
+def test_pins_check_names_every_wrong_distribution() -> None:
+    pair = load_matrix().default
+    right = {"torch": "2.13.0+cu130", "torchaudio": "2.11.0", "torchvision": "0.28.0"}
+    check_pins(pair, right.get)
+    with pytest.raises(CompatError) as err:
+        check_pins(pair, (right | {"torch": "2.12.0"} | {"torchvision": None}).get)
+    message = str(err.value)
+    assert "torch 2.12.0; no torchvision" in message and "torch==2.13.0" in message
+    assert "torchaudio" not in message.partition("but found")[2]
+
+
+def test_image_constraints_pin_the_pair_then_everything_else(tmp_path: Path) -> None:
+    pair = load_matrix(write(tmp_path, GOOD)).default
+    pair_file = constraints_text(pair)
+    installed = {"vllm": "0.27.1+abc", "torch": "2.9.0", "numpy": "2.3.1", "llm-serving": "1.0"}
+    text = image_constraints_text(pair, pair_file, installed)
+    assert text.startswith(pair_file)
+    pins = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert pins == ["vllm==0.27.1", "torch==2.9.0", "llm-serving==1.0", "numpy==2.3.1"]
+    with pytest.raises(CompatError, match=r"torch 2\.8\.0"):
+        image_constraints_text(pair, pair_file, installed | {"torch": "2.8.0"})
+    with pytest.raises(CompatError, match=r"vllm 0\.26\.0"):
+        image_constraints_text(pair, pair_file, installed | {"vllm": "0.26.0"})
+    other = load_matrix().for_triton("26.07")
+    with pytest.raises(CompatError, match=r"not the one of Triton 26\.07"):
+        image_constraints_text(other, pair_file, installed)
+
+
+def test_probe_imports_checks_names_taken_from_a_module() -> None:
+    failures = probe_imports(("json:loads", "json:no_such_name", "os.path:join"))
+    assert list(failures) == ["json:no_such_name"]
+    assert "cannot import name 'no_such_name' from 'json'" in failures["json:no_such_name"]
+
+
 def test_installed_vllm_is_the_default_pairs() -> None:
     # The dev environment installs the default pair's vLLM (Makefile VLLM_VERSION).
     assert compat.installed_vllm_version() == load_matrix().default.vllm
@@ -169,8 +223,14 @@ def test_main_prints_constraints_and_checks(
     assert "vllm==0.27.1" in capsys.readouterr().out
     assert compat.main(["check", "--triton", "26.07"]) == 1
     assert "vllm==0.24.0" in capsys.readouterr().err
-    assert compat.main(["check", "--matrix", str(write(tmp_path, GOOD))]) == 0
-    assert "matches Triton 26.08" in capsys.readouterr().out
+    # This environment's torch is 2.13.0+cpu: a matrix pinning 2.13.0 matches it.
+    matching = write(tmp_path, GOOD.replace('torch = "2.9.0"', 'torch = "2.13.0"'))
+    assert compat.main(["check", "--matrix", str(matching)]) == 0
+    assert "vllm 0.27.1 and its pins match Triton 26.08" in capsys.readouterr().out
+    assert compat.main(["check", "--matrix", str(write(tmp_path, GOOD))]) == 1
+    assert "torch 2.13.0+cpu" in capsys.readouterr().err
+    assert compat.main(["probe", "json", "json:nope"]) == 1
+    assert capsys.readouterr().out.startswith("json:nope\tImportError")
 
 
 def test_environment_override_of_the_matrix_file(

@@ -17,55 +17,23 @@ import subprocess
 import sys
 import venv
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.support.dockerfile import Stage, dockerfile_stages
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "images" / "serving" / "Dockerfile"
 CONSTRAINTS = ROOT / "images" / "serving" / "constraints.txt"
 
+NATIVE_MODULES = (
+    "runtime/constraints/_engine",
+    "runtime/entrypoint/_relay",
+    "runtime/metrics_proxy/_metrics",
+)
+
 pytestmark = pytest.mark.timeout(900)
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One ``FROM`` stage: its name and its instructions, continuation lines joined."""
-
-    name: str
-    instructions: tuple[tuple[str, str], ...]
-
-    def args(self, keyword: str) -> list[str]:
-        return [rest for kw, rest in self.instructions if kw == keyword]
-
-
-def dockerfile_stages(text: str) -> dict[str, Stage]:
-    """The stages of a Dockerfile by name (``AS name``, else their index)."""
-    logical: list[str] = []
-    pending = ""
-    for line in text.splitlines():
-        if not pending and (not line.strip() or line.lstrip().startswith("#")):
-            continue
-        if line.rstrip().endswith("\\"):
-            pending += line.rstrip()[:-1] + " "
-            continue
-        logical.append(pending + line)
-        pending = ""
-    stages: dict[str, Stage] = {}
-    name, body = "", []
-    for instruction in logical:
-        keyword, _, rest = instruction.strip().partition(" ")
-        if keyword.upper() == "FROM":
-            if name:
-                stages[name] = Stage(name, tuple(body))
-            words = rest.split()
-            name = words[2] if len(words) == 3 and words[1].upper() == "AS" else str(len(stages))
-            body = []
-        elif name:
-            body.append((keyword.upper(), rest.strip()))
-    stages[name] = Stage(name, tuple(body))
-    return stages
 
 
 def dockerignore_patterns() -> list[str]:
@@ -176,7 +144,9 @@ def installed(built_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 def test_dockerfile_parser_reads_the_stages(stages: dict[str, Stage]) -> None:
     assert list(stages) == ["builder", "1"]
     assert any(" pip wheel " in run for run in stages["builder"].args("RUN"))
-    assert stages["1"].args("ENTRYPOINT") == ['["python3", "-m", "runtime.entrypoint"]']
+    assert stages["1"].args("ENTRYPOINT") == [
+        '["/opt/nvidia/nvidia_entrypoint.sh", "python3", "-m", "runtime.entrypoint"]'
+    ]
 
 
 @pytest.mark.parametrize(
@@ -203,7 +173,7 @@ def test_builder_context_is_the_sources(tmp_path: Path, stages: dict[str, Stage]
 
 def test_wheel_holds_the_native_modules_and_every_runtime_file(built_wheel: Path) -> None:
     names = set(zipfile.ZipFile(built_wheel).namelist())
-    for module in ("runtime/constraints/_engine", "runtime/entrypoint/_relay"):
+    for module in NATIVE_MODULES:
         assert any(n.startswith(module) and n.endswith(".so") for n in names), module
     assert "runtime/compat.toml" in names
     tracked = subprocess.run(
@@ -217,9 +187,9 @@ def test_wheel_holds_the_native_modules_and_every_runtime_file(built_wheel: Path
 
 
 def test_installed_wheel_works_without_the_source_tree(installed: Path, tmp_path: Path) -> None:
+    natives = ", ".join(m.replace("/", ".") for m in NATIVE_MODULES)
     probe = (
-        "import importlib.metadata as m, runtime, runtime.constraints._engine, "
-        "runtime.entrypoint._relay; print(runtime.__file__); "
+        f"import importlib.metadata as m, runtime, {natives}; print(runtime.__file__); "
         "print(sorted(e.value for e in m.entry_points(group='vllm.logits_processors')))"
     )
     done = subprocess.run(
@@ -263,3 +233,57 @@ def test_installed_entrypoint_fails_its_first_stage_in_one_line(
     )
     assert done.returncode == 11, done.stderr
     assert "locate" in done.stderr
+
+
+def _fake_image_site(folder: Path, versions: dict[str, str]) -> Path:
+    """Distributions as the NGC base image would hold them, as bare ``.dist-info`` metadata."""
+    for name, version in versions.items():
+        info = folder / f"{name}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    return folder
+
+
+IMAGE_PINS = {
+    "vllm": "0.27.1+9114fd76",  # NGC builds carry a local label
+    "torch": "2.13.0+cu130",
+    "torchaudio": "2.11.0",
+    "torchvision": "0.28.0",
+}
+
+
+@pytest.mark.parametrize(
+    ("changed", "release", "error"),
+    [
+        ({}, "26.08", None),
+        ({"torch": "2.12.0"}, "26.08", "torch 2.12.0"),
+        ({"vllm": "0.24.0"}, "26.08", "installed vllm 0.24.0"),
+        ({}, "26.07", "not the one of Triton 26.07"),
+    ],
+    ids=["the-pair", "other-torch", "other-vllm", "other-release"],
+)
+def test_installed_image_constraints_check_the_base_and_pin_everything(
+    installed: Path, tmp_path: Path, changed: dict[str, str], release: str, error: str | None
+) -> None:
+    site = _fake_image_site(tmp_path / "base", IMAGE_PINS | changed)
+    done = subprocess.run(
+        [str(installed), "-m", "runtime.compat", "image-constraints", "--triton", release,
+         "--pair-file", str(CONSTRAINTS)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=_clean_env(PYTHONPATH=str(site)),
+    )  # fmt: skip
+    if error is not None:
+        assert done.returncode == 1 and error in done.stderr, done.stderr
+        assert done.stdout == ""
+        return
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(CONSTRAINTS.read_text())
+    pins = [line for line in done.stdout.splitlines() if line and not line.startswith("#")]
+    names = [line.partition("==")[0] for line in pins]
+    assert len(names) == len(set(names)), "one pin per distribution"
+    # Everything the image holds is pinned, the runtime's own dependencies included.
+    assert {"llm-serving", "pydantic", "protobuf", "tritonclient"} <= set(names)
+    # The pair's pins stay as the pair spells them; the rest as installed.
+    assert "torch==2.13.0" in pins and "vllm==0.27.1" in pins
