@@ -195,6 +195,19 @@ def file_entry(path: Path, relative: str) -> FileEntry:
 
 
 def _weight_sources(source: Path, spec: PackageSpec) -> list[SourceFile]:
+    # The weights sit in the version folder beside the archive and the manifest, under the
+    # path they have in the source tree, so that path must not be the root or their names.
+    if spec.weights == ".":
+        raise PackageError(
+            "weights: '.' is the whole source tree; put the weights in their own folder "
+            "(weights: weights)"
+        )
+    top = spec.weights.split("/", 1)[0]
+    if top in (ARCHIVE_NAME, MANIFEST_NAME):
+        raise PackageError(
+            f"weights: {spec.weights} collides with the version folder's own {top}; "
+            "rename it, e.g. put the weights in a folder named weights"
+        )
     files = collect(source, spec.weights, "weights")
     if not files:
         raise PackageError(f"weights: {spec.weights}/ has no files")

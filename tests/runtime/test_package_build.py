@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tarfile
 from pathlib import Path
 
@@ -173,6 +174,31 @@ def test_paths_outside_the_root_are_refused(
     with pytest.raises(PackageError) as err:
         build_package(source, tmp_path / "out")
     assert field in str(err.value) and expected in str(err.value) and value in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("weights", "expected"),
+    [
+        (".", "weights: '.' is the whole source tree"),
+        ("package.tar", "weights: package.tar collides with the version folder's own package.tar"),
+        ("manifest.json", "weights: manifest.json collides with the version folder's own manif"),
+        ("package.tar/shards", "weights: package.tar/shards collides with the version folder"),
+    ],
+)
+def test_weights_path_must_not_be_the_root_or_a_package_file(
+    tmp_path: Path, weights: str, expected: str
+) -> None:
+    source = make_source(tmp_path / "src")
+    target = source / weights
+    if weights != ".":
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(b"\x00" * 64)
+    spec = _spec(source)
+    spec["weights"] = weights
+    _write_spec(source, spec)
+    with pytest.raises(PackageError, match=re.escape(expected)):
+        build_package(source, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_absolute_plugin_path_is_refused(tmp_path: Path) -> None:
