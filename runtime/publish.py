@@ -5,16 +5,23 @@ metadata. Large files go up as parallel multipart uploads that a later run resum
 open upload in S3 and keeps every part whose ETag matches), files already there with the same
 checksum are skipped, and ``manifest.json`` is written last, so a reader that finds the manifest
 finds every file it lists.
+
+S3 cannot return the metadata of an open multipart upload, so each one gets a small record
+object under ``<version>/.publish/`` saying which content (sha256, size) and part size it was
+opened for; a resume that finds another content, or no record, aborts the upload and starts
+again. The records are removed before the manifest is written.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,6 +33,7 @@ from runtime.package.manifest import MANIFEST_NAME, FileEntry, load_manifest
 
 __all__ = [
     "DEFAULT_PART_SIZE",
+    "PartLayout",
     "PlanItem",
     "PublishError",
     "PublishPlan",
@@ -39,8 +47,13 @@ __all__ = [
 DEFAULT_PART_SIZE = 64 << 20
 _MIN_PART_SIZE = 5 << 20  # S3's floor for every part but the last
 _SHA_KEY = "sha256"
-Action = Literal["upload", "resume", "replace", "skip"]
+_RECORDS = ".publish/"  # under the version prefix: one record per open multipart upload
+Action = Literal["upload", "resume", "restart", "replace", "skip"]
 Progress = Callable[[int], None]
+PartETags = tuple[tuple[int, str], ...]
+"""``(part number, md5 hex)`` of the parts an open upload already holds."""
+
+logger = logging.getLogger(__name__)
 
 
 class PublishError(RuntimeError):
@@ -48,14 +61,48 @@ class PublishError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class PartLayout:
+    """How a file of ``size`` bytes is cut for multipart: ``part_size`` bytes a part, the last
+    one shorter."""
+
+    size: int
+    part_size: int
+
+    @property
+    def count(self) -> int:
+        """Number of parts; an empty file still has one."""
+        return max(1, -(-self.size // self.part_size))
+
+    def length(self, number: int) -> int:
+        """Bytes in part ``number`` (1-based)."""
+        return min(self.part_size, self.size - (number - 1) * self.part_size)
+
+
+@dataclass(frozen=True)
 class PlanItem:
-    """What publishing does with one file."""
+    """What publishing does with one file.
+
+    ``upload_id`` is the open upload to continue (``resume``) or to abort first (``restart``);
+    ``kept_parts`` are the parts a resumed upload already holds.
+    """
 
     key: str
     entry: FileEntry
     action: Action
     reason: str
+    layout: PartLayout
     upload_id: str | None = None
+    kept_parts: PartETags = ()
+
+
+@dataclass(frozen=True)
+class _UploadRecord:
+    """What an open multipart upload was opened for, stored beside it as JSON."""
+
+    upload_id: str
+    sha256: str
+    size: int
+    part_size: int
 
 
 @dataclass(frozen=True)
@@ -65,6 +112,11 @@ class PublishPlan:
     bucket: str
     items: tuple[PlanItem, ...]
     manifest_key: str
+
+    @property
+    def prefix(self) -> str:
+        """The version's key prefix, ending in ``/``."""
+        return self.manifest_key.removesuffix(MANIFEST_NAME)
 
     @property
     def bytes_to_send(self) -> int:
@@ -93,6 +145,76 @@ def _open_upload(client: Any, bucket: str, key: str) -> str | None:
     return uploads[-1]["UploadId"] if uploads else None
 
 
+def _record_key(prefix: str, entry: FileEntry) -> str:
+    return f"{prefix}{_RECORDS}{entry.path}.json"
+
+
+def _read_record(client: Any, bucket: str, key: str) -> _UploadRecord | None:
+    """The record at ``key``, or None when there is none or it cannot be understood."""
+    try:
+        body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise PublishError(f"cannot read s3://{bucket}/{key}: {exc}") from exc
+    try:
+        record = _UploadRecord(**json.loads(body))
+    except (ValueError, TypeError):
+        return None  # not ours or damaged: the upload is then treated as of unknown content
+    fields = (record.upload_id, record.sha256, record.size, record.part_size)
+    return record if tuple(map(type, fields)) == (str, str, int, int) else None
+
+
+def _kept_parts(client: Any, bucket: str, key: str, upload_id: str) -> dict[int, tuple[str, int]]:
+    """``{part number: (md5 hex, size)}`` of the parts the open upload holds."""
+    kept: dict[int, tuple[str, int]] = {}
+    paginator = client.get_paginator("list_parts")
+    for page in paginator.paginate(Bucket=bucket, Key=key, UploadId=upload_id):
+        for part in page.get("Parts", []):
+            kept[part["PartNumber"]] = (part["ETag"].strip('"'), part["Size"])
+    return kept
+
+
+def _resume_or_restart(
+    client: Any,
+    bucket: str,
+    key: str,
+    entry: FileEntry,
+    upload_id: str,
+    record: _UploadRecord | None,
+    layout: PartLayout,
+) -> PlanItem:
+    """Resume the open upload only if its record says it holds this very file, cut as recorded.
+
+    S3 fixes an upload's metadata (our sha256) when it is opened, so an upload of older content
+    cannot be repaired by replacing parts: it is aborted and a fresh one opened (``restart``).
+    """
+    if record is None or record.upload_id != upload_id:
+        reason = "open multipart upload has no record of its content"
+        return PlanItem(key, entry, "restart", reason, layout, upload_id)
+    if (record.sha256, record.size) != (entry.sha256, entry.size):
+        reason = (
+            f"open multipart upload is of sha256 {record.sha256} ({record.size:,d} bytes), "
+            f"the file is now {entry.sha256} ({entry.size:,d} bytes)"
+        )
+        return PlanItem(key, entry, "restart", reason, layout, upload_id)
+    if record.part_size < _MIN_PART_SIZE:
+        reason = f"open multipart upload has an invalid part size {record.part_size:,d}"
+        return PlanItem(key, entry, "restart", reason, layout, upload_id)
+    recorded = PartLayout(entry.size, record.part_size)
+    kept = _kept_parts(client, bucket, key, upload_id)
+    for number, (_, size) in sorted(kept.items()):
+        if number > recorded.count or size != recorded.length(number):
+            reason = (
+                f"open multipart upload's part {number} is {size:,d} bytes, its recorded "
+                f"layout ({recorded.part_size:,d}-byte parts) says otherwise"
+            )
+            return PlanItem(key, entry, "restart", reason, layout, upload_id)
+    reason = f"open multipart upload, {len(kept)} of {recorded.count} parts in the bucket"
+    etags = tuple((number, md5) for number, (md5, _) in sorted(kept.items()))
+    return PlanItem(key, entry, "resume", reason, recorded, upload_id, etags)
+
+
 def _check_present(folder: Path, entries: list[FileEntry]) -> None:
     """Every listed file is readable and of the listed size, checked before any S3 call."""
     for entry in entries:
@@ -118,7 +240,13 @@ def _check_present(folder: Path, entries: list[FileEntry]) -> None:
             )
 
 
-def plan_publish(client: Any, folder: Path, bucket: str, root: str = "models") -> PublishPlan:
+def plan_publish(
+    client: Any,
+    folder: Path,
+    bucket: str,
+    root: str = "models",
+    part_size: int = DEFAULT_PART_SIZE,
+) -> PublishPlan:
     """Decide, for every file of the version folder, whether to upload, resume or skip it."""
     manifest = load_manifest(folder / MANIFEST_NAME)
     entries = [manifest.archive, *manifest.weight_files]
@@ -139,19 +267,23 @@ def plan_publish(client: Any, folder: Path, bucket: str, root: str = "models") -
     items = []
     for entry in entries:
         key = prefix + entry.path
+        layout = PartLayout(entry.size, max(part_size, _MIN_PART_SIZE))
         head = _head(client, bucket, key)
         if head is not None:
             remote_sha = head.get("Metadata", {}).get(_SHA_KEY)
             if remote_sha == entry.sha256 and head["ContentLength"] == entry.size:
-                items.append(PlanItem(key, entry, "skip", "same sha256 already in the bucket"))
+                reason = "same sha256 already in the bucket"
+                items.append(PlanItem(key, entry, "skip", reason, layout))
                 continue
-            items.append(PlanItem(key, entry, "replace", f"bucket has sha256 {remote_sha}"))
+            reason = f"bucket has sha256 {remote_sha}"
+            items.append(PlanItem(key, entry, "replace", reason, layout))
             continue
         upload_id = _open_upload(client, bucket, key)
-        if upload_id is not None:
-            items.append(PlanItem(key, entry, "resume", "open multipart upload", upload_id))
-        else:
-            items.append(PlanItem(key, entry, "upload", "not in the bucket"))
+        if upload_id is None:
+            items.append(PlanItem(key, entry, "upload", "not in the bucket", layout))
+            continue
+        record = _read_record(client, bucket, _record_key(prefix, entry))
+        items.append(_resume_or_restart(client, bucket, key, entry, upload_id, record, layout))
     return PublishPlan(bucket=bucket, items=tuple(items), manifest_key=manifest_key)
 
 
@@ -180,16 +312,9 @@ class _Uploader:
     """Uploads one plan with a shared thread pool; reports sent bytes to ``progress``."""
 
     def __init__(
-        self,
-        client: Any,
-        folder: Path,
-        plan: PublishPlan,
-        part_size: int,
-        workers: int,
-        progress: Progress | None,
+        self, client: Any, folder: Path, plan: PublishPlan, workers: int, progress: Progress | None
     ) -> None:
         self.client, self.folder, self.plan = client, folder, plan
-        self.part_size = max(part_size, _MIN_PART_SIZE)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="publish")
         self._progress = progress
         self._lock = threading.Lock()
@@ -201,6 +326,9 @@ class _Uploader:
 
     def run(self) -> None:
         try:
+            for item in self.plan.items:
+                if item.action == "restart":
+                    self._abort(item)
             small = [i for i in self.plan.items if i.action != "skip" and not self._multipart(i)]
             futures = [self.pool.submit(self._put, item) for item in small]
             for item in self.plan.items:
@@ -212,7 +340,24 @@ class _Uploader:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
     def _multipart(self, item: PlanItem) -> bool:
-        return item.entry.size > self.part_size or item.upload_id is not None
+        return item.action == "resume" or item.layout.count > 1
+
+    def _abort(self, item: PlanItem) -> None:
+        logger.warning(
+            "s3://%s/%s: aborting multipart upload %s (%s); starting a fresh one",
+            self.plan.bucket,
+            item.key,
+            item.upload_id,
+            item.reason,
+        )
+        try:
+            self.client.abort_multipart_upload(
+                Bucket=self.plan.bucket, Key=item.key, UploadId=item.upload_id
+            )
+        except ClientError as exc:
+            # Gone since planning (a lifecycle rule, another run): nothing left to abort.
+            if exc.response.get("Error", {}).get("Code") != "NoSuchUpload":
+                raise
 
     def _put(self, item: PlanItem) -> None:
         body = (self.folder / item.entry.path).read_bytes()
@@ -225,40 +370,45 @@ class _Uploader:
         self.sent(len(body))
 
     def _upload_multipart(self, item: PlanItem) -> None:
-        bucket, key = self.plan.bucket, item.key
-        upload_id = item.upload_id
-        kept: dict[int, str] = {}
-        if upload_id is None:
+        bucket, key, layout = self.plan.bucket, item.key, item.layout
+        if item.action == "resume" and item.upload_id is not None:
+            upload_id, kept = item.upload_id, dict(item.kept_parts)
+        else:
             upload_id = self.client.create_multipart_upload(
                 Bucket=bucket, Key=key, Metadata={_SHA_KEY: item.entry.sha256}
             )["UploadId"]
-        else:
-            kept = self._kept_parts(bucket, key, upload_id)
+            # Cut short before this put, the upload has no record: the next run restarts it.
+            record = _UploadRecord(upload_id, item.entry.sha256, layout.size, layout.part_size)
+            self.client.put_object(
+                Bucket=bucket,
+                Key=_record_key(self.plan.prefix, item.entry),
+                Body=json.dumps(asdict(record)).encode(),
+                ContentType="application/json",
+            )
+            kept = {}
         path = self.folder / item.entry.path
-        count = max(1, -(-item.entry.size // self.part_size))
         futures = {
-            number: self.pool.submit(self._part, path, bucket, key, upload_id, number, kept)
-            for number in range(1, count + 1)
+            number: self.pool.submit(self._part, path, bucket, key, upload_id, layout, number, kept)
+            for number in range(1, layout.count + 1)
         }
         parts = [{"PartNumber": n, "ETag": f.result()} for n, f in futures.items()]
         self.client.complete_multipart_upload(
             Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
         )
 
-    def _kept_parts(self, bucket: str, key: str, upload_id: str) -> dict[int, str]:
-        kept: dict[int, str] = {}
-        paginator = self.client.get_paginator("list_parts")
-        for page in paginator.paginate(Bucket=bucket, Key=key, UploadId=upload_id):
-            for part in page.get("Parts", []):
-                kept[part["PartNumber"]] = part["ETag"].strip('"')
-        return kept
-
     def _part(
-        self, path: Path, bucket: str, key: str, upload_id: str, number: int, kept: dict[int, str]
+        self,
+        path: Path,
+        bucket: str,
+        key: str,
+        upload_id: str,
+        layout: PartLayout,
+        number: int,
+        kept: dict[int, str],
     ) -> str:
         with path.open("rb") as handle:
-            handle.seek((number - 1) * self.part_size)
-            data = handle.read(self.part_size)
+            handle.seek((number - 1) * layout.part_size)
+            data = handle.read(layout.part_size)
         md5 = hashlib.md5(data, usedforsecurity=False).hexdigest()
         if kept.get(number) == md5:
             self.sent(len(data))  # already in S3 from an earlier, interrupted run
@@ -268,6 +418,14 @@ class _Uploader:
         )
         self.sent(len(data))
         return response["ETag"]
+
+
+def _remove_records(client: Any, plan: PublishPlan) -> None:
+    """Delete every upload record of the version; run before the manifest makes it visible."""
+    paginator = client.get_paginator("list_objects_v2")
+    for page in paginator.paginate(Bucket=plan.bucket, Prefix=plan.prefix + _RECORDS):
+        for obj in page.get("Contents", []):
+            client.delete_object(Bucket=plan.bucket, Key=obj["Key"])
 
 
 def _check_remote(client: Any, plan: PublishPlan) -> None:
@@ -297,7 +455,7 @@ def publish(
 ) -> PublishPlan:
     """Publish ``folder`` (a built version) to ``bucket``; returns the plan it carried out."""
     try:
-        plan = plan_publish(client, folder, bucket, root)
+        plan = plan_publish(client, folder, bucket, root, part_size)
     except PackageError as exc:
         raise PublishError(str(exc)) from exc
     if on_plan is not None:
@@ -307,8 +465,9 @@ def publish(
     for item in plan.items:
         if item.action != "skip":
             _check_local(folder, item.entry)
-    _Uploader(client, folder, plan, part_size, workers, progress).run()
+    _Uploader(client, folder, plan, workers, progress).run()
     _check_remote(client, plan)
+    _remove_records(client, plan)
     manifest_path = folder / MANIFEST_NAME
     client.put_object(
         Bucket=bucket,

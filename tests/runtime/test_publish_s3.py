@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,11 +28,12 @@ class Interrupted(Exception):
 
 
 class CountingClient:
-    """Passes every call to the real client and counts uploads."""
+    """Passes every call to the real client, counts uploads and notes the part numbers sent."""
 
     def __init__(self, client: Any) -> None:
         self._client = client
         self.calls: dict[str, int] = {}
+        self.parts: list[int] = []
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._client, name)
@@ -37,6 +41,8 @@ class CountingClient:
 
             def counted(*args: Any, **kwargs: Any) -> Any:
                 self.calls[name] = self.calls.get(name, 0) + 1
+                if name == "upload_part":
+                    self.parts.append(kwargs["PartNumber"])
                 return attr(*args, **kwargs)
 
             return counted
@@ -55,6 +61,23 @@ def version(tmp_path: Path) -> Path:
 def keys(client: Any, bucket: str) -> set[str]:
     response = client.list_objects_v2(Bucket=bucket)
     return {o["Key"] for o in response.get("Contents", [])}
+
+
+def publish_cut_after_first_part(client: Any, version: Path, bucket: str) -> set[int]:
+    """Publish until the first 5 MiB part is in S3, then stop; returns the parts kept there."""
+    sent = 0
+
+    def cut_after_first_part(n: int) -> None:
+        nonlocal sent
+        sent += n
+        if sent >= PART:
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        publish(client, version, bucket, part_size=PART, workers=1, progress=cut_after_first_part)
+    (upload,) = client.list_multipart_uploads(Bucket=bucket)["Uploads"]
+    listed = client.list_parts(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+    return {part["PartNumber"] for part in listed.get("Parts", [])}
 
 
 def test_publish_uploads_everything_and_manifest_last(
@@ -103,23 +126,9 @@ def test_second_publish_skips_files_with_the_same_checksum(
 def test_interrupted_upload_resumes_without_resending_parts(
     s3_client: Any, bucket: str, version: Path
 ) -> None:
-    sent = 0
-
-    def cut_after_first_part(n: int) -> None:
-        nonlocal sent
-        sent += n
-        if sent >= PART:
-            raise Interrupted
-
-    with pytest.raises(Interrupted):
-        publish(
-            s3_client, version, bucket, part_size=PART, workers=1, progress=cut_after_first_part
-        )
+    kept_parts = len(publish_cut_after_first_part(s3_client, version, bucket))
     assert PREFIX + "manifest.json" not in keys(s3_client, bucket)
     assert PREFIX + "weights/model.safetensors" not in keys(s3_client, bucket)
-    (upload,) = s3_client.list_multipart_uploads(Bucket=bucket)["Uploads"]
-    kept = s3_client.list_parts(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
-    kept_parts = len(kept.get("Parts", []))
     assert 1 <= kept_parts < 3
 
     client = CountingClient(s3_client)
@@ -247,3 +256,62 @@ def test_unreadable_or_resized_file_fails_before_the_first_upload(
         publish(client, version, bucket, part_size=PART)
     assert client.calls == {}
     assert keys(s3_client, bucket) == set()
+
+
+def test_resume_after_a_rebuild_restarts_the_upload_in_the_same_run(
+    s3_client: Any, bucket: str, version: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    weights = tmp_path / "src" / "weights" / "model.safetensors"
+    old = weights.read_bytes()
+    publish_cut_after_first_part(s3_client, version, bucket)
+    # Same size and the same first part, so only the recorded sha256 tells the builds apart.
+    new = old[:PART] + os.urandom(len(old) - PART)
+    shutil.rmtree(version)
+    weights.write_bytes(new)
+    build_package(tmp_path / "src", version)
+
+    client = CountingClient(s3_client)
+    with caplog.at_level(logging.WARNING, logger="runtime.publish"):
+        plan = publish(client, version, bucket, part_size=PART, workers=2)
+    item = {i.key: i for i in plan.items}[PREFIX + "weights/model.safetensors"]
+    assert item.action == "restart"
+    assert f"the file is now {hashlib.sha256(new).hexdigest()}" in item.reason
+    assert f"aborting multipart upload {item.upload_id}" in caplog.text
+    assert "starting a fresh one" in caplog.text
+    assert client.calls["create_multipart_upload"] == 1
+    assert sorted(client.parts) == [1, 2, 3]
+    assert s3_client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    body = s3_client.get_object(Bucket=bucket, Key=PREFIX + "weights/model.safetensors")["Body"]
+    assert body.read() == new
+    assert PREFIX + "manifest.json" in keys(s3_client, bucket)
+    assert not any("/.publish/" in key for key in keys(s3_client, bucket))
+
+
+def test_open_upload_without_a_record_is_restarted(
+    s3_client: Any, bucket: str, version: Path
+) -> None:
+    # As an earlier publish, or one cut short between opening the upload and its record, leaves.
+    key = PREFIX + "weights/model.safetensors"
+    s3_client.create_multipart_upload(Bucket=bucket, Key=key, Metadata={"sha256": "0" * 64})
+    plan = publish(s3_client, version, bucket, part_size=PART)
+    item = {i.key: i for i in plan.items}[key]
+    assert (item.action, item.reason) == (
+        "restart",
+        "open multipart upload has no record of its content",
+    )
+    assert s3_client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    assert PREFIX + "manifest.json" in keys(s3_client, bucket)
+
+
+def test_resume_cuts_the_file_as_the_upload_was_opened(
+    s3_client: Any, bucket: str, version: Path
+) -> None:
+    kept = publish_cut_after_first_part(s3_client, version, bucket)
+    client = CountingClient(s3_client)
+    # A larger configured part size must not change the layout of the upload already open.
+    plan = publish(client, version, bucket, part_size=2 * PART)
+    item = {i.key: i for i in plan.items}[PREFIX + "weights/model.safetensors"]
+    assert sorted(client.parts) == sorted({1, 2, 3} - kept)
+    assert (item.action, item.layout.part_size) == ("resume", PART)
+    body = s3_client.get_object(Bucket=bucket, Key=PREFIX + "weights/model.safetensors")["Body"]
+    assert body.read() == (version / "weights" / "model.safetensors").read_bytes()
