@@ -7,7 +7,13 @@ from runtime.frontend.tensors import FRONTEND_INPUTS, FRONTEND_OUTPUTS, Frontend
 from runtime.package.errors import PackageError
 from runtime.package.manifest import PythonModel, TensorSpec
 
-__all__ = ["check_python_model"]
+__all__ = ["SENT_SHAPE", "check_python_model"]
+
+# The shape the request builder (`runtime.frontend.kserve_engine._request`) gives every input:
+# one element. The entrypoint renders python models with ``max_batch_size: 0`` (the manifest
+# has no batching setting), so Triton matches it against the declared dims as they are, with
+# no batch dimension in front: same rank, and each dim equal or -1.
+SENT_SHAPE: tuple[int, ...] = (1,)
 
 
 def check_python_model(model: PythonModel) -> None:
@@ -44,6 +50,11 @@ def _compare(
                 f"{kind} {tensor.name} is {tensor.data_type}, "
                 f"the frontend uses {expected.data_type}"
             )
+        if sends and not _accepts(tensor.dims, SENT_SHAPE):
+            problems.append(
+                f"input {tensor.name} declares dims {tensor.dims} but the frontend sends shape "
+                f"{list(SENT_SHAPE)} (max_batch_size 0): declare dims {list(SENT_SHAPE)} or [-1]"
+            )
         if sends and expected.required and tensor.optional:
             problems.append(
                 f"input {tensor.name} must not be optional: the frontend always sends it"
@@ -57,3 +68,8 @@ def _compare(
         if sends and name not in known and not tensor.optional:
             problems.append(f"input {name} is required but the frontend never sends it")
     return problems
+
+
+def _accepts(dims: list[int], shape: tuple[int, ...]) -> bool:
+    """Whether Triton takes a ``shape`` request tensor for an input declaring ``dims``."""
+    return len(dims) == len(shape) and all(d in (-1, n) for d, n in zip(dims, shape, strict=True))

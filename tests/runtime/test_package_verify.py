@@ -10,6 +10,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import yaml
 
 from runtime.frontend.tensors import FRONTEND_INPUTS, FRONTEND_OUTPUTS
 from runtime.package import (
@@ -198,6 +199,46 @@ def test_python_model_mismatch_is_named(change, expected: str) -> None:  # type:
     with pytest.raises(PackageError, match="python_model tensors do not match") as err:
         check_python_model(model)
     assert expected in str(err.value)
+
+
+@pytest.mark.parametrize("dims", [[4, 4], [4], [1, 1], [-1, -1], [2]])
+def test_python_model_input_dims_must_take_the_shape_the_frontend_sends(dims: list[int]) -> None:
+    model = _frontend_model()
+    model.inputs[0] = TensorSpec(name="text_input", data_type="TYPE_STRING", dims=dims)
+    with pytest.raises(PackageError) as err:
+        check_python_model(model)
+    assert (
+        f"input text_input declares dims {dims} but the frontend sends shape [1] "
+        "(max_batch_size 0): declare dims [1] or [-1]"
+    ) in str(err.value)
+
+
+def test_build_refuses_python_model_input_dims_the_frontend_does_not_send(tmp_path: Path) -> None:
+    inputs = [t.model_dump() for t in _frontend_model().inputs]
+    inputs[0]["dims"] = [4, 4]
+    source = make_source(
+        tmp_path / "src",
+        backend="python",
+        python_model={
+            "inputs": inputs,
+            "outputs": [{"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]}],
+        },
+    )
+    (source / "python").mkdir()
+    (source / "python" / "model.py").write_text("class TritonPythonModel: ...\n")
+    with pytest.raises(PackageError, match=r"input text_input declares dims \[4, 4\]"):
+        build_package(source, tmp_path / "out")
+    spec = yaml.safe_load((source / "package.yaml").read_text())
+    spec["python_model"]["inputs"][0]["dims"] = [1]
+    (source / "package.yaml").write_text(yaml.safe_dump(spec))
+    assert build_package(source, tmp_path / "out").python_model is not None
+
+
+def test_python_model_input_dims_may_be_variable_and_outputs_any_shape() -> None:
+    model = _frontend_model()
+    model.inputs[1] = TensorSpec(name="stream", data_type="TYPE_BOOL", dims=[-1], optional=True)
+    model.outputs[0] = TensorSpec(name="text_output", data_type="TYPE_STRING", dims=[-1, 4])
+    check_python_model(model)
 
 
 def test_build_refuses_python_model_the_frontend_cannot_call(tmp_path: Path) -> None:
