@@ -20,6 +20,7 @@ from runtime.constraints.catalog import CatalogError, read_catalog
 from runtime.package.errors import PackageError
 from runtime.package.manifest import (
     ARCHIVE_NAME,
+    FORMAT_VERSION,
     MANIFEST_NAME,
     Catalog,
     FileEntry,
@@ -242,6 +243,7 @@ def _manifest(
 ) -> Manifest:
     try:
         return Manifest(
+            format_version=FORMAT_VERSION,
             model_id=spec.model_id,
             model_version=spec.model_version,
             backend=spec.backend,

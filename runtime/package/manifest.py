@@ -132,7 +132,9 @@ class PythonModel(_Strict):
 class Manifest(_Strict):
     """What a model version is and every file it consists of (``format_version`` 1)."""
 
-    format_version: Literal[1] = FORMAT_VERSION
+    format_version: Literal[1] = Field(
+        description="manifest format; required, so a reader can refuse a format it does not know"
+    )
     model_id: str = Field(pattern=_ID_PATTERN, description="model id (DNS label style)")
     model_version: str = Field(pattern=_ID_PATTERN, description="model version")
     backend: Literal["vllm", "python"] = Field(
@@ -223,11 +225,15 @@ def load_manifest(path: Path) -> Manifest:
         raise PackageError(f"cannot read manifest {path}: {exc}") from exc
     except json.JSONDecodeError as exc:
         raise PackageError(f"manifest {path} is not valid JSON: {exc}") from exc
-    if isinstance(data, dict) and data.get("format_version") not in (None, FORMAT_VERSION):
-        raise PackageError(
-            f"manifest {path} has format_version {data.get('format_version')!r}; this runtime "
-            f"reads format_version {FORMAT_VERSION}: rebuild the package with this version"
-        )
+    if isinstance(data, dict):
+        found = data.get("format_version")
+        # type() rather than isinstance: JSON true is a Python int equal to 1.
+        if type(found) is not int or found != FORMAT_VERSION:
+            said = f"format_version {found!r}" if "format_version" in data else "no format_version"
+            raise PackageError(
+                f"manifest {path} has {said}; this runtime reads format_version "
+                f"{FORMAT_VERSION}: rebuild the package with this version"
+            )
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:

@@ -129,6 +129,25 @@ def test_future_format_version_asks_for_a_rebuild(built: Path) -> None:
         load_manifest(path)
 
 
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [(None, "no format_version"), (True, "format_version True"), ("1", "format_version '1'")],
+)
+def test_manifest_without_format_version_1_is_refused(
+    built: Path, value: object, said: str
+) -> None:
+    path = built / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    if value is None:
+        del data["format_version"]
+    else:
+        data["format_version"] = value
+    path.write_text(json.dumps(data))
+    with pytest.raises(PackageError) as err:
+        load_manifest(path)
+    assert f"has {said}; this runtime reads format_version 1: rebuild the package" in str(err.value)
+
+
 def test_manifest_with_duplicate_paths_is_refused(built: Path) -> None:
     path = built / MANIFEST_NAME
     data = json.loads(path.read_text())
@@ -152,9 +171,11 @@ def test_exported_schema_is_current_and_validates_manifests(built: Path) -> None
     schema = manifest_json_schema()
     data = json.loads((built / MANIFEST_NAME).read_text())
     jsonschema.Draft202012Validator(schema).validate(data)
-    data.pop("archive")
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.Draft202012Validator(schema).validate(data)
+    assert "format_version" in schema["required"]
+    for field in ("archive", "format_version"):
+        incomplete = {k: v for k, v in data.items() if k != field}
+        with pytest.raises(jsonschema.ValidationError, match=f"'{field}' is a required property"):
+            jsonschema.Draft202012Validator(schema).validate(incomplete)
 
 
 def _tensor(name: str, data_type: str, optional: bool) -> TensorSpec:
