@@ -38,6 +38,7 @@ __all__ = [
     "PublishError",
     "PublishPlan",
     "format_plan",
+    "part_layout",
     "plan_publish",
     "publish",
     "run_publish",
@@ -45,7 +46,11 @@ __all__ = [
 ]
 
 DEFAULT_PART_SIZE = 64 << 20
-_MIN_PART_SIZE = 5 << 20  # S3's floor for every part but the last
+# S3's multipart limits: parts of 5 MiB (but the last) to 5 GiB, 10,000 parts, 5 TiB objects.
+_MIN_PART_SIZE = 5 << 20
+_MAX_PART_SIZE = 5 << 30
+_MAX_PARTS = 10_000
+_MAX_OBJECT_SIZE = 5 << 40
 _SHA_KEY = "sha256"
 _RECORDS = ".publish/"  # under the version prefix: one record per open multipart upload
 Action = Literal["upload", "resume", "restart", "replace", "skip"]
@@ -63,7 +68,7 @@ class PublishError(RuntimeError):
 @dataclass(frozen=True)
 class PartLayout:
     """How a file of ``size`` bytes is cut for multipart: ``part_size`` bytes a part, the last
-    one shorter."""
+    one possibly shorter."""
 
     size: int
     part_size: int
@@ -78,12 +83,24 @@ class PartLayout:
         return min(self.part_size, self.size - (number - 1) * self.part_size)
 
 
+def part_layout(size: int, part_size: int = DEFAULT_PART_SIZE) -> PartLayout:
+    """The layout for ``size`` bytes: ``part_size`` held within S3's 5 MiB to 5 GiB, doubled until
+    the file fits in 10,000 parts; raises `ValueError` over S3's 5 TiB object limit."""
+    if size > _MAX_OBJECT_SIZE:
+        raise ValueError(f"{size:,d} bytes is over S3's {_MAX_OBJECT_SIZE:,d}-byte object limit")
+    layout = PartLayout(size, min(max(part_size, _MIN_PART_SIZE), _MAX_PART_SIZE))
+    while layout.count > _MAX_PARTS and layout.part_size < _MAX_PART_SIZE:
+        layout = PartLayout(size, min(2 * layout.part_size, _MAX_PART_SIZE))
+    return layout
+
+
 @dataclass(frozen=True)
 class PlanItem:
     """What publishing does with one file.
 
-    ``upload_id`` is the open upload to continue (``resume``) or to abort first (``restart``);
-    ``kept_parts`` are the parts a resumed upload already holds.
+    ``layout`` cuts the file (a resume keeps the one its upload was opened with); ``upload_id``
+    is the open upload to continue (``resume``) or to abort first (``restart``); ``kept_parts``
+    are the parts a resumed upload already holds.
     """
 
     key: str
@@ -198,10 +215,10 @@ def _resume_or_restart(
             f"the file is now {entry.sha256} ({entry.size:,d} bytes)"
         )
         return PlanItem(key, entry, "restart", reason, layout, upload_id)
-    if record.part_size < _MIN_PART_SIZE:
-        reason = f"open multipart upload has an invalid part size {record.part_size:,d}"
-        return PlanItem(key, entry, "restart", reason, layout, upload_id)
     recorded = PartLayout(entry.size, record.part_size)
+    if not _MIN_PART_SIZE <= record.part_size <= _MAX_PART_SIZE or recorded.count > _MAX_PARTS:
+        reason = f"open multipart upload has {record.part_size:,d}-byte parts, beyond S3's limits"
+        return PlanItem(key, entry, "restart", reason, layout, upload_id)
     kept = _kept_parts(client, bucket, key, upload_id)
     for number, (_, size) in sorted(kept.items()):
         if number > recorded.count or size != recorded.length(number):
@@ -251,6 +268,12 @@ def plan_publish(
     manifest = load_manifest(folder / MANIFEST_NAME)
     entries = [manifest.archive, *manifest.weight_files]
     _check_present(folder, entries)
+    for entry in entries:
+        if entry.size > _MAX_OBJECT_SIZE:
+            raise PublishError(
+                f"{entry.path} is {entry.size:,d} bytes, over S3's limit of "
+                f"{_MAX_OBJECT_SIZE:,d} bytes (5 TiB) for one object: split it into smaller files"
+            )
     prefix = version_prefix(manifest.model_id, manifest.model_version, root)
     manifest_key = prefix + MANIFEST_NAME
     remote_manifest = _head(client, bucket, manifest_key)
@@ -267,7 +290,7 @@ def plan_publish(
     items = []
     for entry in entries:
         key = prefix + entry.path
-        layout = PartLayout(entry.size, max(part_size, _MIN_PART_SIZE))
+        layout = part_layout(entry.size, part_size)
         head = _head(client, bucket, key)
         if head is not None:
             remote_sha = head.get("Metadata", {}).get(_SHA_KEY)

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from runtime.cli import app
 from runtime.package import build_package
-from runtime.publish import PublishError, format_plan, publish
+from runtime.publish import DEFAULT_PART_SIZE, PublishError, format_plan, part_layout, publish
 from tests.runtime.wheelmaker import make_source
 
 PART = 5 << 20
@@ -313,5 +313,59 @@ def test_resume_cuts_the_file_as_the_upload_was_opened(
     item = {i.key: i for i in plan.items}[PREFIX + "weights/model.safetensors"]
     assert sorted(client.parts) == sorted({1, 2, 3} - kept)
     assert (item.action, item.layout.part_size) == ("resume", PART)
+    body = s3_client.get_object(Bucket=bucket, Key=PREFIX + "weights/model.safetensors")["Body"]
+    assert body.read() == (version / "weights" / "model.safetensors").read_bytes()
+
+
+MiB, GiB, TiB = 1 << 20, 1 << 30, 1 << 40
+
+
+@pytest.mark.parametrize(
+    ("size", "configured", "part_size", "count"),
+    [
+        (TiB, DEFAULT_PART_SIZE, 128 * MiB, 8_192),
+        (TiB, 5 * MiB, 160 * MiB, 6_554),
+        (10_000 * DEFAULT_PART_SIZE, DEFAULT_PART_SIZE, DEFAULT_PART_SIZE, 10_000),
+        (10_000 * DEFAULT_PART_SIZE + 1, DEFAULT_PART_SIZE, 2 * DEFAULT_PART_SIZE, 5_001),
+        (5 * TiB, DEFAULT_PART_SIZE, 1 * GiB, 5_120),
+        (5 * TiB, 6 * GiB, 5 * GiB, 1_024),  # configured above S3's ceiling
+        (12 * MiB, 1 * MiB, 5 * MiB, 3),  # configured below S3's floor
+        (0, DEFAULT_PART_SIZE, DEFAULT_PART_SIZE, 1),
+    ],
+    ids=[
+        "1tib",
+        "1tib-from-5mib",
+        "10000-parts",
+        "1-byte-over",
+        "5tib",
+        "over-5gib",
+        "under-5mib",
+        "empty",
+    ],
+)
+def test_part_layout_stays_within_s3_limits(
+    size: int, configured: int, part_size: int, count: int
+) -> None:
+    layout = part_layout(size, configured)
+    assert (layout.part_size, layout.count) == (part_size, count)
+    assert 5 * MiB <= layout.part_size <= 5 * GiB and layout.count <= 10_000
+    assert sum(layout.length(n) for n in range(1, layout.count + 1)) == size
+
+
+def test_part_layout_refuses_objects_over_5_tib() -> None:
+    with pytest.raises(ValueError, match="object limit"):
+        part_layout(5 * TiB + 1)
+
+
+def test_upload_raises_the_part_size_to_stay_within_the_part_limit(
+    s3_client: Any, bucket: str, version: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # At two parts an upload, the 12 MiB file needs 10 MiB parts where 5 MiB were configured.
+    monkeypatch.setattr("runtime.publish._MAX_PARTS", 2)
+    client = CountingClient(s3_client)
+    plan = publish(client, version, bucket, part_size=PART)
+    item = {i.key: i for i in plan.items}[PREFIX + "weights/model.safetensors"]
+    assert sorted(client.parts) == [1, 2]
+    assert item.layout.part_size == 2 * PART
     body = s3_client.get_object(Bucket=bucket, Key=PREFIX + "weights/model.safetensors")["Body"]
     assert body.read() == (version / "weights" / "model.safetensors").read_bytes()
