@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
+import subprocess
 import sys
+import tempfile
 import tomllib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -33,10 +36,13 @@ __all__ = [
     "load_matrix",
     "main",
     "probe_imports",
+    "requirements_text",
+    "vllm_requirements",
 ]
 
 MATRIX_ENV_VAR = "LLM_SERVING_COMPAT_MATRIX"
 _FILE_NAME = "compat.toml"
+_REQUIREMENTS_FILE = "vllm-requirements.toml"
 _IMAGE_REPOSITORY = "nvcr.io/nvidia/tritonserver"
 
 
@@ -138,11 +144,80 @@ class _MatrixModel(BaseModel):
 
 def default_matrix_path() -> Path:
     """Where the matrix lives: beside this module when installed, else in the source checkout."""
+    return _shipped(_FILE_NAME)
+
+
+def _shipped(name: str) -> Path:
+    """A data file of ``images/``: beside this module when installed, else in the checkout."""
     here = Path(__file__).resolve().parent
-    installed = here / _FILE_NAME
-    if installed.is_file():
-        return installed
-    return here.parent / "images" / _FILE_NAME
+    installed = here / name
+    return installed if installed.is_file() else here.parent / "images" / name
+
+
+def vllm_requirements(version: str, path: Path | None = None) -> tuple[str, ...]:
+    """vLLM ``version``'s own requirements (Requires-Dist, extras left out), as
+    ``images/vllm-requirements.toml`` records them; raises `CompatError` for an unknown one."""
+    path = path or _shipped(_REQUIREMENTS_FILE)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CompatError(f"cannot read vLLM's requirements {path}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise CompatError(f"{path} is not valid TOML: {exc}") from exc
+    if raw.get("format_version") != 1:
+        raise CompatError(f"{path}: format_version must be 1")
+    entry = raw.get("vllm", {}).get(version)
+    if not isinstance(entry, dict) or not isinstance(entry.get("requires"), list):
+        raise CompatError(
+            f"{path} has no requirements of vllm {version}; add them with: "
+            f"python -m runtime.compat vllm-requirements > images/{_REQUIREMENTS_FILE}"
+        )
+    return tuple(str(line) for line in entry["requires"])
+
+
+def _requires_dist(metadata_requires: list[str]) -> list[str]:
+    """Requires-Dist lines without the ones only an extra (``vllm[audio]``) brings."""
+    kept = []
+    for line in metadata_requires:
+        marker = line.partition(";")[2]
+        if "extra" not in marker:
+            kept.append(line.strip())
+    return kept
+
+
+def _fetch_requires_dist(version: str) -> list[str]:
+    """vllm ``version``'s Requires-Dist from the package index, reading its metadata only
+    (pip's resolver report; no wheel is downloaded where the index serves PEP 658 metadata)."""
+    with tempfile.TemporaryDirectory() as folder:
+        report = Path(folder) / "report.json"
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps",
+             "--ignore-installed", "--quiet", "--report", str(report), f"vllm=={version}"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PIP_CONSTRAINT": ""},
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise CompatError(f"cannot read vllm {version}'s metadata: {done.stderr.strip()}")
+        (install,) = json.loads(report.read_text())["install"]
+        return list(install["metadata"].get("requires_dist", []))
+
+
+def requirements_text(requires: dict[str, list[str]]) -> str:
+    """``images/vllm-requirements.toml`` for ``{vllm version: Requires-Dist lines}``."""
+    lines = [
+        "# vLLM's own requirements (Requires-Dist, extras left out) for each version in",
+        "# images/compat.toml, read from the package index by",
+        f"# `python -m runtime.compat vllm-requirements > images/{_REQUIREMENTS_FILE}`.",
+        "# Packaging refuses a plugin that requires a version none of these allow (markers",
+        "# evaluated for the image: Linux, x86_64, the pair's Python).",
+        "format_version = 1",
+    ]
+    for version, kept in requires.items():
+        lines += ["", f'[vllm."{version}"]', "requires = ["]
+        lines += [f"  {json.dumps(line)}," for line in _requires_dist(kept)]
+        lines.append("]")
+    return "\n".join(lines) + "\n"
 
 
 def load_matrix(path: Path | None = None) -> CompatMatrix:
@@ -311,10 +386,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runtime.compat", description=__doc__)
     parser.add_argument(
         "command",
-        choices=["constraints", "check", "image-constraints", "probe"],
+        choices=["constraints", "check", "image-constraints", "probe", "vllm-requirements"],
         help="constraints: the pair's pins; check: the installed vLLM and pins match the pair "
         "(and the backend imports load); image-constraints: check, then print every pin of "
-        "the image; probe: import NAMES, printing `name<TAB>error` for each that fails",
+        "the image; probe: import NAMES, printing `name<TAB>error` for each that fails; "
+        "vllm-requirements: fetch the Requires-Dist of every vLLM of the matrix (network)",
     )
     parser.add_argument("names", nargs="*", help="probe: module or module:name")
     parser.add_argument("--triton", help="Triton release (default: the matrix's default)")
@@ -336,6 +412,11 @@ def main(argv: list[str] | None = None) -> int:
         pair = matrix.default if args.triton is None else matrix.for_triton(args.triton)
         if args.command == "constraints":
             sys.stdout.write(constraints_text(pair))
+            return 0
+        if args.command == "vllm-requirements":
+            versions = dict.fromkeys(p.vllm for p in matrix.pairs)
+            fetched = {version: _fetch_requires_dist(version) for version in versions}
+            sys.stdout.write(requirements_text(fetched))
             return 0
         if args.command == "image-constraints":
             if args.pair_file is None:

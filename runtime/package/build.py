@@ -7,15 +7,16 @@ import os
 import secrets
 import shutil
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from runtime.compat import load_matrix
+from runtime.compat import load_matrix, vllm_requirements
 from runtime.constraints.catalog import CatalogError, read_catalog
 from runtime.package.errors import PackageError
 from runtime.package.manifest import (
@@ -30,7 +31,13 @@ from runtime.package.manifest import (
 )
 from runtime.package.sources import SourceFile, collect, resolve_inside
 from runtime.package.tensors import check_python_model
-from runtime.package.wheels import ImageEnvironment, check_against_pins, parse_pins, read_wheel
+from runtime.package.wheels import (
+    ImageEnvironment,
+    check_against_pins,
+    parse_pins,
+    read_wheel,
+    vllm_ranges,
+)
 
 __all__ = [
     "SPEC_NAME",
@@ -75,19 +82,28 @@ class ImagePins:
     """Exact versions by canonical distribution name (matrix pair plus a constraints file)."""
     environment: ImageEnvironment
     """The image's interpreter and platform, for requirement markers."""
+    ranges: dict[str, SpecifierSet] = field(default_factory=dict)
+    """What the image's vLLM requires of the distributions not pinned above (the Triton
+    backend's dependencies, which the base image ships at versions the matrix does not record;
+    a constraints file from the image pins them exactly instead)."""
 
 
 def image_pins(triton: str | None, constraints: Path | None) -> ImagePins:
-    """The image of a Triton release (default: the serving image's) and its exact pins."""
+    """The image of a Triton release (default: the serving image's) and what it fixes: exact
+    pins (the pair, plus a constraints file) and vLLM's own requirements of everything else."""
     matrix = load_matrix()
     pair = matrix.default if triton is None else matrix.for_triton(triton)
+    environment = ImageEnvironment(python=pair.python)
     lines = [f"vllm=={pair.vllm}", *(f"{n}=={v}" for n, v in pair.pins)]
     if constraints is not None:
         try:
             lines += constraints.read_text(encoding="utf-8").splitlines()
         except OSError as exc:
             raise PackageError(f"cannot read constraints file {constraints}: {exc}") from exc
-    return ImagePins(pair.triton, parse_pins(lines), ImageEnvironment(python=pair.python))
+    pins = parse_pins(lines)
+    ranges = vllm_ranges(vllm_requirements(pair.vllm), environment)
+    unpinned = {name: spec for name, spec in ranges.items() if name not in pins}
+    return ImagePins(pair.triton, pins, environment, unpinned)
 
 
 def check_catalog(path: Path, catalog: Catalog, where: str) -> None:
@@ -302,7 +318,7 @@ def build_package(
     plugins = []
     for wheel in spec.plugins:
         info = read_wheel(source / wheel, wheel)
-        check_against_pins(info, wheel, image.pins, image.environment)
+        check_against_pins(info, wheel, image.pins, image.environment, image.ranges)
         plugins.append(
             Plugin(
                 wheel=wheel,

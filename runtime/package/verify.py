@@ -105,7 +105,7 @@ def _check_plugins(archive: Path, manifest: Manifest, constraints: Path | None) 
                         f"plugin wheel {plugin.wheel} is {info.distribution} {info.version}, the "
                         f"manifest says {plugin.distribution} {plugin.version}"
                     )
-                check_against_pins(info, plugin.wheel, image.pins, image.environment)
+                check_against_pins(info, plugin.wheel, image.pins, image.environment, image.ranges)
     except tarfile.TarError as exc:  # a same-size damaged archive passes the --quick size check
         raise _corrupt(archive, exc) from exc
 

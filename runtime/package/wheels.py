@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import zipfile
 import zlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from runtime.package.errors import PackageError
+from runtime.package.specifiers import can_both_hold
 
 __all__ = [
     "PLUGIN_GROUPS",
@@ -21,6 +24,7 @@ __all__ = [
     "check_against_pins",
     "parse_pins",
     "read_wheel",
+    "vllm_ranges",
 ]
 
 PLUGIN_GROUPS = ("vllm.general_plugins", "vllm.logits_processors")
@@ -147,12 +151,30 @@ def parse_pins(lines: list[str]) -> dict[str, Version]:
     return pins
 
 
-def check_against_pins(
-    info: WheelInfo, label: str, pins: dict[str, Version], environment: ImageEnvironment
-) -> None:
-    """Refuse a wheel that is, or requires another version of, a distribution the image pins;
-    requirements whose markers do not hold in the image's ``environment`` are skipped."""
+def vllm_ranges(requires: Iterable[str], environment: ImageEnvironment) -> dict[str, SpecifierSet]:
+    """vLLM's requirements that hold in the image, by canonical name (unbounded ones left out)."""
     markers = environment.markers()
+    ranges: dict[str, SpecifierSet] = {}
+    for text in requires:
+        req = Requirement(text)
+        if (req.marker is None or req.marker.evaluate(markers)) and req.specifier:
+            name = canonicalize_name(req.name)
+            ranges[name] = ranges.get(name, SpecifierSet()) & req.specifier
+    return ranges
+
+
+def check_against_pins(
+    info: WheelInfo,
+    label: str,
+    pins: dict[str, Version],
+    environment: ImageEnvironment,
+    ranges: Mapping[str, SpecifierSet] | None = None,
+) -> None:
+    """Refuse a wheel that is, or requires another version of, a distribution the image pins,
+    or a version that none of ``ranges`` (what the image's vLLM requires) allows; requirements
+    whose markers do not hold in the image's ``environment`` are skipped."""
+    markers = environment.markers()
+    ranges = ranges or {}
     own = canonicalize_name(info.distribution)
     if own in pins:
         raise PackageError(
@@ -167,6 +189,12 @@ def check_against_pins(
         if req.marker is not None and not req.marker.evaluate(markers):
             continue
         name = canonicalize_name(req.name)
+        if name in ranges and not can_both_hold(req.specifier, ranges[name]):
+            raise PackageError(
+                f"plugin wheel {label} requires {text!r}, but the image's vLLM requires "
+                f"{name}{ranges[name]}, so pip cannot install both; rebuild the plugin with a "
+                f"requirement that allows {name}{ranges[name]}"
+            )
         if name not in pins:
             continue
         try:

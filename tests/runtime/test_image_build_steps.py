@@ -168,6 +168,7 @@ def test_builder_context_is_the_sources(tmp_path: Path, stages: dict[str, Stage]
     copied = build_context(stages["builder"], tmp_path)
     assert "runtime/__init__.py" in copied and "csrc/CMakeLists.txt" in copied
     assert (tmp_path / "pyproject.toml").is_file() and (tmp_path / "images/compat.toml").is_file()
+    assert (tmp_path / "images/vllm-requirements.toml").is_file()
     assert not any("__pycache__" in p or p.endswith(".so") for p in copied)
 
 
@@ -175,7 +176,7 @@ def test_wheel_holds_the_native_modules_and_every_runtime_file(built_wheel: Path
     names = set(zipfile.ZipFile(built_wheel).namelist())
     for module in NATIVE_MODULES:
         assert any(n.startswith(module) and n.endswith(".so") for n in names), module
-    assert "runtime/compat.toml" in names
+    assert {"runtime/compat.toml", "runtime/vllm-requirements.toml"} <= names
     tracked = subprocess.run(
         ["git", "ls-files", "runtime"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.split()
@@ -189,8 +190,10 @@ def test_wheel_holds_the_native_modules_and_every_runtime_file(built_wheel: Path
 def test_installed_wheel_works_without_the_source_tree(installed: Path, tmp_path: Path) -> None:
     natives = ", ".join(m.replace("/", ".") for m in NATIVE_MODULES)
     probe = (
-        f"import importlib.metadata as m, runtime, {natives}; print(runtime.__file__); "
-        "print(sorted(e.value for e in m.entry_points(group='vllm.logits_processors')))"
+        f"import importlib.metadata as m, runtime, runtime.compat as c, {natives}; "
+        "print(runtime.__file__); "
+        "print(sorted(e.value for e in m.entry_points(group='vllm.logits_processors'))); "
+        "print(len(c.vllm_requirements(c.load_matrix().default.vllm)))"
     )
     done = subprocess.run(
         [str(installed), "-c", probe],
@@ -200,7 +203,8 @@ def test_installed_wheel_works_without_the_source_tree(installed: Path, tmp_path
         env=_clean_env(),
     )
     assert done.returncode == 0, done.stderr
-    where, plugins = done.stdout.splitlines()
+    where, plugins, requirements = done.stdout.splitlines()
+    assert int(requirements) > 50  # vllm-requirements.toml travelled inside the wheel
     assert Path(where).is_relative_to(installed.parent.parent), where
     assert plugins == "['runtime.constraints.plugin:ConstraintProcessorEntryPoint']"
     pins = subprocess.run(
