@@ -36,7 +36,7 @@ from runtime.frontend.engine import (
     TokenLogprob,
 )
 from runtime.frontend.errors import BackendError, BackendUnavailableError, NotSupportedError
-from runtime.frontend.tensors import input_tensor
+from runtime.frontend.tensors import INPUT_SHAPE, input_tensor
 from runtime.serving_backend import PROMPT_LOGPROBS_OUTPUT
 
 __all__ = ["PROMPT_LOGPROBS_OUTPUT", "KServeEngine", "prompt_token_logprobs"]
@@ -69,7 +69,7 @@ def _request(
     request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
     for name, value in values.items():
         wire_type = input_tensor(name).wire_type
-        request.inputs.add(name=name, datatype=wire_type, shape=[1])
+        request.inputs.add(name=name, datatype=wire_type, shape=INPUT_SHAPE)
         if wire_type == "BOOL":
             raw = b"\x01" if value else b"\x00"
         else:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["FRONTEND_INPUTS", "FRONTEND_OUTPUTS", "FrontendTensor", "input_tensor"]
+__all__ = ["FRONTEND_INPUTS", "FRONTEND_OUTPUTS", "INPUT_SHAPE", "FrontendTensor", "input_tensor"]
+
+#: The shape the builder gives every input: one element (a string, a flag, a JSON document).
+INPUT_SHAPE: tuple[int, ...] = (1,)
 
 # Triton model-config data types -> KServe v2 wire data types.
 _WIRE_TYPES = {

@@ -3,17 +3,15 @@ builder sends and reads (`runtime.frontend.tensors`), so a mismatch fails at pac
 
 from __future__ import annotations
 
-from runtime.frontend.tensors import FRONTEND_INPUTS, FRONTEND_OUTPUTS, FrontendTensor
+from runtime.frontend.tensors import FRONTEND_INPUTS, FRONTEND_OUTPUTS, INPUT_SHAPE, FrontendTensor
 from runtime.package.errors import PackageError
 from runtime.package.manifest import PythonModel, TensorSpec
 
-__all__ = ["SENT_SHAPE", "check_python_model"]
+__all__ = ["check_python_model"]
 
-# The shape the request builder (`runtime.frontend.kserve_engine._request`) gives every input:
-# one element. The entrypoint renders python models with ``max_batch_size: 0`` (the manifest
-# has no batching setting), so Triton matches it against the declared dims as they are, with
-# no batch dimension in front: same rank, and each dim equal or -1.
-SENT_SHAPE: tuple[int, ...] = (1,)
+# The entrypoint renders python models with ``max_batch_size: 0`` (the manifest has no batching
+# setting), so Triton matches the request builder's INPUT_SHAPE against the declared dims as
+# they are, with no batch dimension in front: same rank, and each dim equal or -1.
 
 
 def check_python_model(model: PythonModel) -> None:
@@ -50,10 +48,10 @@ def _compare(
                 f"{kind} {tensor.name} is {tensor.data_type}, "
                 f"the frontend uses {expected.data_type}"
             )
-        if sends and not _accepts(tensor.dims, SENT_SHAPE):
+        if sends and not _accepts(tensor.dims, INPUT_SHAPE):
             problems.append(
                 f"input {tensor.name} declares dims {tensor.dims} but the frontend sends shape "
-                f"{list(SENT_SHAPE)} (max_batch_size 0): declare dims {list(SENT_SHAPE)} or [-1]"
+                f"{list(INPUT_SHAPE)} (max_batch_size 0): declare dims {list(INPUT_SHAPE)} or [-1]"
             )
         if sends and expected.required and tensor.optional:
             problems.append(
