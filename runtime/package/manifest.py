@@ -53,6 +53,9 @@ def check_relative_path(value: str) -> str:
     """Return ``value`` if it is a normalised relative POSIX path inside its root, else raise."""
     if not value or "\x00" in value or "\\" in value:
         raise ValueError(f"path {value!r} must be a non-empty POSIX path without NUL or '\\'")
+    if not value.isprintable() or any("\udc80" <= c <= "\udcff" for c in value):
+        # Undecodable bytes arrive as surrogate escapes, which JSON manifests cannot carry.
+        raise ValueError(f"path {value!r} is not printable UTF-8")
     path = PurePosixPath(value)
     if path.is_absolute():
         raise ValueError(f"path {value!r} is absolute; use a path relative to the package root")

@@ -46,6 +46,15 @@ def _backslash_name(source: Path) -> None:
     (source / "tokenizer" / "added\\tokens.json").write_text("{}")
 
 
+def _undecodable_name(source: Path) -> None:
+    # A file name that is not UTF-8 (Latin-1 bytes), which a JSON manifest cannot carry.
+    (Path(os.fsdecode(os.fsencode(source / "tokenizer") + b"/caf\xe9.json"))).write_text("{}")
+
+
+def _newline_name(source: Path) -> None:
+    (source / "weights" / "shard\n1.safetensors").write_bytes(b"\x00")
+
+
 def _backslash_weight(source: Path) -> None:
     (source / "weights" / "shard\\1.safetensors").write_bytes(b"\x00")
 
@@ -88,6 +97,8 @@ def _backslash_weight(source: Path) -> None:
             "weights: file 'weights/shard\\\\1.safetensors' cannot be packaged",
             "rename it",
         ),
+        (_undecodable_name, "is not printable UTF-8", "rename it"),
+        (_newline_name, "is not printable UTF-8", "rename it"),
     ],
     ids=[
         "dangling_symlink",
@@ -97,6 +108,8 @@ def _backslash_weight(source: Path) -> None:
         "damaged_zip_member",
         "backslash_name",
         "backslash_weight",
+        "undecodable_name",
+        "newline_name",
     ],
 )
 def test_broken_source_is_one_package_error(
