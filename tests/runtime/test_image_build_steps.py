@@ -291,3 +291,61 @@ def test_installed_image_constraints_check_the_base_and_pin_everything(
     assert {"llm-serving", "pydantic", "protobuf", "tritonclient"} <= set(names)
     # The pair's pins stay as the pair spells them; the rest as installed.
     assert "torch==2.13.0" in pins and "vllm==0.27.1" in pins
+
+
+def _replay(command: str, paths: dict[str, Path], python: Path) -> str:
+    """A RUN line of the serving stage with its absolute paths moved under the test's folders
+    and ``python3`` as the given interpreter, to run as it is."""
+    for image_path, local in sorted(paths.items(), key=lambda kv: -len(kv[0])):
+        command = command.replace(image_path, str(local))
+    return command.replace("python3 -m ", f"{python} -m ")
+
+
+@pytest.mark.parametrize(
+    ("changed", "error"),
+    [({}, None), ({"torch": "2.12.0"}, "torch 2.12.0")],
+    ids=["the-pair", "other-torch"],
+)
+def test_serving_stage_install_line_runs_as_written(
+    stages: dict[str, Stage],
+    installed: Path,
+    built_wheel: Path,
+    tmp_path: Path,
+    changed: dict[str, str],
+    error: str | None,
+) -> None:
+    # The serving stage's own RUN line (freeze, install under the pair and the freeze, check,
+    # write the constraints) on a stand-in for the base image: the wheel's venv plus the
+    # base's pinned distributions as metadata.
+    stage = stages["1"]
+    (copy,) = [a for a in stage.args("COPY") if a.startswith("images/serving/constraints.txt")]
+    pair_file = copy.split()[1]
+    (run,) = [r for r in stage.args("RUN") if "runtime.compat image-constraints" in r]
+    etc, wheels = tmp_path / "etc", tmp_path / "wheels"
+    etc.mkdir()
+    wheels.mkdir()
+    shutil.copy2(built_wheel, wheels)
+    paths = {
+        "/etc/llm-serving": etc,
+        "/tmp/wheels": wheels,
+        "/tmp/base-freeze.txt": tmp_path / "base-freeze.txt",
+        "/var/run/llm-serving": tmp_path / "var",
+    }
+    shutil.copy2(CONSTRAINTS, _replay(pair_file, paths, installed))
+    site = _fake_image_site(tmp_path / "base", IMAGE_PINS | changed)
+    done = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", _replay(run, paths, installed)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=_clean_env(PYTHONPATH=str(site), TRITON_RELEASE="26.08"),
+        timeout=300,
+    )
+    if error is not None:
+        assert done.returncode != 0 and error in done.stderr, done.stderr[-2000:]
+        return
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    written = (etc / "constraints.txt").read_text()
+    assert written.startswith(CONSTRAINTS.read_text())
+    assert "\nllm-serving==" in written and "\npydantic==" in written
+    assert (tmp_path / "var" / "prometheus").is_dir() and not wheels.exists()
