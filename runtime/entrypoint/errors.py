@@ -14,8 +14,12 @@ class ExitCode(IntEnum):
 
     DRAINED = 0
     """SIGTERM: the gate closed, in-flight requests finished, Triton stopped cleanly."""
+    INTERNAL = 1
+    """An unexpected error outside the stages (serving, draining): a bug, named on stderr; the
+    servers were stopped."""
     CONFIG = 2
-    """The environment is invalid (a setting named on stderr)."""
+    """The environment is invalid, or the health port it names cannot be bound (named on
+    stderr)."""
     STAGE_LOCATE = 11
     STAGE_UNPACK = 12
     STAGE_PLUGINS = 13

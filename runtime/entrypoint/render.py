@@ -9,6 +9,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from runtime.compat import CompatPair
+from runtime.entrypoint.errors import StageFailed
 from runtime.package.manifest import Manifest, TensorSpec
 from runtime.serving_backend import BACKEND_NAME, RESPONSE_HOOK, STOCK_BACKEND_NAME
 
@@ -49,9 +50,24 @@ def vllm_backend_for(pair: CompatPair) -> tuple[str, str | None]:
     )
 
 
+def _parallel_size(engine_args: dict[str, object], key: str) -> int:
+    """``engine_args[key]`` as a positive integer (1 when absent), else a stage failure."""
+    value = engine_args.get(key)
+    if value is None:
+        return 1
+    # As before: a whole number, or one written as a string ("2") in a hand-edited manifest.
+    text = str(value)
+    if isinstance(value, bool) or not (isinstance(value, int) or text.isdigit()) or int(text) < 1:
+        raise StageFailed(
+            f"engine_args.{key} is {value!r}, not a positive integer",
+            f"set engine_args.{key} to the number of GPUs (e.g. 2) and rebuild the package",
+        )
+    return int(text)
+
+
 def _vllm_config(name: str, engine_args: dict[str, object], backend: str) -> str:
-    world = int(engine_args.get("tensor_parallel_size", 1) or 1) * int(  # type: ignore[call-overload]
-        engine_args.get("pipeline_parallel_size", 1) or 1  # type: ignore[call-overload]
+    world = _parallel_size(engine_args, "tensor_parallel_size") * _parallel_size(
+        engine_args, "pipeline_parallel_size"
     )
     # Multi-GPU engines must own device placement (Triton's KIND_GPU assumes one GPU).
     kind = "KIND_MODEL" if world > 1 else "KIND_GPU"

@@ -16,7 +16,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -110,6 +111,7 @@ class Entrypoint:
         self.metrics = _StageMetrics()
         self.state = _State()
         self.stop = asyncio.Event()
+        self._probe: subprocess.Popen[str] | None = None
         self.gate = PortGate(
             settings.public_host,
             settings.public_grpc_port,
@@ -117,21 +119,31 @@ class Entrypoint:
             settings.triton_grpc_port,
         )
 
-    async def _stage(self, number: int, call: Callable[[], T]) -> T:
+    async def _stage(self, number: int, work: Awaitable[T]) -> T:
+        """Run stage ``number``: time and log it, and turn whatever it raises into its failure."""
         name = STAGES[number - 1]
         started = time.perf_counter()
         try:
-            result = await asyncio.to_thread(call)
+            result = await work
+        except _Failed:
+            raise
         except StageFailed as exc:
             raise _Failed(number, str(exc), exc.fix) from exc
         except (PackageError, CompatError, OSError) as exc:
             raise _Failed(number, str(exc), _FIXES[name]) from exc
+        except Exception as exc:  # a bug or an unforeseen input: still one line, exit 10 + n
+            raise _Failed(number, _unexpected(exc), _FIXES[name]) from exc
         seconds = time.perf_counter() - started
         self.metrics.record(name, seconds)
         log(f"stage {number}/8 {name} done in {seconds:.3f}s")
         return result
 
     async def run(self) -> int:
+        """Start up, serve until SIGTERM or a server exits, return the exit code (`ExitCode`).
+
+        Every way out, unexpected exceptions included, passes one ``finally`` that stops the
+        child processes started so far and closes every port: nothing is left running.
+        """
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop.set)
@@ -142,34 +154,43 @@ class Entrypoint:
             ready=lambda: self.state.ready and not self.state.draining,
             metrics=self.metrics.render,
         )
-        await health.start()
         try:
-            return await self._run()
+            try:
+                await health.start()
+            except OSError as exc:
+                log(
+                    f"health port failed: cannot bind {self.settings.health_host}:"
+                    f"{self.settings.health_port} ({exc}); fix: free the port or set "
+                    "LLM_SERVING_HEALTH_PORT"
+                )
+                return ExitCode.CONFIG
+            return await self._stages()
         except _Failed as failed:
             name = STAGES[failed.number - 1]
             log(f"stage {failed.number}/8 {name} failed: {failed.message}; fix: {failed.fix}")
-            await self._stop_processes(0)
             return 10 + failed.number
+        except Exception as exc:  # outside any stage (serving, draining): a bug, still one line
+            log(f"internal error: {_unexpected(exc)}; the servers were stopped")
+            return ExitCode.INTERNAL
         finally:
+            self._kill_probe()
+            await self._stop_processes(0)
+            self.gate.close()
             health.close()
-            self.gate.close_connections()
 
-    async def _run(self) -> int:
-        s = self.settings
-        probe = start_import_probe(s.triton_release, s.compat_matrix)
-        try:
-            return await self._stages(probe)
-        finally:
-            if probe is not None and probe.returncode is None:
-                probe.kill()
-                probe.communicate()
+    def _kill_probe(self) -> None:
+        if self._probe is not None and self._probe.returncode is None:
+            self._probe.kill()
+            self._probe.communicate()
 
-    async def _stages(self, probe: subprocess.Popen[str] | None) -> int:
+    async def _stages(self) -> int:
         s = self.settings
         work = s.work_dir
+        self._probe = start_import_probe(s.triton_release, s.compat_matrix)
         folder, manifest = await self._stage(
             1,
-            lambda: locate(
+            asyncio.to_thread(
+                locate,
                 s.version_folder(),
                 s.package_s3_uri,
                 work / "download",
@@ -179,43 +200,36 @@ class Entrypoint:
             ),
         )
         unpacked = await self._stage(
-            2, lambda: unpack(folder, manifest, work / "package", s.max_unpack_bytes)
+            2, asyncio.to_thread(unpack, folder, manifest, work / "package", s.max_unpack_bytes)
         )
-        entry_points = await self._stage(
-            3, lambda: install_plugins(manifest, unpacked, s.plugin_dir, s.constraints_file)
-        )
+        plugins = (manifest, unpacked, s.plugin_dir, s.constraints_file)
+        entry_points = await self._stage(3, asyncio.to_thread(install_plugins, *plugins))
         if entry_points:
             log(f"plugins registered: {', '.join(entry_points)}")
-        removed = await self._stage(4, lambda: wipe_multiproc_dir(s.multiproc_dir))
+        removed = await self._stage(4, asyncio.to_thread(wipe_multiproc_dir, s.multiproc_dir))
         log(f"removed {removed} stale entries from PROMETHEUS_MULTIPROC_DIR")
         self.metrics.enable()
-        pair = await self._stage(5, lambda: check_compat(s.triton_release, s.compat_matrix, probe))
+        pair = await self._stage(
+            5, asyncio.to_thread(check_compat, s.triton_release, s.compat_matrix, self._probe)
+        )
         log(f"compatible: Triton {pair.triton} / vLLM {pair.vllm}")
         repository = work / "model_repository"
-        backend, fallback = vllm_backend_for(pair)
-        if fallback is not None and manifest.backend == "vllm":
-            log(f"warning: {fallback}")
 
         def render() -> Path:
+            backend, fallback = vllm_backend_for(pair)
+            if fallback is not None and manifest.backend == "vllm":
+                log(f"warning: {fallback}")
             render_repository(manifest, folder, unpacked, repository, s.logits_processor, backend)
             return link_catalogs(manifest, unpacked, work / "catalogs")
 
-        catalogs = await self._stage(6, render)
+        catalogs = await self._stage(6, asyncio.to_thread(render))
         if self.stop.is_set():
             log("SIGTERM before start: nothing to drain")
             return ExitCode.DRAINED
         embedded = (s.serving_mode or manifest.serving_mode) == "embedded"
-        await self._timed_async(7, self._start(manifest, repository, unpacked, catalogs, embedded))
-        await self._timed_async(8, self._open_gate(manifest, embedded))
+        await self._stage(7, self._start(manifest, repository, unpacked, catalogs, embedded))
+        await self._stage(8, self._open_gate(manifest, embedded))
         return await self._serve(manifest)
-
-    async def _timed_async(self, number: int, work: Any) -> None:
-        name = STAGES[number - 1]
-        started = time.perf_counter()
-        await work
-        seconds = time.perf_counter() - started
-        self.metrics.record(name, seconds)
-        log(f"stage {number}/8 {name} done in {seconds:.3f}s")
 
     def _child_env(self, catalogs: Path) -> dict[str, str]:
         env = dict(os.environ)
@@ -369,7 +383,15 @@ class Entrypoint:
                 )
             how = "served by Triton itself"
         else:
-            await self.gate.open()
+            try:
+                await self.gate.open()
+            except OSError as exc:
+                raise _Failed(
+                    8,
+                    f"model {manifest.model_id} is ready but the public gRPC port cannot be "
+                    f"bound: {exc}",
+                    "stop whatever listens there or set LLM_SERVING_PUBLIC_GRPC_PORT",
+                ) from exc
             how = "relayed to Triton's loopback port"
         self.state.ready = True
         log(
@@ -443,6 +465,13 @@ class Entrypoint:
                     process.kill()
                 await process.wait()
         return clean
+
+
+def _unexpected(exc: BaseException) -> str:
+    """An exception nobody anticipated, as one line naming its type and where it was raised."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    return f"unexpected {type(exc).__name__}{where}: {exc}"
 
 
 def _has_module(name: str) -> bool:

@@ -26,6 +26,7 @@ __all__ = [
     "check_compat",
     "download_version",
     "locate",
+    "read_manifest",
     "start_import_probe",
     "unpack",
     "wipe_multiproc_dir",
@@ -47,11 +48,11 @@ def download_version(uri: str, target: Path) -> Path:
     target.mkdir(parents=True, exist_ok=True)
     try:
         client.download_file(bucket, prefix + MANIFEST_NAME, str(target / MANIFEST_NAME))
-        manifest = load_manifest(target / MANIFEST_NAME)
+        manifest = read_manifest(target / MANIFEST_NAME)
         for entry in [manifest.archive, *manifest.weight_files]:
             (target / entry.path).parent.mkdir(parents=True, exist_ok=True)
             client.download_file(bucket, prefix + entry.path, str(target / entry.path))
-    except PackageError:
+    except (PackageError, StageFailed):
         raise
     except Exception as exc:  # botocore raises several unrelated types for one failed copy
         raise StageFailed(
@@ -59,6 +60,17 @@ def download_version(uri: str, target: Path) -> Path:
             "check the bucket, the prefix and the pod's S3 permissions",
         ) from exc
     return target
+
+
+def read_manifest(path: Path) -> Manifest:
+    """`load_manifest`, with a manifest that is not UTF-8 reported as a stage failure."""
+    try:
+        return load_manifest(path)
+    except UnicodeDecodeError as exc:
+        raise StageFailed(
+            f"manifest {path} is not UTF-8 ({exc.reason} at byte {exc.start})",
+            "republish the version: llm-serving package build writes the manifest as UTF-8 JSON",
+        ) from exc
 
 
 def locate(
@@ -87,7 +99,7 @@ def locate(
             "LLM_SERVING_PACKAGE_S3_URI fallback",
             "publish the version and wait for the model cache restore Job, or set the S3 URI",
         )
-    manifest = load_manifest(folder / MANIFEST_NAME)
+    manifest = read_manifest(folder / MANIFEST_NAME)
     want_id, want_version = expect
     if (want_id and want_id != manifest.model_id) or (
         want_version and want_version != manifest.model_version

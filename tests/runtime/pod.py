@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import psutil
 import tritonclient.grpc as grpcclient
 
 from runtime.package import build_package
@@ -166,6 +167,15 @@ class Pod:
         self.process.send_signal(signal.SIGTERM)
         _, err = self.process.communicate(timeout=timeout)
         return self.process.returncode, err
+
+    def leftover_servers(self) -> list[psutil.Process]:
+        """Processes still running with this pod's Triton HTTP port in their argv (orphans)."""
+        flag = f"--http-port={self.port('triton_http')}"
+        found = []
+        for process in psutil.process_iter(["cmdline"]):
+            if flag in (process.info["cmdline"] or []):
+                found.append(process)
+        return found
 
     def stderr(self) -> str:
         assert self.process is not None

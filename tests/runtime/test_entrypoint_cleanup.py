@@ -1,0 +1,97 @@
+"""Failures nobody planned for still end in one line and the stage's exit code, and never leave
+a child process running: a taken port, a manifest that is not UTF-8, an unexpected exception."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from runtime.entrypoint import EntrypointSettings, ExitCode
+from runtime.entrypoint.runner import Entrypoint
+from tests.runtime.pod import Pod
+from tests.runtime.test_entrypoint_failures import failure_line
+
+
+def _listen(port: int) -> socket.socket:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen()
+    return sock
+
+
+def test_taken_public_port_fails_the_gate_and_stops_triton(tmp_path: Path) -> None:
+    pod = Pod.create(tmp_path)
+    pod.env.update({"LLM_SERVING_GATE": "relay", "KSERVE_STANDIN_BIND_EARLY": "1"})
+    with _listen(pod.port("public_grpc")):
+        code, err = pod.run_to_exit(timeout=60)
+    assert code == ExitCode.STAGE_GATE, err
+    line = failure_line(err)
+    assert "stage 8/8 gate failed: model toy is ready but the public gRPC port" in line
+    assert "Traceback" not in err
+    assert pod.leftover_servers() == []
+
+
+def test_taken_health_port_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    pod = Pod.create(tmp_path)
+    with _listen(pod.port("health")):
+        code, err = pod.run_to_exit(timeout=60)
+    assert code == ExitCode.CONFIG, err
+    assert "Traceback" not in err
+    (line,) = [line for line in err.splitlines() if "health port failed" in line]
+    assert "LLM_SERVING_HEALTH_PORT" in line
+
+
+def test_manifest_that_is_not_utf8_fails_locate(tmp_path: Path) -> None:
+    pod = Pod.create(tmp_path)
+    manifest = pod.root / "version" / "manifest.json"
+    manifest.write_bytes(manifest.read_bytes().replace(b'"toy"', b'"to\xff"', 1))
+    code, err = pod.run_to_exit()
+    assert code == ExitCode.STAGE_LOCATE, err
+    assert "manifest.json is not UTF-8" in failure_line(err)
+    assert "Traceback" not in err
+
+
+def test_parallel_size_that_is_not_a_number_fails_render(tmp_path: Path) -> None:
+    pod = Pod.create(tmp_path)
+    path = pod.root / "version" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["engine_args"]["tensor_parallel_size"] = "two"
+    path.write_text(json.dumps(manifest))
+    code, err = pod.run_to_exit()
+    assert code == ExitCode.STAGE_RENDER, err
+    line = failure_line(err)
+    assert "stage 6/8 render failed: engine_args.tensor_parallel_size is 'two'" in line
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("broken", "expected"),
+    [("_open_gate", ExitCode.STAGE_GATE), ("_serve", ExitCode.INTERNAL)],
+)
+def test_unexpected_exception_stops_triton(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+    broken: str,
+    expected: int,
+) -> None:
+    pod = Pod.create(tmp_path)
+    for name, value in pod.env.items():
+        monkeypatch.setenv(name, value)
+
+    async def explode(self: Entrypoint, *args: object) -> None:
+        assert self.state.processes, "Triton should be running by now"
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(Entrypoint, broken, explode)
+    code = asyncio.run(Entrypoint(EntrypointSettings()).run())
+    err = capfd.readouterr().err
+    assert code == expected, err
+    (line,) = [line for line in err.splitlines() if "unexpected RuntimeError" in line]
+    assert "boom" in line
+    assert pod.leftover_servers() == []
