@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, distributions
 from importlib.metadata import version as dist_version
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
@@ -154,16 +154,20 @@ def _shipped(name: str) -> Path:
     return installed if installed.is_file() else here.parent / "images" / name
 
 
+def _read_toml(path: Path, what: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CompatError(f"cannot read {what} {path}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise CompatError(f"{path} is not valid TOML: {exc}") from exc
+
+
 def vllm_requirements(version: str, path: Path | None = None) -> tuple[str, ...]:
     """vLLM ``version``'s own requirements (Requires-Dist, extras left out), as
     ``images/vllm-requirements.toml`` records them; raises `CompatError` for an unknown one."""
     path = path or _shipped(_REQUIREMENTS_FILE)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CompatError(f"cannot read vLLM's requirements {path}: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise CompatError(f"{path} is not valid TOML: {exc}") from exc
+    raw = _read_toml(path, "vLLM's requirements")
     if raw.get("format_version") != 1:
         raise CompatError(f"{path}: format_version must be 1")
     entry = raw.get("vllm", {}).get(version)
@@ -226,12 +230,7 @@ def load_matrix(path: Path | None = None) -> CompatMatrix:
     if path is None:
         override = os.environ.get(MATRIX_ENV_VAR)
         path = Path(override) if override else default_matrix_path()
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CompatError(f"cannot read the compatibility matrix {path}: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise CompatError(f"{path} is not valid TOML: {exc}") from exc
+    raw = _read_toml(path, "the compatibility matrix")
     try:
         model = _MatrixModel.model_validate(raw)
     except ValidationError as exc:
