@@ -1,5 +1,6 @@
-"""Stage 3: install the package's plugin wheels offline under the image's constraints, then prove
-that no pinned distribution moved and that the plugins' vLLM entry points are registered."""
+"""Stage 3: refuse plugin wheels that would shadow the image's packages, install them offline
+under the image's constraints, then prove that no pinned distribution moved and that the
+plugins' vLLM entry points are registered."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from runtime.entrypoint.errors import StageFailed
+from runtime.entrypoint.shadow import ImageNames, check_no_shadowing
 from runtime.package.manifest import Manifest
 from runtime.package.wheels import parse_pins
 
@@ -34,6 +36,10 @@ def _pinned_names(constraints: Path | None) -> set[str]:
     return names
 
 
+def _is_dir(entry: str, folder: Path | None) -> bool:
+    return folder is not None and Path(entry or ".").resolve() == folder.resolve()
+
+
 def install_plugins(
     manifest: Manifest, unpacked: Path, target: Path | None, constraints: Path | None
 ) -> list[str]:
@@ -42,6 +48,10 @@ def install_plugins(
         return []
     search = ([str(target)] if target is not None else []) + sys.path
     pinned = _pinned_names(constraints)
+    # Checked before pip runs: a wheel that ships vllm/ must not land even for a moment.
+    image = ImageNames.scan([p for p in sys.path if not _is_dir(p, target)], unpacked)
+    for plugin in manifest.plugins:
+        check_no_shadowing(unpacked / plugin.wheel, plugin.wheel, image, pinned)
     before = _versions(search, pinned)
     wheels = [str(unpacked / plugin.wheel) for plugin in manifest.plugins]
     command = [sys.executable, "-m", "pip", "install", "--no-index", "--no-input", "--quiet"]

@@ -186,7 +186,7 @@ class Entrypoint:
     async def _stages(self) -> int:
         s = self.settings
         work = s.work_dir
-        self._probe = start_import_probe(s.triton_release, s.compat_matrix)
+        self._probe = start_import_probe(s.triton_release, s.compat_matrix, self._python_env())
         folder, manifest = await self._stage(
             1,
             asyncio.to_thread(
@@ -206,12 +206,17 @@ class Entrypoint:
         entry_points = await self._stage(3, asyncio.to_thread(install_plugins, *plugins))
         if entry_points:
             log(f"plugins registered: {', '.join(entry_points)}")
+        if manifest.plugins:
+            # The probe started before the plugins existed. Starting it only after stage 3
+            # would cost every package the overlap; a restart costs only packages with plugins
+            # (nearly all) one wasted import, and then imports exactly what Triton will.
+            self._kill_probe()
+            self._probe = start_import_probe(s.triton_release, s.compat_matrix, self._python_env())
         removed = await self._stage(4, asyncio.to_thread(wipe_multiproc_dir, s.multiproc_dir))
         log(f"removed {removed} stale entries from PROMETHEUS_MULTIPROC_DIR")
         self.metrics.enable()
-        pair = await self._stage(
-            5, asyncio.to_thread(check_compat, s.triton_release, s.compat_matrix, self._probe)
-        )
+        compat = (s.triton_release, s.compat_matrix, self._probe, self._python_env())
+        pair = await self._stage(5, asyncio.to_thread(check_compat, *compat))
         log(f"compatible: Triton {pair.triton} / vLLM {pair.vllm}")
         repository = work / "model_repository"
 
@@ -231,12 +236,17 @@ class Entrypoint:
         await self._stage(8, self._open_gate(manifest, embedded))
         return await self._serve(manifest)
 
-    def _child_env(self, catalogs: Path) -> dict[str, str]:
+    def _python_env(self) -> dict[str, str]:
+        """The environment of Triton's Python (and the import probe): plugin folder first."""
         env = dict(os.environ)
         if self.settings.plugin_dir is not None:
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (str(self.settings.plugin_dir), env.get("PYTHONPATH", "")) if p
             )
+        return env
+
+    def _child_env(self, catalogs: Path) -> dict[str, str]:
+        env = self._python_env()
         # The constraint processor (in Triton's vLLM) and the frontend's constraint validation
         # both find the package's catalogs here by name.
         env[CATALOG_DIR_ENV] = str(catalogs)

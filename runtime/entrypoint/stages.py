@@ -156,13 +156,14 @@ def wipe_multiproc_dir(path: Path | None) -> int:
 
 
 def start_import_probe(
-    release: str | None, matrix_path: Path | None
+    release: str | None, matrix_path: Path | None, env: dict[str, str] | None = None
 ) -> subprocess.Popen[str] | None:
     """Start importing the pair's backend modules in a separate interpreter, right away.
 
-    vLLM takes seconds to import; started before stage 1, the probe overlaps the other stages
-    and `check_compat` only collects its result. ``None`` when the pair is unknown (stage 5
-    then reports why).
+    vLLM takes seconds to import; started early, the probe overlaps the other stages and
+    `check_compat` only collects its result. ``env`` should be Triton's environment (its
+    ``PYTHONPATH`` puts the plugin folder first), so the probe imports what Triton will.
+    ``None`` when the pair is unknown (stage 5 then reports why).
     """
     if release is None:
         return None
@@ -176,11 +177,15 @@ def start_import_probe(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=env,
     )
 
 
 def check_compat(
-    release: str | None, matrix_path: Path | None, probe: subprocess.Popen[str] | None = None
+    release: str | None,
+    matrix_path: Path | None,
+    probe: subprocess.Popen[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> CompatPair:
     """Check the installed vLLM against the matrix and import-probe the backend's modules;
     returns the pair (the render stage picks the vLLM backend from it)."""
@@ -199,7 +204,7 @@ def check_compat(
         raise StageFailed(str(exc), "use the serving image built for this pair") from exc
     # A separate interpreter: vLLM's import cost and memory stay out of the entrypoint.
     if probe is None:
-        probe = start_import_probe(release, matrix_path)
+        probe = start_import_probe(release, matrix_path, env)
     assert probe is not None  # the pair resolved above
     stdout, stderr = probe.communicate()
     if probe.returncode != 0:

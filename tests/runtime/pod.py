@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,9 @@ import psutil
 import tritonclient.grpc as grpcclient
 
 from runtime.package import build_package
+from runtime.package.build import file_entry
+from runtime.package.manifest import ARCHIVE_NAME, MANIFEST_NAME, Plugin, load_manifest
+from runtime.package.wheels import read_wheel
 from tests.runtime.wheelmaker import make_source
 from tests.support.ports import free_port
 
@@ -131,6 +135,32 @@ class Pod:
             env["LLM_SERVING_COMPAT_MATRIX"] = str(matrix)
         return cls(root=root, env=env)
 
+    def add_plugin(self, wheel: Path, entry_points: dict[str, list[str]] | None = None) -> None:
+        """Add ``wheel`` to the built package as a packager without today's checks would:
+        appended to the archive, listed in the manifest (with ``entry_points`` if given, else
+        what the wheel declares), the archive entry resealed."""
+        version = self.root / "version"
+        manifest = load_manifest(version / MANIFEST_NAME)
+        member = f"plugins/{wheel.name}"
+        archive = version / ARCHIVE_NAME
+        with tarfile.open(archive, "a") as tar:
+            tar.add(wheel, arcname=member)
+        info = read_wheel(wheel, member)
+        plugin = Plugin(
+            wheel=member,
+            distribution=info.distribution,
+            version=info.version,
+            entry_points=info.entry_points if entry_points is None else entry_points,
+        )
+        sealed = manifest.model_copy(
+            update={
+                "plugins": [*manifest.plugins, plugin],
+                "archive_files": [*manifest.archive_files, file_entry(wheel, member)],
+                "archive": file_entry(archive, ARCHIVE_NAME),
+            }
+        )
+        (version / MANIFEST_NAME).write_text(sealed.to_json())
+
     def port(self, name: str) -> int:
         return int(self.env[f"LLM_SERVING_{name.upper()}_PORT"])
 
@@ -159,7 +189,12 @@ class Pod:
     def run_to_exit(self, timeout: float = 90) -> tuple[int, str]:
         self.start()
         assert self.process is not None
-        _, err = self.process.communicate(timeout=timeout)
+        try:
+            _, err = self.process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.terminate()  # it stops its own children; a killed one could not
+            self.process.communicate(timeout=60)
+            raise
         return self.process.returncode, err
 
     def terminate(self, timeout: float = 60) -> tuple[int, str]:

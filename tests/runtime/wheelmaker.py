@@ -24,8 +24,10 @@ def make_wheel(
     requires: tuple[str, ...] = (),
     entry_points: dict[str, dict[str, str]] | None = None,
     module_source: str = "VALUE = 1\n",
+    files: dict[str, bytes] | None = None,
 ) -> Path:
-    """Write ``<name>-<version>-py3-none-any.whl`` with one module named after the distribution."""
+    """Write ``<name>-<version>-py3-none-any.whl`` with one module named after the distribution
+    (and ``files``, more members by path)."""
     module = name.replace("-", "_")
     dist_info = f"{module}-{version}.dist-info"
     metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
@@ -35,6 +37,7 @@ def make_wheel(
         f"{dist_info}/METADATA": metadata.encode(),
         f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
         b"Tag: py3-none-any\n",
+        **(files or {}),
     }
     if entry_points:
         text = "".join(

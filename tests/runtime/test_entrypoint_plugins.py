@@ -1,0 +1,85 @@
+"""Stage 3 against plugin wheels that would change the image: shadowing its packages, moving a
+pinned distribution, registering no vLLM entry point, or failing to install at all."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from runtime.entrypoint import ExitCode, StageFailed
+from runtime.entrypoint.shadow import ImageNames, check_no_shadowing
+from tests.runtime.pod import Pod
+from tests.runtime.test_entrypoint_failures import failure_line
+from tests.runtime.wheelmaker import make_wheel
+
+GENERAL = {"vllm.general_plugins": {"sneaky": "sneaky:register"}}
+
+
+def test_wheel_that_ships_vllm_is_refused_before_install(tmp_path: Path) -> None:
+    wheel = make_wheel(
+        tmp_path / "wheels",
+        "sneaky",
+        entry_points=GENERAL,
+        files={"vllm/__init__.py": b"SHADOWED = True\n"},
+    )
+    pod = Pod.create(tmp_path)
+    pod.add_plugin(wheel)
+    code, err = pod.run_to_exit()
+    assert code == ExitCode.STAGE_PLUGINS, err
+    line = failure_line(err)
+    assert "plugin wheel plugins/sneaky-1.0-py3-none-any.whl ships vllm/__init__.py" in line
+    assert "it would shadow vllm, which the image has from vllm (pinned)" in line
+    assert not (pod.root / "plugins" / "vllm").exists()
+
+
+def test_import_probe_imports_what_triton_will(tmp_path: Path) -> None:
+    # toy_plugin exists only in the plugin folder, on Triton's PYTHONPATH: a probe that does
+    # not see that folder (or runs before stage 3 installed it) cannot import it.
+    pod = Pod.create(tmp_path)
+    matrix = Path(pod.env["LLM_SERVING_COMPAT_MATRIX"])
+    matrix.write_text(matrix.read_text().replace('["json"]', '["json", "toy_plugin"]'))
+    pod.start().wait_ready()
+    code, err = pod.terminate()
+    assert code == ExitCode.DRAINED, err
+    assert "stage 5/8 compat done" in err
+
+
+@pytest.fixture(scope="module")
+def image() -> ImageNames:
+    return ImageNames.scan(sys.path, Path("/nonexistent"))
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"torch.py": b""}, "ships torch.py: it would shadow torch"),
+        ({"numpy/__init__.py": b""}, "ships numpy/__init__.py: it would shadow numpy"),
+        ({"sneaky-1.0.data/purelib/yaml/__init__.py": b""}, "ships yaml/__init__.py"),
+        (
+            {"sneaky-1.0.data/data/lib/python3.12/site-packages/vllm/x.py": b""},
+            "ships vllm/x.py: it would shadow vllm",
+        ),
+        ({"google/__init__.py": b""}, "it would shadow google, which the image has from"),
+        ({"google/protobuf/evil.py": b""}, "it would shadow google.protobuf"),
+        ({"zzz-sneaky.pth": b"import os\n"}, "ships zzz-sneaky.pth, a .pth file"),
+        ({"vllm-0.27.1.dist-info/RECORD": b""}, "ships vllm-0.27.1.dist-info, the metadata"),
+    ],
+)
+def test_files_that_would_shadow_the_image_are_refused(
+    tmp_path: Path, image: ImageNames, files: dict[str, bytes], message: str
+) -> None:
+    wheel = make_wheel(tmp_path, "sneaky", entry_points=GENERAL, files=files)
+    with pytest.raises(StageFailed) as raised:
+        check_no_shadowing(wheel, wheel.name, image, {"vllm", "torch"})
+    assert message in str(raised.value)
+
+
+def test_own_packages_and_namespace_portions_pass(tmp_path: Path, image: ImageNames) -> None:
+    files = {
+        "google/sneaky_ext/__init__.py": b"",  # a new portion of a shared namespace
+        "sneaky-1.0.data/scripts/sneaky": b"#!python\n",  # lands in bin/, not site-packages
+    }
+    wheel = make_wheel(tmp_path, "sneaky", entry_points=GENERAL, files=files)
+    check_no_shadowing(wheel, wheel.name, image, {"vllm", "torch"})
