@@ -4,6 +4,7 @@ plugins' vLLM entry points are registered."""
 
 from __future__ import annotations
 
+import difflib
 import importlib.metadata as md
 import subprocess
 import sys
@@ -14,8 +15,8 @@ from packaging.utils import canonicalize_name
 
 from runtime.entrypoint.errors import StageFailed
 from runtime.entrypoint.shadow import ImageNames, check_no_shadowing
-from runtime.package.manifest import Manifest
-from runtime.package.wheels import parse_pins
+from runtime.package.manifest import Manifest, Plugin
+from runtime.package.wheels import PLUGIN_GROUPS, parse_pins
 
 __all__ = ["install_plugins"]
 
@@ -79,11 +80,12 @@ def install_plugins(
             f"installing the plugins changed pinned distributions ({detail})",
             "drop the pinned distribution from the plugin's wheel and dependencies",
         )
-    _check_requirements(manifest, search)
+    _check_installed(manifest, search)
     return _check_entry_points(manifest, search)
 
 
-def _check_requirements(manifest: Manifest, search: list[str]) -> None:
+def _check_installed(manifest: Manifest, search: list[str]) -> None:
+    """Each plugin is visible, loadable by vLLM, and has what it requires."""
     for plugin in manifest.plugins:
         dist = next(
             (
@@ -99,6 +101,7 @@ def _check_requirements(manifest: Manifest, search: list[str]) -> None:
                 f"plugin {plugin.distribution} is not visible after install",
                 "check LLM_SERVING_PLUGIN_DIR is writable",
             )
+        _check_groups(plugin, {ep.group for ep in dist.entry_points})
         for text in dist.requires or []:
             req = Requirement(text)
             if req.marker is not None and not req.marker.evaluate({"extra": ""}):
@@ -110,6 +113,28 @@ def _check_requirements(manifest: Manifest, search: list[str]) -> None:
                     f"plugin {plugin.distribution} requires {text!r} but {req.name} {state}",
                     "rebuild the plugin against the image's versions or vendor the dependency",
                 )
+
+
+def _check_groups(plugin: Plugin, groups: set[str]) -> None:
+    """Refuse a plugin that vLLM would never load: no entry point in either plugin group."""
+    if groups & set(PLUGIN_GROUPS):
+        return
+    wanted = " or ".join(PLUGIN_GROUPS)
+    typos = {g: difflib.get_close_matches(g, PLUGIN_GROUPS, n=1, cutoff=0.8) for g in groups}
+    near = {g: m[0] for g, m in sorted(typos.items()) if m}
+    if near:
+        found = "; ".join(
+            f"its group [{g}] looks like a misspelling of {m}" for g, m in near.items()
+        )
+        fix = ", ".join(f"rename [{g}] to [{m}]" for g, m in near.items())
+    else:
+        found = f"its groups: {', '.join(sorted(groups))}" if groups else "it declares none"
+        fix = f"declare the plugin's entry point under [{PLUGIN_GROUPS[0]}] or [{PLUGIN_GROUPS[1]}]"
+    raise StageFailed(
+        f"plugin wheel {plugin.wheel} ({plugin.distribution}) registers no entry point in "
+        f"{wanted}, so vLLM would never load it; {found}",
+        f"{fix} in the plugin's entry points, then rebuild the wheel and the package",
+    )
 
 
 def _check_entry_points(manifest: Manifest, search: list[str]) -> list[str]:

@@ -83,3 +83,19 @@ def test_own_packages_and_namespace_portions_pass(tmp_path: Path, image: ImageNa
     }
     wheel = make_wheel(tmp_path, "sneaky", entry_points=GENERAL, files=files)
     check_no_shadowing(wheel, wheel.name, image, {"vllm", "torch"})
+
+
+def test_entry_point_under_a_misspelled_group_is_refused(tmp_path: Path) -> None:
+    wheel = make_wheel(
+        tmp_path / "wheels",
+        "typo-plugin",
+        entry_points={"vllm.logits_processor": {"typo": "typo_plugin:Processor"}},
+    )
+    pod = Pod.create(tmp_path)
+    pod.add_plugin(wheel)  # the manifest lists no entry points for it: nothing to compare
+    code, err = pod.run_to_exit()
+    assert code == ExitCode.STAGE_PLUGINS, err
+    line = failure_line(err)
+    assert "plugins/typo_plugin-1.0-py3-none-any.whl (typo-plugin) registers no entry point" in line
+    assert "[vllm.logits_processor] looks like a misspelling of vllm.logits_processors" in line
+    assert "rename [vllm.logits_processor] to [vllm.logits_processors]" in line
