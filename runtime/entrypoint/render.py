@@ -3,10 +3,13 @@ generated here, at deploy time, so a frontend upgrade never needs a repackaged m
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import json
 import shutil
-from importlib.metadata import entry_points
+import sys
 from pathlib import Path
+
+from packaging.utils import canonicalize_name
 
 from runtime.compat import CompatPair
 from runtime.entrypoint.errors import StageFailed
@@ -93,7 +96,11 @@ def _python_config(name: str, manifest: Manifest) -> str:
 
 
 def engine_arguments(
-    manifest: Manifest, version_dir: Path, unpacked: Path, logits_processor: str
+    manifest: Manifest,
+    version_dir: Path,
+    unpacked: Path,
+    logits_processor: str,
+    plugin_dir: Path | None = None,
 ) -> dict[str, object]:
     """``model.json``: the manifest's engine args plus the paths and settings we always need."""
     args: dict[str, object] = dict(manifest.engine_args)
@@ -103,15 +110,25 @@ def engine_arguments(
     args["disable_log_stats"] = False
     # vLLM adds every entry-point processor to the ones model.json names, without removing
     # doubles: a processor in both would mask every row twice and count every event twice.
-    plugins = plugin_processors()
+    plugins = plugin_processors(plugin_dir)
     named = [*(args.get("logits_processors") or []), logits_processor]  # type: ignore[misc]
     args["logits_processors"] = [p for p in dict.fromkeys(named) if p not in plugins]
     return args
 
 
-def plugin_processors() -> frozenset[str]:
-    """``module:Class`` of every logits processor vLLM loads from installed entry points."""
-    return frozenset(ep.value for ep in entry_points(group=LOGITS_PROCESSORS_GROUP))
+def plugin_processors(plugin_dir: Path | None = None) -> frozenset[str]:
+    """``module:Class`` of every logits processor vLLM loads from entry points, as Triton's
+    Python finds them: ``plugin_dir`` (``LLM_SERVING_PLUGIN_DIR``) first, then ``sys.path``."""
+    path = ([str(plugin_dir)] if plugin_dir is not None else []) + sys.path
+    seen: set[str] = set()
+    found: set[str] = set()
+    for dist in md.distributions(path=path):
+        name = canonicalize_name(dist.metadata["Name"] or "")
+        if name in seen:
+            continue  # the first copy on the path is the one imported, as in entry_points()
+        seen.add(name)
+        found.update(ep.value for ep in dist.entry_points if ep.group == LOGITS_PROCESSORS_GROUP)
+    return frozenset(found)
 
 
 def link_catalogs(manifest: Manifest, unpacked: Path, folder: Path) -> Path:
@@ -140,10 +157,12 @@ def render_repository(
     repository: Path,
     logits_processor: str,
     vllm_backend: str = BACKEND_NAME,
+    plugin_dir: Path | None = None,
 ) -> Path:
     """Write ``<repository>/<model_id>/`` (config.pbtxt and version 1); returns the model dir.
 
-    ``vllm_backend`` is the backend ``vllm`` packages name (`vllm_backend_for` the pair).
+    ``vllm_backend`` is the backend ``vllm`` packages name (`vllm_backend_for` the pair);
+    ``plugin_dir`` is where stage 3 installed the plugins, if not into site-packages.
     """
     if repository.exists():
         shutil.rmtree(repository)
@@ -151,7 +170,7 @@ def render_repository(
     version = model_dir / "1"
     version.mkdir(parents=True)
     # The python backend's model.py may run vLLM itself, so it gets the same engine arguments.
-    args = engine_arguments(manifest, version_dir, unpacked, logits_processor)
+    args = engine_arguments(manifest, version_dir, unpacked, logits_processor, plugin_dir)
     (version / "model.json").write_text(json.dumps(args, indent=2, sort_keys=True) + "\n")
     if manifest.backend == "vllm":
         config = _vllm_config(manifest.model_id, manifest.engine_args, vllm_backend)

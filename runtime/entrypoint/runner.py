@@ -224,7 +224,9 @@ class Entrypoint:
             backend, fallback = vllm_backend_for(pair)
             if fallback is not None and manifest.backend == "vllm":
                 log(f"warning: {fallback}")
-            render_repository(manifest, folder, unpacked, repository, s.logits_processor, backend)
+            render_repository(
+                manifest, folder, unpacked, repository, s.logits_processor, backend, s.plugin_dir
+            )
             return link_catalogs(manifest, unpacked, work / "catalogs")
 
         catalogs = await self._stage(6, asyncio.to_thread(render))

@@ -3,6 +3,7 @@ pinned distribution, registering no vLLM entry point, or failing to install at a
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from runtime.entrypoint import ExitCode, StageFailed
 from runtime.entrypoint.shadow import ImageNames, check_no_shadowing
 from tests.runtime.pod import Pod
 from tests.runtime.test_entrypoint_failures import failure_line
-from tests.runtime.wheelmaker import make_wheel
+from tests.runtime.wheelmaker import make_source, make_wheel
 
 GENERAL = {"vllm.general_plugins": {"sneaky": "sneaky:register"}}
 
@@ -99,3 +100,18 @@ def test_entry_point_under_a_misspelled_group_is_refused(tmp_path: Path) -> None
     assert "plugins/typo_plugin-1.0-py3-none-any.whl (typo-plugin) registers no entry point" in line
     assert "[vllm.logits_processor] looks like a misspelling of vllm.logits_processors" in line
     assert "rename [vllm.logits_processor] to [vllm.logits_processors]" in line
+
+
+def test_processor_a_plugin_registers_is_not_named_again_in_model_json(tmp_path: Path) -> None:
+    # toy-plugin registers toy_plugin:Processor in the plugin folder, not in site-packages.
+    source = make_source(
+        tmp_path / "src",
+        engine_args={"max_model_len": 128, "logits_processors": ["toy_plugin:Processor", "a:B"]},
+    )
+    pod = Pod.create(tmp_path, source=source)
+    pod.start().wait_ready()
+    model_json = pod.root / "work" / "model_repository" / "toy" / "1" / "model.json"
+    processors = json.loads(model_json.read_text())["logits_processors"]
+    assert pod.terminate()[0] == ExitCode.DRAINED
+    assert "toy_plugin:Processor" not in processors
+    assert processors[0] == "a:B"
