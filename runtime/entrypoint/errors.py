@@ -31,7 +31,11 @@ class ExitCode(IntEnum):
     SERVER_EXITED = 20
     """Triton (or the frontend) exited on its own while serving."""
     DRAIN_TIMEOUT = 21
-    """SIGTERM: Triton did not stop within the drain deadline and was killed."""
+    """SIGTERM: the drain deadline passed with requests in flight (Triton cut them, or did not
+    stop and was killed)."""
+    DRAIN_SERVER_EXITED = 22
+    """SIGTERM: a server process exited abnormally (non-zero, or by a signal) during the drain,
+    before the deadline: in-flight requests may have failed."""
 
 
 class StageFailed(Exception):

@@ -273,7 +273,7 @@ class Entrypoint:
             f"--http-port={s.triton_http_port}",
             "--metrics-address=127.0.0.1",
             f"--metrics-port={s.triton_metrics_port}",
-            f"--exit-timeout-secs={max(1, round(s.drain_seconds))}",
+            f"--exit-timeout-secs={self._exit_timeout_secs()}",
         ]
         env = self._child_env(catalogs)
         try:
@@ -451,16 +451,28 @@ class Entrypoint:
         clean = await self._stop_processes(s.drain_seconds)
         elapsed = time.monotonic() - started
         codes = [p.returncode for p in self.state.processes]
-        # Triton gets the same deadline (--exit-timeout-secs) and cuts in-flight requests when
-        # it passes, so a stop that took the whole deadline is not a clean drain either.
-        if not clean or elapsed >= s.drain_seconds or any(codes):
+        # Triton gets the deadline as --exit-timeout-secs and cuts in-flight requests when it
+        # passes, so a stop that took that long is not a clean drain either.
+        if not clean or elapsed >= self._exit_timeout_secs():
             log(
                 f"drain deadline of {s.drain_seconds:g}s reached after {elapsed:.1f}s (exit codes "
                 f"{codes}); in-flight requests may have failed"
             )
             return ExitCode.DRAIN_TIMEOUT
+        failed = [p for p in self.state.processes if p.returncode != 0]
+        if failed:
+            what = ", ".join(f"process {p.pid} {_how_it_ended(p.returncode)}" for p in failed)
+            log(
+                f"drain failed: {what} after {elapsed:.1f}s, before the {s.drain_seconds:g}s "
+                "deadline; in-flight requests may have failed"
+            )
+            return ExitCode.DRAIN_SERVER_EXITED
         log("drained: every in-flight request finished")
         return ExitCode.DRAINED
+
+    def _exit_timeout_secs(self) -> int:
+        """The drain deadline as Triton takes it (whole seconds, at least 1)."""
+        return max(1, round(self.settings.drain_seconds))
 
     async def _stop_processes(self, deadline: float) -> bool:
         """SIGTERM every child (frontend first), wait ``deadline`` seconds, then SIGKILL."""
@@ -477,6 +489,12 @@ class Entrypoint:
                     process.kill()
                 await process.wait()
         return clean
+
+
+def _how_it_ended(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with {code}"
 
 
 def _unexpected(exc: BaseException) -> str:

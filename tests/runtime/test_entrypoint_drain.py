@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime.entrypoint import ExitCode
 from tests.runtime.pod import Pod, http_status, infer, port_refuses
 from tests.support.kserve_server import KServeStandIn
 
@@ -91,3 +92,36 @@ def test_drain_deadline_is_reported_with_its_own_exit_code(tmp_path: Path) -> No
         thread.join(timeout=30)
     assert code == 21, err
     assert "drain deadline of 1s reached" in err
+
+
+def test_triton_dying_during_the_drain_is_not_a_deadline(tmp_path: Path) -> None:
+    pod = Pod.create(tmp_path)
+    record = tmp_path / "requests.jsonl"
+    pod.env["STANDIN_TOKEN_DELAY_SECONDS"] = "0.2"  # 6 s per request, well inside 10 s
+    pod.env["KSERVE_STANDIN_RECORD"] = str(record)
+    pod.start().wait_ready()
+    threads = _traffic(pod.port("public_grpc"), {}, {})
+    deadline = time.monotonic() + 20
+    while not record.exists() or len(record.read_text().splitlines()) < len(PROMPTS):
+        assert time.monotonic() < deadline, "the requests never reached the stand-in"
+        time.sleep(0.05)
+    assert pod.process is not None
+    (triton,) = pod.leftover_servers()
+    pod.process.send_signal(15)
+    time.sleep(0.3)
+    triton.kill()
+    code, err = pod.terminate()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert code == ExitCode.DRAIN_SERVER_EXITED, err
+    assert f"drain failed: process {triton.pid} was killed by SIGKILL" in err
+    assert "deadline of 10s reached" not in err
+
+
+def test_idle_stop_with_a_zero_deadline_is_drained(tmp_path: Path) -> None:
+    pod = Pod.create(tmp_path)
+    pod.env["LLM_SERVING_DRAIN_SECONDS"] = "0"
+    pod.start().wait_ready()
+    code, err = pod.terminate()
+    assert code == ExitCode.DRAINED, err
+    assert "drained: every in-flight request finished" in err
