@@ -3,6 +3,8 @@
 Stages, each timed (a log line and ``startup_stage_seconds{stage}``), each failure one line on
 stderr naming the stage and the fix, exit code ``10 + stage number``: 1 locate, 2 unpack,
 3 plugins, 4 metrics, 5 compat, 6 render, 7 start, 8 gate. Other exit codes: `ExitCode`.
+SIGTERM before the gate opens cancels the start once the running stage ends (exit 0); after,
+it drains.
 """
 
 from __future__ import annotations
@@ -125,7 +127,7 @@ class Entrypoint:
         started = time.perf_counter()
         try:
             result = await work
-        except _Failed:
+        except (_Failed, _Stopped):
             raise
         except StageFailed as exc:
             raise _Failed(number, str(exc), exc.fix) from exc
@@ -136,6 +138,10 @@ class Entrypoint:
         seconds = time.perf_counter() - started
         self.metrics.record(name, seconds)
         log(f"stage {number}/8 {name} done in {seconds:.3f}s")
+        # A stage is not interrupted (pip or a checksum half done helps nobody), but no stage
+        # starts after SIGTERM; once the gate is open, serving sees the stop at once.
+        if self.stop.is_set() and number < len(STAGES):
+            raise _Stopped(number, during=False)
         return result
 
     async def run(self) -> int:
@@ -169,6 +175,8 @@ class Entrypoint:
             name = STAGES[failed.number - 1]
             log(f"stage {failed.number}/8 {name} failed: {failed.message}; fix: {failed.fix}")
             return 10 + failed.number
+        except _Stopped as stopped:
+            return await self._cancel_start(stopped)
         except Exception as exc:  # outside any stage (serving, draining): a bug, still one line
             log(f"internal error: {_unexpected(exc)}; the servers were stopped")
             return ExitCode.INTERNAL
@@ -230,9 +238,6 @@ class Entrypoint:
             return link_catalogs(manifest, unpacked, work / "catalogs")
 
         catalogs = await self._stage(6, asyncio.to_thread(render))
-        if self.stop.is_set():
-            log("SIGTERM before start: nothing to drain")
-            return ExitCode.DRAINED
         embedded = (s.serving_mode or manifest.serving_mode) == "embedded"
         await self._stage(7, self._start(manifest, repository, unpacked, catalogs, embedded))
         await self._stage(8, self._open_gate(manifest, embedded))
@@ -361,7 +366,7 @@ class Entrypoint:
                     _FIXES["gate"],
                 )
             if self.stop.is_set():
-                return
+                raise _Stopped(8, during=True)
             status = await asyncio.to_thread(self._model_status, manifest.model_id)
             ready = status == 200
             # Triton starts its endpoints only after the startup models have loaded, so a
@@ -470,6 +475,15 @@ class Entrypoint:
         log("drained: every in-flight request finished")
         return ExitCode.DRAINED
 
+    async def _cancel_start(self, stopped: _Stopped) -> int:
+        """SIGTERM before the gate opened: no request can be in flight, so stop what runs."""
+        name = STAGES[stopped.number - 1]
+        when = "during" if stopped.during else "after"
+        log(f"SIGTERM {when} stage {stopped.number}/8 {name}: start cancelled, nothing to drain")
+        if self.state.processes and not await self._stop_processes(self.settings.drain_seconds):
+            log(f"the servers did not stop within {self.settings.drain_seconds:g}s and were killed")
+        return ExitCode.DRAINED
+
     def _exit_timeout_secs(self) -> int:
         """The drain deadline as Triton takes it (whole seconds, at least 1)."""
         return max(1, round(self.settings.drain_seconds))
@@ -511,6 +525,14 @@ def _has_module(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except ImportError:
         return False
+
+
+class _Stopped(Exception):
+    """SIGTERM arrived before the gate opened: ``during`` stage ``number``, or after it."""
+
+    def __init__(self, number: int, *, during: bool) -> None:
+        super().__init__(f"stopped {'during' if during else 'after'} stage {number}")
+        self.number, self.during = number, during
 
 
 class _Failed(Exception):

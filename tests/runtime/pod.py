@@ -100,6 +100,8 @@ class Pod:
     root: Path
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[str] | None = None
+    read: list[str] = field(default_factory=list)
+    """stderr lines `wait_for_line` consumed; `terminate` puts them back in front."""
 
     @classmethod
     def create(cls, root: Path, *, light_matrix: bool = True, source: Path | None = None) -> Pod:
@@ -197,11 +199,20 @@ class Pod:
             raise
         return self.process.returncode, err
 
+    def wait_for_line(self, text: str) -> None:
+        """Read the entrypoint's stderr until a line containing ``text`` (or its end)."""
+        assert self.process is not None and self.process.stderr is not None
+        for line in self.process.stderr:
+            self.read.append(line)
+            if text in line:
+                return
+        raise AssertionError(f"the entrypoint never logged {text!r}: {''.join(self.read)}")
+
     def terminate(self, timeout: float = 60) -> tuple[int, str]:
         assert self.process is not None
         self.process.send_signal(signal.SIGTERM)
         _, err = self.process.communicate(timeout=timeout)
-        return self.process.returncode, err
+        return self.process.returncode, "".join(self.read) + err
 
     def leftover_servers(self) -> list[psutil.Process]:
         """Processes still running with this pod's Triton HTTP port in their argv (orphans)."""

@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from runtime.entrypoint import ExitCode
 from tests.runtime.pod import Pod, http_status, infer, port_refuses
@@ -125,3 +127,30 @@ def test_idle_stop_with_a_zero_deadline_is_drained(tmp_path: Path) -> None:
     code, err = pod.terminate()
     assert code == ExitCode.DRAINED, err
     assert "drained: every in-flight request finished" in err
+
+
+def test_sigterm_while_the_model_loads_cancels_the_start(tmp_path: Path) -> None:
+    pod = Pod.create(tmp_path)
+    pod.env["KSERVE_STANDIN_LOAD_SECONDS"] = "60"
+    pod.start().wait_for_line("stage 7/8 start done")
+    time.sleep(0.5)
+    started = time.monotonic()
+    code, err = pod.terminate()
+    assert code == ExitCode.DRAINED, err
+    assert time.monotonic() - started < 10, "the stop waited for the model to load"
+    assert "SIGTERM during stage 8/8 gate: start cancelled, nothing to drain" in err
+    assert "stage 8/8 gate done" not in err
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(pod.root / "prom"))
+    stages = {s.labels["stage"] for m in registry.collect() for s in m.samples}
+    assert "start" in stages and "gate" not in stages
+    assert pod.leftover_servers() == []
+
+
+def test_sigterm_during_an_early_stage_stops_after_it(tmp_path: Path) -> None:
+    pod = Pod.create(tmp_path)
+    pod.start().wait_for_line("stage 2/8 unpack done")  # stage 3 runs pip: over a second
+    code, err = pod.terminate()
+    assert code == ExitCode.DRAINED, err
+    assert "SIGTERM after stage 3/8 plugins: start cancelled, nothing to drain" in err
+    assert "stage 4/8" not in err and "started" not in err
