@@ -82,11 +82,14 @@ def locate(
     expect: tuple[str | None, str | None],
     warn: Callable[[str], None],
 ) -> tuple[Path, Manifest]:
-    """Find the version folder (model cache, else S3) and verify its checksums."""
+    """Find the version folder (model cache, else S3) and verify its checksums (the weights'
+    sha256 when ``verify_weights`` or downloaded, else their sizes)."""
     folder: Path | None = None
+    downloaded = False
     if package_path is not None and (package_path / MANIFEST_NAME).is_file():
         folder = package_path
     elif s3_uri:
+        downloaded = True
         warn(
             f"package not found on the model cache ({package_path}); downloading {s3_uri}: "
             "cold start will be slow"
@@ -110,8 +113,9 @@ def locate(
             "point LLM_SERVING_PACKAGE_PATH at the version this deployment serves",
         )
     check_file(folder, manifest.archive, full=True)
+    # The restore Job hashed the model cache's copy already; a fresh download nobody has.
     for entry in manifest.weight_files:
-        check_file(folder, entry, full=verify_weights)
+        check_file(folder, entry, full=verify_weights or downloaded)
     return folder, manifest
 
 

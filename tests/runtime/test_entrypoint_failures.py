@@ -151,6 +151,24 @@ def test_s3_fallback_warns_and_serves(
     assert "cold start will be slow" in err
 
 
+def test_weights_downloaded_from_s3_are_always_hashed(
+    tmp_path: Path, s3_env: dict[str, str], s3_client: Any, bucket: str
+) -> None:
+    pod = Pod.create(tmp_path)
+    publish(s3_client, pod.root / "version", bucket)
+    key = "models/toy/v1/weights/model.safetensors"
+    data = bytearray(s3_client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    data[10] ^= 0x01  # same size: only the sha256 can tell
+    s3_client.put_object(Bucket=bucket, Key=key, Body=bytes(data))
+    pod.env.update(s3_env)
+    pod.env["LLM_SERVING_PACKAGE_PATH"] = str(tmp_path / "not-restored")
+    pod.env["LLM_SERVING_PACKAGE_S3_URI"] = f"s3://{bucket}/models/toy/v1/"
+    assert "LLM_SERVING_VERIFY_WEIGHTS" not in pod.env
+    code, err = pod.run_to_exit()
+    assert code == 11
+    assert "checksum mismatch for weights/model.safetensors" in failure_line(err)
+
+
 def test_invalid_setting_exits_2_naming_it(tmp_path: Path) -> None:
     pod = Pod.create(tmp_path)
     pod.env["LLM_SERVING_HEALTH_PORT"] = "eighty"
