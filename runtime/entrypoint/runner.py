@@ -42,7 +42,7 @@ from runtime.entrypoint.stages import (
 from runtime.package.errors import PackageError
 from runtime.package.manifest import Manifest
 
-__all__ = ["Entrypoint", "log"]
+__all__ = ["Entrypoint", "exit_timeout_secs", "log", "triton_command"]
 
 T = TypeVar("T")
 _FIXES = {
@@ -264,22 +264,7 @@ class Entrypoint:
     ) -> None:
         s = self.settings
         grpc_host, grpc_port = s.triton_grpc_bind(embedded)
-        argv = [
-            *s.tritonserver_argv(),
-            f"--model-repository={repository}",
-            "--model-control-mode=explicit",
-            f"--load-model={manifest.model_id}",
-            "--strict-readiness=true",
-            "--exit-on-error=true",
-            f"--grpc-address={grpc_host}",
-            f"--grpc-port={grpc_port}",
-            "--allow-http=true",
-            "--http-address=127.0.0.1",
-            f"--http-port={s.triton_http_port}",
-            "--metrics-address=127.0.0.1",
-            f"--metrics-port={s.triton_metrics_port}",
-            f"--exit-timeout-secs={self._exit_timeout_secs()}",
-        ]
+        argv = triton_command(s, repository, manifest.model_id, embedded)
         env = self._child_env(catalogs)
         try:
             triton = await asyncio.create_subprocess_exec(*argv, env=env)
@@ -458,7 +443,7 @@ class Entrypoint:
         codes = [p.returncode for p in self.state.processes]
         # Triton gets the deadline as --exit-timeout-secs and cuts in-flight requests when it
         # passes, so a stop that took that long is not a clean drain either.
-        if not clean or elapsed >= self._exit_timeout_secs():
+        if not clean or elapsed >= exit_timeout_secs(s):
             log(
                 f"drain deadline of {s.drain_seconds:g}s reached after {elapsed:.1f}s (exit codes "
                 f"{codes}); in-flight requests may have failed"
@@ -484,10 +469,6 @@ class Entrypoint:
             log(f"the servers did not stop within {self.settings.drain_seconds:g}s and were killed")
         return ExitCode.DRAINED
 
-    def _exit_timeout_secs(self) -> int:
-        """The drain deadline as Triton takes it (whole seconds, at least 1)."""
-        return max(1, round(self.settings.drain_seconds))
-
     async def _stop_processes(self, deadline: float) -> bool:
         """SIGTERM every child (frontend first), wait ``deadline`` seconds, then SIGKILL."""
         clean = True
@@ -503,6 +484,36 @@ class Entrypoint:
                     process.kill()
                 await process.wait()
         return clean
+
+
+def triton_command(
+    settings: EntrypointSettings, repository: Path, model: str, embedded: bool
+) -> list[str]:
+    """The tritonserver command line: explicit model control (a half-written model on the
+    shared cache is never polled), strict readiness, exit on error, loopback HTTP for the
+    readiness checks, and the drain deadline as Triton's exit timeout."""
+    grpc_host, grpc_port = settings.triton_grpc_bind(embedded)
+    return [
+        *settings.tritonserver_argv(),
+        f"--model-repository={repository}",
+        "--model-control-mode=explicit",
+        f"--load-model={model}",
+        "--strict-readiness=true",
+        "--exit-on-error=true",
+        f"--grpc-address={grpc_host}",
+        f"--grpc-port={grpc_port}",
+        "--allow-http=true",
+        "--http-address=127.0.0.1",
+        f"--http-port={settings.triton_http_port}",
+        "--metrics-address=127.0.0.1",
+        f"--metrics-port={settings.triton_metrics_port}",
+        f"--exit-timeout-secs={exit_timeout_secs(settings)}",
+    ]
+
+
+def exit_timeout_secs(settings: EntrypointSettings) -> int:
+    """The drain deadline as Triton takes it (whole seconds, at least 1)."""
+    return max(1, round(settings.drain_seconds))
 
 
 def _how_it_ended(code: int | None) -> str:

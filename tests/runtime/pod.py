@@ -130,6 +130,8 @@ class Pod:
                 "LLM_SERVING_READY_TIMEOUT_SECONDS": "60",
                 "LLM_SERVING_DRAIN_SECONDS": "10",
                 "KSERVE_STANDIN_LOAD_SECONDS": "0",
+                # The stand-in refuses a command line that lacks what the pod relies on.
+                "KSERVE_STANDIN_REQUIRE_POD_FLAGS": "1",
             }
         )
         env.pop("PIP_CONSTRAINT", None)
