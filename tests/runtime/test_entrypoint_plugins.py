@@ -4,6 +4,7 @@ pinned distribution, registering no vLLM entry point, or failing to install at a
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -115,3 +116,45 @@ def test_processor_a_plugin_registers_is_not_named_again_in_model_json(tmp_path:
     assert pod.terminate()[0] == ExitCode.DRAINED
     assert "toy_plugin:Processor" not in processors
     assert processors[0] == "a:B"
+
+
+def test_wheel_that_moves_a_pinned_distribution_is_refused(tmp_path: Path) -> None:
+    # Its files are its own, but its metadata says torch 9.9: first on Triton's path, it
+    # would be the torch every version check sees.
+    wheel = make_wheel(tmp_path / "wheels", "torch", "9.9", entry_points=GENERAL, package="tx")
+    pod = Pod.create(tmp_path)
+    pod.add_plugin(wheel)
+    # No constraints file names torch here, and this machine's pip configuration must not
+    # either: the check after pip is what is under test.
+    pod.env["PIP_CONFIG_FILE"] = os.devnull
+    code, err = pod.run_to_exit()
+    assert code == ExitCode.STAGE_PLUGINS, err
+    line = failure_line(err)
+    assert "stage 3/8 plugins failed: installing the plugins changed pinned distributions" in line
+    assert "torch " in line and "-> 9.9" in line
+
+
+def test_entry_point_the_manifest_lists_but_no_wheel_registers_is_refused(
+    tmp_path: Path,
+) -> None:
+    pod = Pod.create(tmp_path)
+    path = pod.root / "version" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["plugins"][0]["entry_points"]["vllm.logits_processors"].append("ghost")
+    path.write_text(json.dumps(manifest))
+    code, err = pod.run_to_exit()
+    assert code == ExitCode.STAGE_PLUGINS, err
+    line = failure_line(err)
+    assert "plugin entry points not registered after install: vllm.logits_processors:ghost" in line
+
+
+def test_pip_failure_is_the_plugins_stage_failing(tmp_path: Path) -> None:
+    pod = Pod.create(tmp_path)
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text("toy-plugin==2.0\n")  # the package ships toy-plugin 1.0
+    pod.env["LLM_SERVING_CONSTRAINTS_FILE"] = str(constraints)
+    code, err = pod.run_to_exit()
+    assert code == ExitCode.STAGE_PLUGINS, err
+    line = failure_line(err)
+    assert "pip could not install the plugins offline under the image's constraints" in line
+    assert not (pod.root / "plugins" / "toy_plugin").exists()

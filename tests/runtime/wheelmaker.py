@@ -25,15 +25,16 @@ def make_wheel(
     entry_points: dict[str, dict[str, str]] | None = None,
     module_source: str = "VALUE = 1\n",
     files: dict[str, bytes] | None = None,
+    package: str | None = None,
 ) -> Path:
-    """Write ``<name>-<version>-py3-none-any.whl`` with one module named after the distribution
-    (and ``files``, more members by path)."""
+    """Write ``<name>-<version>-py3-none-any.whl`` with one package, ``package`` or named after
+    the distribution (and ``files``, more members by path)."""
     module = name.replace("-", "_")
     dist_info = f"{module}-{version}.dist-info"
     metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
     metadata += "".join(f"Requires-Dist: {r}\n" for r in requires)
     files = {
-        f"{module}/__init__.py": module_source.encode(),
+        f"{package or module}/__init__.py": module_source.encode(),
         f"{dist_info}/METADATA": metadata.encode(),
         f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
         b"Tag: py3-none-any\n",
