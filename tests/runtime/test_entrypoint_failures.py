@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,19 @@ def test_backend_module_that_does_not_import_stops_at_compat(tmp_path: Path) -> 
     code, err = pod.run_to_exit()
     assert code == 15
     assert "cannot import no_such_backend_mod" in failure_line(err)
+
+
+def test_parallel_size_that_is_not_a_number_fails_render(tmp_path: Path) -> None:
+    pod = Pod.create(tmp_path)
+    path = pod.root / "version" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["engine_args"]["tensor_parallel_size"] = "two"
+    path.write_text(json.dumps(manifest))
+    code, err = pod.run_to_exit()
+    assert code == 16, err
+    line = failure_line(err)
+    assert "stage 6/8 render failed: engine_args.tensor_parallel_size is 'two'" in line
+    assert "Traceback" not in err
 
 
 def test_missing_tritonserver_stops_at_start(tmp_path: Path) -> None:
