@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import difflib
 import importlib.metadata as md
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -41,10 +43,44 @@ def _is_dir(entry: str, folder: Path | None) -> bool:
     return folder is not None and Path(entry or ".").resolve() == folder.resolve()
 
 
+# Marks a plugin folder as this entrypoint's, so that only such a folder is ever emptied.
+_OWNED = ".llm-serving-plugins"
+_OWN_FOLDER = "point LLM_SERVING_PLUGIN_DIR at a writable, empty folder of its own (an emptyDir)"
+
+
+def _some(names: Iterable[str]) -> str:
+    ordered = sorted(names)
+    return ", ".join(ordered[:3]) + (", ..." if len(ordered) > 3 else "")
+
+
+def _empty(target: Path) -> None:
+    """Clear the plugin folder: what an earlier start installed there (another version's
+    plugins, on an emptyDir that outlived the container) must not stay on Triton's path."""
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        entries = list(target.iterdir())
+        if entries and not (target / _OWNED).is_file():
+            raise StageFailed(
+                f"the plugin folder {target} holds files this entrypoint did not install "
+                f"({_some(e.name for e in entries)}); it will not empty it",
+                _OWN_FOLDER,
+            )
+        for entry in entries:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        (target / _OWNED).write_text("plugins installed by python -m runtime.entrypoint\n")
+    except OSError as exc:
+        raise StageFailed(f"cannot empty the plugin folder {target}: {exc}", _OWN_FOLDER) from exc
+
+
 def install_plugins(
     manifest: Manifest, unpacked: Path, target: Path | None, constraints: Path | None
 ) -> list[str]:
     """Install every plugin; returns the ``group:name`` entry points now registered."""
+    if target is not None:
+        _empty(target)
     if not manifest.plugins:
         return []
     search = ([str(target)] if target is not None else []) + sys.path
@@ -62,7 +98,6 @@ def install_plugins(
     if target is not None:
         # A separate folder on Triton's PYTHONPATH: pip cannot see site-packages from there, so
         # dependencies are checked below against what the image already has.
-        target.mkdir(parents=True, exist_ok=True)
         command += ["--no-deps", "--target", str(target)]
     result = subprocess.run([*command, *wheels], capture_output=True, text=True, check=False)
     if result.returncode != 0:
@@ -84,8 +119,16 @@ def install_plugins(
     return _check_entry_points(manifest, search)
 
 
+def _requirements(dist: md.Distribution) -> list[Requirement]:
+    """What ``dist`` requires in this interpreter (markers evaluated, extras left out)."""
+    reqs = [Requirement(text) for text in dist.requires or []]
+    return [r for r in reqs if r.marker is None or r.marker.evaluate({"extra": ""})]
+
+
 def _check_installed(manifest: Manifest, search: list[str]) -> None:
-    """Each plugin is visible, loadable by vLLM, and has what it requires."""
+    """Each plugin is visible, loadable by vLLM (or needed by a plugin), and has what it
+    requires."""
+    dists: dict[str, md.Distribution] = {}
     for plugin in manifest.plugins:
         dist = next(
             (
@@ -101,11 +144,16 @@ def _check_installed(manifest: Manifest, search: list[str]) -> None:
                 f"plugin {plugin.distribution} is not visible after install",
                 "check LLM_SERVING_PLUGIN_DIR is writable",
             )
-        _check_groups(plugin, {ep.group for ep in dist.entry_points})
-        for text in dist.requires or []:
-            req = Requirement(text)
-            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-                continue
+        dists[plugin.wheel] = dist
+    # A wheel another plugin requires is its dependency, shipped because the install is
+    # offline; it need not be a vLLM plugin itself.
+    needed = {canonicalize_name(r.name) for d in dists.values() for r in _requirements(d)}
+    for plugin in manifest.plugins:
+        dist = dists[plugin.wheel]
+        if canonicalize_name(plugin.distribution) not in needed:
+            _check_groups(plugin, {ep.group for ep in dist.entry_points})
+        for req in _requirements(dist):
+            text = str(req)
             have = _versions(search, {canonicalize_name(req.name)})[canonicalize_name(req.name)]
             if have is None or (req.specifier and have not in req.specifier):
                 state = "is not installed" if have is None else f"is {have}"

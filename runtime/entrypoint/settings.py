@@ -40,7 +40,8 @@ class EntrypointSettings(BaseSettings):
     plugin_dir: Path | None = Field(
         default=None,
         description="install plugins into this folder (on Triton's PYTHONPATH) instead of "
-        "the image's site-packages",
+        "the image's site-packages; emptied at each start, so it must be empty or one this "
+        "entrypoint filled before",
     )
     constraints_file: Path | None = Field(
         default=None,

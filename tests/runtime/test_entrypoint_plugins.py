@@ -158,3 +158,44 @@ def test_pip_failure_is_the_plugins_stage_failing(tmp_path: Path) -> None:
     line = failure_line(err)
     assert "pip could not install the plugins offline under the image's constraints" in line
     assert not (pod.root / "plugins" / "toy_plugin").exists()
+
+
+def test_a_dependency_wheel_a_plugin_requires_needs_no_entry_point(tmp_path: Path) -> None:
+    # The install is offline, so a plugin's own dependencies travel as wheels in the package;
+    # they are libraries, not vLLM plugins.
+    wheels = tmp_path / "wheels"
+    library = make_wheel(wheels, "helper-lib", version="2.0")
+    plugin = make_wheel(wheels, "needs-lib", requires=("helper-lib>=2",), entry_points=GENERAL)
+    pod = Pod.create(tmp_path)
+    pod.add_plugin(library)
+    pod.add_plugin(plugin)
+    pod.start().wait_ready()
+    code, err = pod.terminate()
+    assert code == ExitCode.DRAINED, err
+    assert (pod.root / "plugins" / "helper_lib" / "__init__.py").is_file()
+
+
+def test_what_an_earlier_start_left_in_the_plugin_folder_is_removed(tmp_path: Path) -> None:
+    # An emptyDir outlives a container restart: another version's plugin must not stay on
+    # Triton's PYTHONPATH.
+    pod = Pod.create(tmp_path)
+    folder = pod.root / "plugins"
+    (folder / "old_plugin").mkdir(parents=True)
+    (folder / "old_plugin" / "__init__.py").write_text("STALE = True\n")
+    (folder / ".llm-serving-plugins").write_text("")
+    pod.start().wait_ready()
+    assert pod.terminate()[0] == ExitCode.DRAINED
+    assert not (folder / "old_plugin").exists()
+    assert (folder / "toy_plugin" / "__init__.py").is_file()
+
+
+def test_a_plugin_folder_holding_foreign_files_is_not_emptied(tmp_path: Path) -> None:
+    pod = Pod.create(tmp_path)
+    folder = pod.root / "plugins"
+    folder.mkdir()
+    (folder / "precious.txt").write_text("not ours\n")
+    code, err = pod.run_to_exit()
+    assert code == ExitCode.STAGE_PLUGINS, err
+    line = failure_line(err)
+    assert "holds files this entrypoint did not install (precious.txt)" in line
+    assert (folder / "precious.txt").read_text() == "not ours\n"
