@@ -12,7 +12,7 @@ from runtime.entrypoint import EntrypointSettings, ExitCode
 from runtime.entrypoint.runner import triton_command
 from tests.runtime.pod import Pod
 from tests.runtime.test_entrypoint_failures import failure_line
-from tests.support.kserve_server import POD_FLAGS, FlagError, check_pod_flags, parse_triton_flags
+from tests.support.triton_flags import POD_FLAGS, FlagError, check_pod_flags, parse_triton_flags
 
 
 def _command(**settings: object) -> list[str]:
