@@ -16,8 +16,9 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from runtime.entrypoint.errors import StageFailed
-from runtime.entrypoint.shadow import ImageNames, check_no_shadowing
+from runtime.entrypoint.shadow import check_no_shadowing
 from runtime.package.manifest import Manifest, Plugin
+from runtime.package.shadowing import ImageNames
 from runtime.package.wheels import PLUGIN_GROUPS, parse_pins
 
 __all__ = ["install_plugins"]

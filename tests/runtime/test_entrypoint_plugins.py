@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from runtime.entrypoint import ExitCode, StageFailed
-from runtime.entrypoint.shadow import ImageNames, check_no_shadowing
+from runtime.entrypoint.shadow import check_no_shadowing
+from runtime.package.shadowing import ImageNames
 from tests.runtime.pod import Pod
 from tests.runtime.test_entrypoint_failures import failure_line
 from tests.runtime.wheelmaker import make_source, make_wheel

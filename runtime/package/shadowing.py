@@ -1,0 +1,208 @@
+"""Which files of a wheel land in site-packages, and which of them would shadow the image's.
+
+A plugin lands in ``LLM_SERVING_PLUGIN_DIR``, which comes first on Triton's ``PYTHONPATH``, or
+in site-packages itself: either way a wheel that ships a ``vllm/`` package (or ``torch.py``, a
+``.pth`` file, another distribution's metadata) replaces what the image has, whatever its
+distribution is called. The entrypoint compares a wheel's files with the installed
+distributions' (`ImageNames.scan`), packaging with the import names of the distributions the
+image is known to have (`ImageNames.of`); both read the findings of `find_shadowing`.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.metadata as md
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from packaging.utils import canonicalize_name
+
+__all__ = ["ImageNames", "ImportKey", "Shadowing", "WheelLayoutError", "find_shadowing"]
+
+#: An import name, as the place it takes in ``sys.path``: ``("vllm",)`` for a package or
+#: module, ``("google", "protobuf")`` for a portion of a namespace package.
+ImportKey = tuple[str, ...]
+
+_METADATA_DIRS = (".dist-info", ".egg-info", ".data")
+_MODULE_SUFFIXES = (".py", ".pyc", ".pyd", ".so")
+# Data a wheel puts under the interpreter's prefix lands in site-packages through this path.
+_SITE_PACKAGES_DATA = re.compile(r"lib(?:64)?/python[^/]*/(?:site|dist)-packages/(.+)")
+
+
+class WheelLayoutError(ValueError):
+    """The archive has not exactly one ``*.dist-info/METADATA`` at its top: it is no wheel."""
+
+
+@dataclass(frozen=True)
+class Shadowing:
+    """One file of a wheel that would replace something the image has."""
+
+    kind: Literal["pth", "metadata", "import"]
+    """``pth``: a ``.pth`` file; ``metadata``: another distribution's metadata folder;
+    ``import``: a package or module of the image."""
+    member: str
+    """The file's name inside the wheel."""
+    path: str
+    """Where the file lands, relative to site-packages."""
+    key: ImportKey = ()
+    """For ``import``: the import name the file would take over."""
+    owners: frozenset[str] = frozenset()
+    """For ``import``: the canonical names of the image's distributions it would shadow."""
+
+
+def _module(name: str) -> str:
+    """``torch.py``, ``_C.cpython-312-x86_64-linux-gnu.so`` -> the name ``import`` uses."""
+    return name.split(".", 1)[0] if name.endswith(_MODULE_SUFFIXES) else name
+
+
+def _is_init(name: str) -> bool:
+    return name.split(".", 1)[0] == "__init__" and name.endswith(_MODULE_SUFFIXES)
+
+
+def _keys(paths: list[list[str]], regular: set[str]) -> dict[ImportKey, str]:
+    """The import key of each path (split into parts), with one path that claims it.
+
+    A top-level folder is one package when it or the image has its ``__init__``; otherwise it
+    is a namespace that several distributions share (``google``, ``nvidia``), so the key goes
+    one level down.
+    """
+    keys: dict[ImportKey, str] = {}
+    for parts in paths:
+        if len(parts) == 1:
+            key: ImportKey = (_module(parts[0]),)
+        elif parts[0] in regular:
+            key = (parts[0],)
+        else:
+            key = (parts[0], _module(parts[1]))
+        keys.setdefault(key, "/".join(parts))
+    return keys
+
+
+def _regular(paths: Iterable[list[str]]) -> set[str]:
+    return {parts[0] for parts in paths if len(parts) == 2 and _is_init(parts[1])}
+
+
+@dataclass(frozen=True)
+class ImageNames:
+    """Which of the image's distributions own each import key (what a plugin must not ship)."""
+
+    owners: dict[ImportKey, set[str]] = field(default_factory=dict)
+    """Import key -> the canonical names of the distributions that install it."""
+    portions: dict[str, set[str]] = field(default_factory=dict)
+    """Namespace package name -> the distributions that install a portion of it."""
+    regular: set[str] = field(default_factory=set)
+    """Top-level folders that some distribution makes a regular package (has ``__init__``)."""
+
+    @classmethod
+    def _index(
+        cls, found: Iterable[tuple[str, Iterable[ImportKey]]], regular: set[str]
+    ) -> ImageNames:
+        owners: dict[ImportKey, set[str]] = {}
+        portions: dict[str, set[str]] = {}
+        for name, keys in found:
+            for key in keys:
+                owners.setdefault(key, set()).add(name)
+                if len(key) == 2:
+                    portions.setdefault(key[0], set()).add(name)
+        return cls(owners=owners, portions=portions, regular=regular)
+
+    @classmethod
+    def of(cls, known: Mapping[str, Iterable[ImportKey]]) -> ImageNames:
+        """From canonical distribution name -> its import keys; a one-part key is taken for a
+        regular package or module."""
+        regular = {key[0] for keys in known.values() for key in keys if len(key) == 1}
+        return cls._index(known.items(), regular)
+
+    @classmethod
+    def scan(cls, path: list[str], ours: Path) -> ImageNames:
+        """Every distribution on ``path`` but those an earlier start installed from ``ours``.
+
+        RECORD is read as CSV text, not through ``Distribution.files``, which builds an object per
+        file: the image lists about 100,000 of them.
+        """
+        ours_uri = ours.resolve().as_uri()
+        found: list[tuple[str, list[list[str]]]] = []
+        for dist in md.distributions(path=path):
+            if (dist.read_text("direct_url.json") or "").find(ours_uri) >= 0:
+                continue  # a plugin of this package, installed into site-packages last time
+            name = canonicalize_name(dist.metadata["Name"] or "")
+            record = dist.read_text("RECORD")
+            if record is not None:
+                rows = (row[0] for row in csv.reader(record.splitlines()) if row)
+                paths = [r.split("/") for r in rows if r and not r.startswith("..")]
+            else:  # an egg-info install: its top_level.txt is all there is
+                top = (dist.read_text("top_level.txt") or "").split()
+                paths = [[t, "__init__.py"] for t in top]
+            paths = [
+                p for p in paths if not p[0].endswith(_METADATA_DIRS) and p[0] != "__pycache__"
+            ]
+            found.append((name, paths))
+        regular = set().union(*(_regular(paths) for _, paths in found))
+        return cls._index(((name, _keys(paths, regular)) for name, paths in found), regular)
+
+    def claimed(self, key: ImportKey) -> set[str]:
+        """The distributions a file with import key ``key`` would shadow."""
+        hits = set(self.owners.get(key, ()))
+        # A package or module also shadows every portion of a namespace of that name; a
+        # namespace portion is shadowed by (and shadows) a regular package of its top name.
+        hits |= (
+            self.portions.get(key[0], set()) if len(key) == 1 else self.owners.get(key[:1], set())
+        )
+        return hits
+
+
+def _site_packages_files(names: list[str]) -> tuple[dict[str, str], list[Shadowing]]:
+    """The wheel's files that install into site-packages (landing path -> member name), and
+    the metadata folders of other distributions among them."""
+    own = {n.split("/", 1)[0] for n in names if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)}
+    if len(own) != 1:
+        raise WheelLayoutError(f"{len(own)} *.dist-info/METADATA at the top, not 1")
+    (own_info,) = own
+    own_data = own_info.removesuffix(".dist-info") + ".data"
+    files: dict[str, str] = {}
+    foreign: dict[str, Shadowing] = {}
+    for member in names:
+        if member.endswith("/"):
+            continue
+        name = member
+        top, _, rest = name.partition("/")
+        if top == own_info:
+            continue
+        if top == own_data:
+            scheme, _, inner = rest.partition("/")
+            match = _SITE_PACKAGES_DATA.fullmatch(inner) if scheme == "data" else None
+            if scheme in ("purelib", "platlib"):
+                name = inner
+            elif match is not None:
+                name = match.group(1)
+            else:
+                continue  # scripts, headers, other data: outside site-packages
+            top = name.split("/", 1)[0]
+        if top.endswith(_METADATA_DIRS):
+            foreign.setdefault(top, Shadowing("metadata", member, name))
+            continue
+        files.setdefault(name, member)
+    return files, list(foreign.values())
+
+
+def find_shadowing(names: list[str], image: ImageNames) -> list[Shadowing]:
+    """What of the wheel whose members are ``names`` would replace what ``image`` has: other
+    distributions' metadata, then ``.pth`` files, then packages and modules, in wheel order.
+
+    Raises `WheelLayoutError` when ``names`` are not a wheel's.
+    """
+    files, found = _site_packages_files(names)
+    paths = [path.split("/") for path in files]
+    found += [
+        Shadowing("pth", files["/".join(parts)], parts[0])
+        for parts in paths
+        if len(parts) == 1 and parts[0].endswith(".pth")
+    ]
+    for key, path in _keys(paths, image.regular | _regular(paths)).items():
+        shadowed = image.claimed(key)
+        if shadowed:
+            found.append(Shadowing("import", files[path], path, key, frozenset(shadowed)))
+    return found
