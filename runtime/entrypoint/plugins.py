@@ -4,7 +4,6 @@ plugins' vLLM entry points are registered."""
 
 from __future__ import annotations
 
-import difflib
 import importlib.metadata as md
 import shutil
 import subprocess
@@ -17,9 +16,10 @@ from packaging.utils import canonicalize_name
 
 from runtime.entrypoint.errors import StageFailed
 from runtime.entrypoint.shadow import check_no_shadowing
-from runtime.package.manifest import Manifest, Plugin
+from runtime.package.manifest import Manifest
+from runtime.package.plugin_groups import PluginWheel, unloadable
 from runtime.package.shadowing import ImageNames
-from runtime.package.wheels import PLUGIN_GROUPS, parse_pins
+from runtime.package.wheels import parse_pins
 
 __all__ = ["install_plugins"]
 
@@ -146,13 +146,25 @@ def _check_installed(manifest: Manifest, search: list[str]) -> None:
                 "check LLM_SERVING_PLUGIN_DIR is writable",
             )
         dists[plugin.wheel] = dist
-    # A wheel another plugin requires is its dependency, shipped because the install is
-    # offline; it need not be a vLLM plugin itself.
-    needed = {canonicalize_name(r.name) for d in dists.values() for r in _requirements(d)}
+    wheels = [
+        PluginWheel(
+            plugin.wheel,
+            plugin.distribution,
+            tuple(dists[plugin.wheel].requires or ()),
+            frozenset(ep.group for ep in dists[plugin.wheel].entry_points),
+        )
+        for plugin in manifest.plugins
+    ]
+    # Markers as for this interpreter, extras left out: what pip just installed against.
+    refused = unloadable(wheels, {"extra": ""})
+    if refused:
+        first = refused[0]
+        raise StageFailed(
+            f"plugin wheel {first.plugin.wheel} ({first.plugin.distribution}) {first.problem}",
+            f"{first.fix} in the plugin's entry points, then rebuild the wheel and the package",
+        )
     for plugin in manifest.plugins:
         dist = dists[plugin.wheel]
-        if canonicalize_name(plugin.distribution) not in needed:
-            _check_groups(plugin, {ep.group for ep in dist.entry_points})
         for req in _requirements(dist):
             text = str(req)
             have = _versions(search, {canonicalize_name(req.name)})[canonicalize_name(req.name)]
@@ -162,28 +174,6 @@ def _check_installed(manifest: Manifest, search: list[str]) -> None:
                     f"plugin {plugin.distribution} requires {text!r} but {req.name} {state}",
                     "rebuild the plugin against the image's versions or vendor the dependency",
                 )
-
-
-def _check_groups(plugin: Plugin, groups: set[str]) -> None:
-    """Refuse a plugin that vLLM would never load: no entry point in either plugin group."""
-    if groups & set(PLUGIN_GROUPS):
-        return
-    wanted = " or ".join(PLUGIN_GROUPS)
-    typos = {g: difflib.get_close_matches(g, PLUGIN_GROUPS, n=1, cutoff=0.8) for g in groups}
-    near = {g: m[0] for g, m in sorted(typos.items()) if m}
-    if near:
-        found = "; ".join(
-            f"its group [{g}] looks like a misspelling of {m}" for g, m in near.items()
-        )
-        fix = ", ".join(f"rename [{g}] to [{m}]" for g, m in near.items())
-    else:
-        found = f"its groups: {', '.join(sorted(groups))}" if groups else "it declares none"
-        fix = f"declare the plugin's entry point under [{PLUGIN_GROUPS[0]}] or [{PLUGIN_GROUPS[1]}]"
-    raise StageFailed(
-        f"plugin wheel {plugin.wheel} ({plugin.distribution}) registers no entry point in "
-        f"{wanted}, so vLLM would never load it; {found}",
-        f"{fix} in the plugin's entry points, then rebuild the wheel and the package",
-    )
 
 
 def _check_entry_points(manifest: Manifest, search: list[str]) -> list[str]:

@@ -64,6 +64,11 @@ class WheelInfo:
     version: str
     requires: tuple[str, ...]
     entry_points: dict[str, list[str]]
+    """Entry point names by vLLM plugin group."""
+    groups: frozenset[str] = frozenset()
+    """Every entry-point group the wheel declares, vLLM's or not (to name a misspelt one)."""
+    files: tuple[str, ...] = ()
+    """The wheel's member names, in archive order."""
 
 
 def read_wheel(path: Path, label: str) -> WheelInfo:
@@ -98,6 +103,8 @@ def read_wheel(path: Path, label: str) -> WheelInfo:
         version=version,
         requires=tuple(headers.get_all("Requires-Dist") or ()),
         entry_points=_entry_points(entry_text),
+        groups=_groups(entry_text),
+        files=tuple(names),
     )
 
 
@@ -131,6 +138,11 @@ def _entry_points(text: str) -> dict[str, list[str]]:
         elif group in PLUGIN_GROUPS and "=" in line:
             groups.setdefault(group, []).append(line.split("=", 1)[0].strip())
     return {g: sorted(names) for g, names in sorted(groups.items())}
+
+
+def _groups(text: str) -> frozenset[str]:
+    lines = (line.strip() for line in text.splitlines())
+    return frozenset(line[1:-1].strip() for line in lines if line[:1] == "[" and line[-1:] == "]")
 
 
 def parse_pins(lines: list[str]) -> dict[str, Version]:
