@@ -29,6 +29,7 @@ from runtime.package.manifest import (
     Plugin,
     PythonModel,
 )
+from runtime.package.plugin_checks import check_plugin_files, known_image
 from runtime.package.sources import SourceFile, collect, resolve_inside
 from runtime.package.tensors import check_python_model
 from runtime.package.wheels import (
@@ -36,6 +37,7 @@ from runtime.package.wheels import (
     check_against_pins,
     parse_pins,
     read_wheel,
+    required_names,
     vllm_ranges,
 )
 
@@ -86,6 +88,9 @@ class ImagePins:
     """What the image's vLLM requires of the distributions not pinned above (the Triton
     backend's dependencies, which the base image ships at versions the matrix does not record;
     a constraints file from the image pins them exactly instead)."""
+    distributions: frozenset[str] = frozenset()
+    """Every distribution the image is known to have, by canonical name: the pins and all of
+    vLLM's requirements, bounded or not (what a plugin's files must not shadow)."""
 
 
 def image_pins(triton: str | None, constraints: Path | None) -> ImagePins:
@@ -101,9 +106,11 @@ def image_pins(triton: str | None, constraints: Path | None) -> ImagePins:
         except OSError as exc:
             raise PackageError(f"cannot read constraints file {constraints}: {exc}") from exc
     pins = parse_pins(lines)
-    ranges = vllm_ranges(vllm_requirements(pair.vllm), environment)
+    requires = vllm_requirements(pair.vllm)
+    ranges = vllm_ranges(requires, environment)
     unpinned = {name: spec for name, spec in ranges.items() if name not in pins}
-    return ImagePins(pair.triton, pins, environment, unpinned)
+    known = frozenset(pins) | required_names(requires, environment)
+    return ImagePins(pair.triton, pins, environment, unpinned, known)
 
 
 def check_catalog(path: Path, catalog: Catalog, where: str) -> None:
@@ -316,9 +323,11 @@ def build_package(
     files = _archive_sources(source, spec)
     weights = _weight_sources(source, spec)
     plugins = []
+    names = known_image(image.distributions)
     for wheel in spec.plugins:
         info = read_wheel(source / wheel, wheel)
         check_against_pins(info, wheel, image.pins, image.environment, image.ranges)
+        check_plugin_files(info, wheel, names, set(image.pins))
         plugins.append(
             Plugin(
                 wheel=wheel,

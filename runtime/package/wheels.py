@@ -24,6 +24,7 @@ __all__ = [
     "check_against_pins",
     "parse_pins",
     "read_wheel",
+    "required_names",
     "vllm_ranges",
 ]
 
@@ -161,6 +162,15 @@ def parse_pins(lines: list[str]) -> dict[str, Version]:
             raise PackageError(f"constraint {line!r} is not an exact name==version pin")
         pins[canonicalize_name(req.name)] = Version(spec.version)
     return pins
+
+
+def required_names(requires: Iterable[str], environment: ImageEnvironment) -> frozenset[str]:
+    """The canonical names of ``requires`` whose markers hold in the image, bounded or not."""
+    markers = environment.markers()
+    reqs = [Requirement(text) for text in requires]
+    return frozenset(
+        canonicalize_name(r.name) for r in reqs if r.marker is None or r.marker.evaluate(markers)
+    )
 
 
 def vllm_ranges(requires: Iterable[str], environment: ImageEnvironment) -> dict[str, SpecifierSet]:

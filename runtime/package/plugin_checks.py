@@ -1,0 +1,109 @@
+"""Packaging-time checks of plugin wheels' files, so that a plugin the entrypoint's stage 3
+would refuse is refused before it is packaged.
+
+Without the image at hand, a wheel's files are compared with the import names of the
+distributions the image is known to have: its pins and vLLM's own requirements. That list is
+not the image's every distribution (the Triton base image ships more), so stage 3, which reads
+the installed distributions' RECORD files, remains the complete check against the real image.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from runtime.package.errors import PackageError
+from runtime.package.shadowing import ImageNames, ImportKey, WheelLayoutError, find_shadowing
+from runtime.package.wheels import WheelInfo
+
+__all__ = [
+    "IMPORT_NAMES",
+    "check_plugin_files",
+    "import_keys",
+    "known_image",
+]
+
+#: Distributions among the pins and vLLM's requirements (images/vllm-requirements.toml) whose
+#: import names are not their canonical name with '-' -> '_'; dotted names are portions of a
+#: namespace package. Read from the distributions' RECORD files; one not listed here is missed
+#: only until stage 3 reads the real image.
+IMPORT_NAMES: Mapping[str, tuple[str, ...]] = {
+    "apache-tvm-ffi": ("tvm_ffi",),
+    "flashinfer-python": ("flashinfer",),
+    "grpcio": ("grpc",),
+    "lm-format-enforcer": ("lmformatenforcer",),
+    "nvidia-cudnn-frontend": ("cudnn",),
+    "opencv-python-headless": ("cv2",),
+    # The opentelemetry distributions share the opentelemetry namespace, each its portions.
+    "opentelemetry-api": tuple(
+        f"opentelemetry.{p}"
+        for p in (
+            "_logs",
+            "attributes",
+            "baggage",
+            "context",
+            "environment_variables",
+            "metrics",
+            "propagate",
+            "propagators",
+            "trace",
+            "util",
+            "version",
+        )
+    ),
+    "opentelemetry-exporter-otlp": (),  # no code of its own: it only requires the exporters
+    "opentelemetry-sdk": ("opentelemetry.sdk",),
+    "opentelemetry-semantic-conventions-ai": ("opentelemetry.semconv_ai",),
+    "pillow": ("PIL",),
+    "protobuf": ("google.protobuf", "google._upb"),
+    "py-cpuinfo": ("cpuinfo",),
+    "pynvvideocodec": ("PyNvVideoCodec",),  # imports are case-sensitive on Linux
+    "python-json-logger": ("pythonjsonlogger",),
+    "pyyaml": ("yaml", "_yaml"),
+    "pyzmq": ("zmq",),
+    "quack-kernels": ("quack",),
+    "setuptools": ("setuptools", "_distutils_hack"),
+    "torch": ("torch", "torchgen", "functorch"),
+}
+
+
+def import_keys(distribution: str) -> tuple[ImportKey, ...]:
+    """The import keys of the canonically named ``distribution`` (see `IMPORT_NAMES`)."""
+    names = IMPORT_NAMES.get(distribution, (distribution.replace("-", "_"),))
+    return tuple(tuple(name.split(".")) for name in names)
+
+
+def known_image(distributions: Iterable[str]) -> ImageNames:
+    """What the image's known ``distributions`` (canonical names) install, by import key."""
+    return ImageNames.of({name: import_keys(name) for name in distributions})
+
+
+def check_plugin_files(info: WheelInfo, label: str, image: ImageNames, pinned: set[str]) -> None:
+    """Refuse a wheel that ships a ``.pth`` file, another distribution's metadata, or a package
+    or module of the image (``pinned`` names the distributions to call pinned)."""
+    try:
+        found = find_shadowing(list(info.files), image)
+    except WheelLayoutError as exc:
+        raise PackageError(f"plugin wheel {label} is not a wheel: {exc}; rebuild it") from exc
+    if not found:
+        return
+    first = found[0]
+    if first.kind == "pth":
+        raise PackageError(
+            f"plugin wheel {label} ships {first.member}, a .pth file: in the image it would run "
+            "at every interpreter start and can put anything ahead of vLLM on sys.path; remove "
+            "it from the plugin project's files and rebuild the wheel"
+        )
+    if first.kind == "metadata":
+        raise PackageError(
+            f"plugin wheel {label} ships {first.member}, metadata of another distribution "
+            f"({first.path.split('/', 1)[0]}); rebuild the wheel from the plugin's own project "
+            "only"
+        )
+    landing = "" if first.path == first.member else f" (installed as {first.path})"
+    owners = ", ".join(f"{n} (pinned)" if n in pinned else n for n in sorted(first.owners))
+    raise PackageError(
+        f"plugin wheel {label} ships {first.member}{landing}: it would shadow "
+        f"{'.'.join(first.key)}, which the image has from {owners}; drop "
+        f"{'/'.join(first.key)} from the plugin project (a plugin ships only its own packages, "
+        "under a name of its own) and rebuild the wheel"
+    )
