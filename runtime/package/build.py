@@ -29,7 +29,7 @@ from runtime.package.manifest import (
     Plugin,
     PythonModel,
 )
-from runtime.package.plugin_checks import check_plugin_files, known_image
+from runtime.package.plugin_checks import check_plugin_entry_points, check_plugin_files, known_image
 from runtime.package.sources import SourceFile, collect, resolve_inside
 from runtime.package.tensors import check_python_model
 from runtime.package.wheels import (
@@ -323,11 +323,13 @@ def build_package(
     files = _archive_sources(source, spec)
     weights = _weight_sources(source, spec)
     plugins = []
+    wheels = []
     names = known_image(image.distributions)
     for wheel in spec.plugins:
         info = read_wheel(source / wheel, wheel)
         check_against_pins(info, wheel, image.pins, image.environment, image.ranges)
         check_plugin_files(info, wheel, names, set(image.pins))
+        wheels.append((wheel, info))
         plugins.append(
             Plugin(
                 wheel=wheel,
@@ -336,6 +338,7 @@ def build_package(
                 entry_points=info.entry_points,
             )
         )
+    check_plugin_entry_points(wheels, image.environment)
     if spec.python_model is not None:
         check_python_model(spec.python_model)
     # The manifest's own checks (ids, engine_args, consistency) need only names, so run them

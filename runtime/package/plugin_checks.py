@@ -1,5 +1,5 @@
-"""Packaging-time checks of plugin wheels' files, so that a plugin the entrypoint's stage 3
-would refuse is refused before it is packaged.
+"""Packaging-time checks of plugin wheels' files and entry points, so that a plugin the
+entrypoint's stage 3 would refuse is refused before it is packaged.
 
 Without the image at hand, a wheel's files are compared with the import names of the
 distributions the image is known to have: its pins and vLLM's own requirements. That list is
@@ -9,14 +9,16 @@ the installed distributions' RECORD files, remains the complete check against th
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from runtime.package.errors import PackageError
+from runtime.package.plugin_groups import PluginWheel, unloadable
 from runtime.package.shadowing import ImageNames, ImportKey, WheelLayoutError, find_shadowing
-from runtime.package.wheels import WheelInfo
+from runtime.package.wheels import ImageEnvironment, WheelInfo
 
 __all__ = [
     "IMPORT_NAMES",
+    "check_plugin_entry_points",
     "check_plugin_files",
     "import_keys",
     "known_image",
@@ -107,3 +109,22 @@ def check_plugin_files(info: WheelInfo, label: str, image: ImageNames, pinned: s
         f"{'/'.join(first.key)} from the plugin project (a plugin ships only its own packages, "
         "under a name of its own) and rebuild the wheel"
     )
+
+
+def check_plugin_entry_points(
+    wheels: Sequence[tuple[str, WheelInfo]], environment: ImageEnvironment
+) -> None:
+    """Refuse a wheel of ``(label, info)`` pairs that registers no vLLM entry point and that no
+    other wheel requires in the image's ``environment``."""
+    plugins = [
+        PluginWheel(label, info.distribution, info.requires, info.groups) for label, info in wheels
+    ]
+    refused = unloadable(plugins, environment.markers())
+    if refused:
+        first = refused[0]
+        raise PackageError(
+            f"plugin wheel {first.plugin.wheel} ({first.plugin.distribution}) {first.problem}, "
+            "and no other plugin wheel of the package requires it; "
+            f"{first.fix} in the plugin's entry points and rebuild the wheel, or drop the wheel "
+            "from plugins"
+        )

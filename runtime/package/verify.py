@@ -11,7 +11,7 @@ from typing import Any
 from runtime.package.build import check_catalog, file_entry, image_pins
 from runtime.package.errors import PackageError
 from runtime.package.manifest import ARCHIVE_NAME, MANIFEST_NAME, FileEntry, Manifest, load_manifest
-from runtime.package.plugin_checks import check_plugin_files, known_image
+from runtime.package.plugin_checks import check_plugin_entry_points, check_plugin_files, known_image
 from runtime.package.tensors import check_python_model
 from runtime.package.wheels import check_against_pins, read_wheel
 
@@ -96,6 +96,7 @@ def _corrupt(archive: Path, exc: tarfile.TarError) -> PackageError:
 def _check_plugins(archive: Path, manifest: Manifest, constraints: Path | None) -> None:
     image = image_pins(manifest.triton, constraints)
     names = known_image(image.distributions)
+    wheels = []
     try:
         with tarfile.open(archive, "r:") as tar, tempfile.TemporaryDirectory() as tmp:
             for i, plugin in enumerate(manifest.plugins):
@@ -109,8 +110,10 @@ def _check_plugins(archive: Path, manifest: Manifest, constraints: Path | None) 
                     )
                 check_against_pins(info, plugin.wheel, image.pins, image.environment, image.ranges)
                 check_plugin_files(info, plugin.wheel, names, set(image.pins))
+                wheels.append((plugin.wheel, info))
     except tarfile.TarError as exc:  # a same-size damaged archive passes the --quick size check
         raise _corrupt(archive, exc) from exc
+    check_plugin_entry_points(wheels, image.environment)
 
 
 def _check_catalogs(archive: Path, manifest: Manifest) -> None:

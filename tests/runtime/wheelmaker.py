@@ -11,6 +11,9 @@ from pathlib import Path
 import yaml
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+#: The toy plugin's entry point: every plugin wheel a package builds with needs one.
+TOY_ENTRY_POINTS = {"vllm.logits_processors": {"toy": "toy_plugin:Processor"}}
+
 
 def _record_hash(data: bytes) -> str:
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
@@ -84,7 +87,7 @@ def make_source(root: Path, **spec_overrides: object) -> Path:
         root / "plugins",
         "toy-plugin",
         requires=("vllm==0.27.1", "numpy>=1"),
-        entry_points={"vllm.logits_processors": {"toy": "toy_plugin:Processor"}},
+        entry_points=TOY_ENTRY_POINTS,
     )
     spec: dict[str, object] = {
         "model_id": "toy",
