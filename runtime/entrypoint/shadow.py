@@ -26,25 +26,6 @@ def check_no_shadowing(wheel: Path, label: str, image: ImageNames, pinned: set[s
         raise StageFailed(
             f"plugin wheel {label} cannot be read: {exc}", "rebuild the package"
         ) from exc
-    if not found:
-        return
-    first = found[0]
-    if first.kind == "metadata":
-        raise StageFailed(
-            f"plugin wheel {label} ships {first.path.split('/', 1)[0]}, the metadata of another "
-            "distribution",
-            "rebuild the wheel from the plugin's own project only, then the package",
-        )
-    if first.kind == "pth":
-        raise StageFailed(
-            f"plugin wheel {label} ships {first.path}, a .pth file: it would run at every "
-            "interpreter start and can put anything ahead of vLLM on sys.path",
-            "drop the .pth file from the plugin wheel and rebuild the package",
-        )
-    owners = ", ".join(f"{n} (pinned)" if n in pinned else n for n in sorted(first.owners))
-    raise StageFailed(
-        f"plugin wheel {label} ships {first.path}: it would shadow {'.'.join(first.key)}, which "
-        f"the image has from {owners}",
-        f"drop {'/'.join(first.key)} from the plugin wheel (a plugin ships only its own "
-        "packages) and rebuild the package",
-    )
+    if found:
+        problem, fix = found[0].explain(label, pinned)
+        raise StageFailed(problem, f"{fix}, then the package")

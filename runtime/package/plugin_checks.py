@@ -86,29 +86,9 @@ def check_plugin_files(info: WheelInfo, label: str, image: ImageNames, pinned: s
         found = find_shadowing(list(info.files), image)
     except WheelLayoutError as exc:
         raise PackageError(f"plugin wheel {label} is not a wheel: {exc}; rebuild it") from exc
-    if not found:
-        return
-    first = found[0]
-    if first.kind == "pth":
-        raise PackageError(
-            f"plugin wheel {label} ships {first.member}, a .pth file: in the image it would run "
-            "at every interpreter start and can put anything ahead of vLLM on sys.path; remove "
-            "it from the plugin project's files and rebuild the wheel"
-        )
-    if first.kind == "metadata":
-        raise PackageError(
-            f"plugin wheel {label} ships {first.member}, metadata of another distribution "
-            f"({first.path.split('/', 1)[0]}); rebuild the wheel from the plugin's own project "
-            "only"
-        )
-    landing = "" if first.path == first.member else f" (installed as {first.path})"
-    owners = ", ".join(f"{n} (pinned)" if n in pinned else n for n in sorted(first.owners))
-    raise PackageError(
-        f"plugin wheel {label} ships {first.member}{landing}: it would shadow "
-        f"{'.'.join(first.key)}, which the image has from {owners}; drop "
-        f"{'/'.join(first.key)} from the plugin project (a plugin ships only its own packages, "
-        "under a name of its own) and rebuild the wheel"
-    )
+    if found:
+        problem, fix = found[0].explain(label, pinned)
+        raise PackageError(f"{problem}; {fix}")
 
 
 def check_plugin_entry_points(

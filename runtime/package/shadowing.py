@@ -52,6 +52,30 @@ class Shadowing:
     owners: frozenset[str] = frozenset()
     """For ``import``: the canonical names of the image's distributions it would shadow."""
 
+    def explain(self, label: str, pinned: set[str]) -> tuple[str, str]:
+        """What is wrong with wheel ``label`` and what to do, as (problem, fix); ``pinned``
+        names the distributions to call pinned."""
+        shipped = f"plugin wheel {label} ships {self.member}"
+        if self.kind == "pth":
+            return (
+                f"{shipped}, a .pth file: in the image it would run at every interpreter start "
+                "and can put anything ahead of vLLM on sys.path",
+                "remove it from the plugin project's files and rebuild the wheel",
+            )
+        if self.kind == "metadata":
+            return (
+                f"{shipped}, metadata of another distribution ({self.path.split('/', 1)[0]})",
+                "rebuild the wheel from the plugin's own project only",
+            )
+        landing = "" if self.path == self.member else f" (installed as {self.path})"
+        owners = ", ".join(f"{n} (pinned)" if n in pinned else n for n in sorted(self.owners))
+        return (
+            f"{shipped}{landing}: it would shadow {'.'.join(self.key)}, which the image has "
+            f"from {owners}",
+            f"drop {'/'.join(self.key)} from the plugin project (a plugin ships only its own "
+            "packages, under a name of its own) and rebuild the wheel",
+        )
+
 
 def _module(name: str) -> str:
     """``torch.py``, ``_C.cpython-312-x86_64-linux-gnu.so`` -> the name ``import`` uses."""

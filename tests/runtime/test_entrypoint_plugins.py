@@ -59,15 +59,18 @@ def image() -> ImageNames:
     [
         ({"torch.py": b""}, "ships torch.py: it would shadow torch"),
         ({"numpy/__init__.py": b""}, "ships numpy/__init__.py: it would shadow numpy"),
-        ({"sneaky-1.0.data/purelib/yaml/__init__.py": b""}, "ships yaml/__init__.py"),
+        ({"sneaky-1.0.data/purelib/yaml/__init__.py": b""}, "(installed as yaml/__init__.py)"),
         (
             {"sneaky-1.0.data/data/lib/python3.12/site-packages/vllm/x.py": b""},
-            "ships vllm/x.py: it would shadow vllm",
+            "(installed as vllm/x.py): it would shadow vllm",
         ),
         ({"google/__init__.py": b""}, "it would shadow google, which the image has from"),
         ({"google/protobuf/evil.py": b""}, "it would shadow google.protobuf"),
         ({"zzz-sneaky.pth": b"import os\n"}, "ships zzz-sneaky.pth, a .pth file"),
-        ({"vllm-0.27.1.dist-info/RECORD": b""}, "ships vllm-0.27.1.dist-info, the metadata"),
+        (
+            {"vllm-0.27.1.dist-info/RECORD": b""},
+            "metadata of another distribution (vllm-0.27.1.dist-info)",
+        ),
     ],
 )
 def test_files_that_would_shadow_the_image_are_refused(
