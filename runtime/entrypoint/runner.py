@@ -194,7 +194,11 @@ class Entrypoint:
     async def _stages(self) -> int:
         s = self.settings
         work = s.work_dir
-        self._probe = start_import_probe(s.triton_release, s.compat_matrix, self._python_env())
+        # vLLM's import takes seconds: the probe runs while stages 1-4 do. It sees the image
+        # as it is, without the plugin folder (still holding an earlier start's plugins until
+        # stage 3 empties it); stage 3 refuses any plugin file that would shadow an installed
+        # package, so with the plugins first on the path vLLM's modules resolve the same.
+        self._probe = start_import_probe(s.triton_release, s.compat_matrix)
         folder, manifest = await self._stage(
             1,
             asyncio.to_thread(
@@ -214,12 +218,6 @@ class Entrypoint:
         entry_points = await self._stage(3, asyncio.to_thread(install_plugins, *plugins))
         if entry_points:
             log(f"plugins registered: {', '.join(entry_points)}")
-        if manifest.plugins:
-            # The probe started before the plugins existed. Starting it only after stage 3
-            # would cost every package the overlap; a restart costs only packages with plugins
-            # (nearly all) one wasted import, and then imports exactly what Triton will.
-            self._kill_probe()
-            self._probe = start_import_probe(s.triton_release, s.compat_matrix, self._python_env())
         removed = await self._stage(4, asyncio.to_thread(wipe_multiproc_dir, s.multiproc_dir))
         log(f"removed {removed} stale entries from PROMETHEUS_MULTIPROC_DIR")
         self.metrics.enable()

@@ -165,9 +165,8 @@ def start_import_probe(
     """Start importing the pair's backend modules in a separate interpreter, right away.
 
     vLLM takes seconds to import; started early, the probe overlaps the other stages and
-    `check_compat` only collects its result. ``env`` should be Triton's environment (its
-    ``PYTHONPATH`` puts the plugin folder first), so the probe imports what Triton will.
-    ``None`` when the pair is unknown (stage 5 then reports why).
+    `check_compat` only collects its result. ``env`` is the probe's environment (default this
+    process's). ``None`` when the pair is unknown (stage 5 then reports why).
     """
     if release is None:
         return None

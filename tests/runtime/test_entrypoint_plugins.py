@@ -37,18 +37,6 @@ def test_wheel_that_ships_vllm_is_refused_before_install(tmp_path: Path) -> None
     assert not (pod.root / "plugins" / "vllm").exists()
 
 
-def test_import_probe_imports_what_triton_will(tmp_path: Path) -> None:
-    # toy_plugin exists only in the plugin folder, on Triton's PYTHONPATH: a probe that does
-    # not see that folder (or runs before stage 3 installed it) cannot import it.
-    pod = Pod.create(tmp_path)
-    matrix = Path(pod.env["LLM_SERVING_COMPAT_MATRIX"])
-    matrix.write_text(matrix.read_text().replace('["json"]', '["json", "toy_plugin"]'))
-    pod.start().wait_ready()
-    code, err = pod.terminate()
-    assert code == ExitCode.DRAINED, err
-    assert "stage 5/8 compat done" in err
-
-
 @pytest.fixture(scope="module")
 def image() -> ImageNames:
     return ImageNames.scan(sys.path, Path("/nonexistent"))
