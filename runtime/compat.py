@@ -353,6 +353,16 @@ def constraints_text(pair: CompatPair) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _pin(name: str, version: str) -> str:
+    """``name==version``; ``===`` (string equality) for a version that is not PEP 440, which
+    ``==`` cannot spell and which would make pip refuse the whole constraints file."""
+    try:
+        Version(version)
+    except InvalidVersion:
+        return f"{name}==={version}"
+    return f"{name}=={version}"
+
+
 def image_constraints_text(pair: CompatPair, pair_file: str, installed: dict[str, str]) -> str:
     """The constraints every install in the image obeys: the pair's pins, then every other
     distribution the image holds at its exact version. Raises `CompatError` unless
@@ -367,7 +377,7 @@ def image_constraints_text(pair: CompatPair, pair_file: str, installed: dict[str
     check_vllm_version(pair, installed.get("vllm"))
     check_pins(pair, lambda name: installed.get(canonicalize_name(name)))
     pinned = {"vllm", *(canonicalize_name(name) for name, _ in pair.pins)}
-    rest = [f"{name}=={version}" for name, version in sorted(installed.items())]
+    rest = [_pin(name, version) for name, version in sorted(installed.items())]
     return (
         pair_file
         + "# Every other distribution of the image, as installed (a plugin may not move them).\n"

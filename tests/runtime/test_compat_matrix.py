@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from runtime import compat
 from runtime.compat import (
@@ -191,6 +192,17 @@ def test_image_constraints_pin_the_pair_then_everything_else(tmp_path: Path) -> 
     other = load_matrix().for_triton("26.07")
     with pytest.raises(CompatError, match=r"not the one of Triton 26\.07"):
         image_constraints_text(other, pair_file, installed)
+
+
+def test_image_constraints_spell_a_legacy_version_so_pip_reads_the_file(tmp_path: Path) -> None:
+    pair = load_matrix(write(tmp_path, GOOD)).default
+    installed = {"vllm": "0.27.1", "torch": "2.9.0", "oldtool": "2019.1-custom"}
+    text = image_constraints_text(pair, constraints_text(pair), installed)
+    assert "oldtool===2019.1-custom" in text.splitlines()
+    # pip reads each line of a constraints file as a PEP 508 requirement before installing.
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert [Requirement(line).name for line in lines] == ["vllm", "torch", "oldtool"]
+    assert "2019.1-custom" in Requirement("oldtool===2019.1-custom").specifier
 
 
 def test_probe_imports_checks_names_taken_from_a_module() -> None:
