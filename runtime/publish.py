@@ -6,6 +6,10 @@ open upload in S3 and keeps every part whose ETag matches), files already there 
 checksum are skipped, and ``manifest.json`` is written last, so a reader that finds the manifest
 finds every file it lists.
 
+The bucket's Cross-Region Replication copies each object on its own and in no order, so where a
+rule covers the version, publish first waits until S3 reports every file (uploaded now or already
+there) ``COMPLETED`` at every destination; a replica region then never sees a manifest early.
+
 S3 cannot return the metadata of an open multipart upload, so each one gets a small record
 object under ``<version>/.publish/`` saying which content (sha256, size) and part size it was
 opened for; a resume that finds another content, or no record, aborts the upload and starts
@@ -19,7 +23,8 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,10 +38,14 @@ from runtime.package.manifest import MANIFEST_NAME, FileEntry, load_manifest
 
 __all__ = [
     "DEFAULT_PART_SIZE",
+    "DEFAULT_REPLICATION_TIMEOUT",
+    "Backoff",
     "PartLayout",
     "PlanItem",
     "PublishError",
     "PublishPlan",
+    "Replication",
+    "ReplicationProgress",
     "format_plan",
     "part_layout",
     "plan_publish",
@@ -53,6 +62,10 @@ _MAX_PARTS = 10_000
 _MAX_OBJECT_SIZE = 5 << 40
 _SHA_KEY = "sha256"
 _RECORDS = ".publish/"  # under the version prefix: one record per open multipart upload
+DEFAULT_REPLICATION_TIMEOUT = 3600.0
+# HeadObject's ReplicationStatus on a source object: COMPLETE is the older spelling of COMPLETED.
+_REPLICATED = ("COMPLETED", "COMPLETE")
+_LISTED = 10  # file names a message lists before "and N more"
 Action = Literal["upload", "resume", "restart", "replace", "skip"]
 Progress = Callable[[int], None]
 PartETags = tuple[tuple[int, str], ...]
@@ -123,12 +136,49 @@ class _UploadRecord:
 
 
 @dataclass(frozen=True)
+class Replication:
+    """What the bucket's replication rules mean for the version: the enabled rules that cover its
+    files and the keys to wait for; ``checked`` is False when publish was told not to wait."""
+
+    checked: bool
+    rules: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Seconds between replication polls: ``first``, then doubled each poll up to ``most``."""
+
+    first: float = 1.0
+    most: float = 30.0
+
+
+@dataclass(frozen=True)
+class ReplicationProgress:
+    """One poll of the version's replication: files at every destination, keys still pending."""
+
+    location: str
+    replicated: int
+    total: int
+    pending: tuple[str, ...]
+    """Paths within the version, as the manifest lists them."""
+
+    def __str__(self) -> str:
+        line = f"replication of {self.location}: {self.replicated} of {self.total} files done"
+        if not self.pending:
+            return line
+        return f"{line}; pending: {_names(self.pending)}"
+
+
+@dataclass(frozen=True)
 class PublishPlan:
-    """Every file's action, the manifest's key last."""
+    """Every file's action, the manifest's key last, and whether the manifest waits for
+    replication."""
 
     bucket: str
     items: tuple[PlanItem, ...]
     manifest_key: str
+    replication: Replication = Replication(checked=False)
 
     @property
     def prefix(self) -> str:
@@ -232,6 +282,71 @@ def _resume_or_restart(
     return PlanItem(key, entry, "resume", reason, recorded, upload_id, etags)
 
 
+def _names(paths: Sequence[str]) -> str:
+    shown = ", ".join(paths[:_LISTED])
+    return shown if len(paths) <= _LISTED else f"{shown} and {len(paths) - _LISTED} more"
+
+
+def _replication_rules(client: Any, bucket: str) -> list[dict[str, Any]]:
+    """The bucket's replication rules, none when it has no replication configuration."""
+    try:
+        response = client.get_bucket_replication(Bucket=bucket)
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code")
+        if code == "ReplicationConfigurationNotFoundError":
+            return []
+        if code == "AccessDenied":
+            raise PublishError(
+                f"cannot read the replication configuration of s3://{bucket} (AccessDenied): "
+                "publish needs s3:GetReplicationConfiguration on the bucket to know whether to "
+                "wait for replication before writing the manifest; nothing was uploaded: grant "
+                "it, or pass --no-wait-replication (replica regions may then see manifest.json "
+                "before its files)"
+            ) from exc
+        raise
+    return list(response.get("ReplicationConfiguration", {}).get("Rules", []))
+
+
+def _covers(rule: dict[str, Any], key: str) -> bool:
+    """Whether an enabled ``rule`` replicates ``key``; publish tags nothing, so a rule that also
+    filters on tags replicates none of its objects."""
+    if rule.get("Status") != "Enabled":
+        return False
+    if "Filter" not in rule:
+        return key.startswith(rule.get("Prefix", ""))  # the older, filterless rule form
+    filter_ = rule["Filter"]
+    if "Tag" in filter_ or filter_.get("And", {}).get("Tags"):
+        return False
+    prefix = filter_.get("And", {}).get("Prefix", filter_.get("Prefix", ""))
+    return key.startswith(prefix)
+
+
+def _replication_for(client: Any, bucket: str, keys: Sequence[str]) -> Replication:
+    rules = _replication_rules(client, bucket)
+    covering = [r for r in rules if any(_covers(r, key) for key in keys)]
+    covered = tuple(key for key in keys if any(_covers(r, key) for r in covering))
+    return Replication(True, tuple(str(r.get("ID", "")) for r in covering), covered)
+
+
+def _never_replicated(bucket: str, prefix: str, paths: Sequence[str], rules: Sequence[str]) -> str:
+    return (
+        f"{_names(paths)} in s3://{bucket}/{prefix} have no replication status, so S3 will never "
+        f"copy them to the replica regions (rules {', '.join(rules)} only replicate objects "
+        "written after they were enabled, and never replicas of another bucket); the manifest "
+        "was not written: copy them to every destination with S3 Batch Replication (a Batch "
+        "Operations job with the Replicate operation on these keys), then run publish again"
+    )
+
+
+def _replication_failed(bucket: str, prefix: str, paths: Sequence[str]) -> str:
+    return (
+        f"replication FAILED for {_names(paths)} in s3://{bucket}/{prefix}; the manifest was "
+        "not written: S3 does not retry a failed replication: check the replication role's "
+        "permissions and the destination buckets (versioning, encryption), then replicate them "
+        "again with S3 Batch Replication and run publish again"
+    )
+
+
 def _check_present(folder: Path, entries: list[FileEntry]) -> None:
     """Every listed file is readable and of the listed size, checked before any S3 call."""
     for entry in entries:
@@ -263,8 +378,14 @@ def plan_publish(
     bucket: str,
     root: str = "models",
     part_size: int = DEFAULT_PART_SIZE,
+    wait_replication: bool = True,
 ) -> PublishPlan:
-    """Decide, for every file of the version folder, whether to upload, resume or skip it."""
+    """Decide, for every file of the version folder, whether to upload, resume or skip it, and
+    (with ``wait_replication``) which files the bucket's replication rules cover.
+
+    A covered file already in the bucket that S3 will never replicate (no status, or FAILED)
+    raises `PublishError` here, before anything is uploaded.
+    """
     manifest = load_manifest(folder / MANIFEST_NAME)
     entries = [manifest.archive, *manifest.weight_files]
     _check_present(folder, entries)
@@ -288,6 +409,7 @@ def plan_publish(
             "build the package with a new model_version"
         )
     items = []
+    skipped: dict[str, str | None] = {}  # key -> ReplicationStatus of the files kept as they are
     for entry in entries:
         key = prefix + entry.path
         layout = part_layout(entry.size, part_size)
@@ -297,6 +419,7 @@ def plan_publish(
             if remote_sha == entry.sha256 and head["ContentLength"] == entry.size:
                 reason = "same sha256 already in the bucket"
                 items.append(PlanItem(key, entry, "skip", reason, layout))
+                skipped[key] = head.get("ReplicationStatus")
                 continue
             reason = f"bucket has sha256 {remote_sha}"
             items.append(PlanItem(key, entry, "replace", reason, layout))
@@ -307,15 +430,46 @@ def plan_publish(
             continue
         record = _read_record(client, bucket, _record_key(prefix, entry))
         items.append(_resume_or_restart(client, bucket, key, entry, upload_id, record, layout))
-    return PublishPlan(bucket=bucket, items=tuple(items), manifest_key=manifest_key)
+    replication = Replication(checked=False)
+    if wait_replication:
+        replication = _replication_for(client, bucket, [item.key for item in items])
+        covered = [key for key in replication.keys if key in skipped]
+        failed = [key.removeprefix(prefix) for key in covered if skipped[key] == "FAILED"]
+        if failed:
+            raise PublishError(_replication_failed(bucket, prefix, failed))
+        never = [
+            key.removeprefix(prefix)
+            for key in covered
+            if skipped[key] not in ("PENDING", "FAILED", *_REPLICATED)
+        ]
+        if never:
+            raise PublishError(_never_replicated(bucket, prefix, never, replication.rules))
+    return PublishPlan(bucket, tuple(items), manifest_key, replication)
 
 
 def format_plan(plan: PublishPlan) -> str:
-    """The plan as printed by ``--dry-run``: one line per file, the manifest last."""
+    """The plan as printed by ``--dry-run``: one line per file, the wait for replication, the
+    manifest last."""
     lines = [
         f"{item.action:8} {item.entry.size:>14,d} B  s3://{plan.bucket}/{item.key}  ({item.reason})"
         for item in plan.items
     ]
+    replication = plan.replication
+    if not replication.checked:
+        lines.append(
+            f"{'no wait':8} {'':>14}    for replication (--no-wait-replication): replica "
+            "regions may see the manifest before its files"
+        )
+    elif replication.keys:
+        lines.append(
+            f"{'wait':8} {len(replication.keys):>14,d} files until replicated to every "
+            f"destination (rules {', '.join(replication.rules)}), then the manifest"
+        )
+    else:
+        lines.append(
+            f"{'no wait':8} {'':>14}    no replication rule of s3://{plan.bucket} covers "
+            f"{plan.prefix}"
+        )
     lines.append(f"{'manifest':8} {'':>14}    s3://{plan.bucket}/{plan.manifest_key}  (last)")
     lines.append(f"total to send: {plan.bytes_to_send:,d} bytes")
     return "\n".join(lines)
@@ -464,6 +618,65 @@ def _check_remote(client: Any, plan: PublishPlan) -> None:
             )
 
 
+def _wait_replicated(
+    client: Any,
+    plan: PublishPlan,
+    timeout: float,
+    backoff: Backoff,
+    on_replication: Callable[[ReplicationProgress], None] | None,
+) -> None:
+    """Poll HeadObject until every covered file is at every destination; raises `PublishError`
+    on a FAILED file, on one S3 will never replicate, or once ``timeout`` seconds have passed."""
+    bucket, prefix = plan.bucket, plan.prefix
+    pending = list(plan.replication.keys)
+    deadline = time.monotonic() + timeout
+    delay = backoff.first
+    while True:
+        statuses: dict[str, str | None] = {}
+        for key in pending:
+            head = _head(client, bucket, key)
+            if head is None:
+                raise PublishError(
+                    f"s3://{bucket}/{key} disappeared while waiting for its replication; the "
+                    "manifest was not written: run publish again"
+                )
+            statuses[key] = head.get("ReplicationStatus")
+        failed = [k.removeprefix(prefix) for k, status in statuses.items() if status == "FAILED"]
+        if failed:
+            raise PublishError(_replication_failed(bucket, prefix, failed))
+        never = [
+            k.removeprefix(prefix)
+            for k, status in statuses.items()
+            if status not in ("PENDING", "FAILED", *_REPLICATED)
+        ]
+        if never:
+            raise PublishError(_never_replicated(bucket, prefix, never, plan.replication.rules))
+        pending = [k for k, status in statuses.items() if status == "PENDING"]
+        total = len(plan.replication.keys)
+        progress = ReplicationProgress(
+            f"s3://{bucket}/{prefix}",
+            total - len(pending),
+            total,
+            tuple(k.removeprefix(prefix) for k in pending),
+        )
+        logger.info("%s", progress)
+        if on_replication is not None:
+            on_replication(progress)
+        if not pending:
+            return
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise PublishError(
+                f"replication of s3://{bucket}/{prefix} did not finish within {timeout:g} s, "
+                f"still PENDING: {_names(progress.pending)}; the manifest was not written: run "
+                "publish again to keep waiting (uploaded files are skipped) or raise "
+                "--replication-timeout; if it stays PENDING, check the replication rules' "
+                "destinations and role"
+            )
+        time.sleep(min(delay, left))
+        delay = min(2 * delay, backoff.most)
+
+
 def publish(
     client: Any,
     folder: Path,
@@ -475,22 +688,39 @@ def publish(
     part_size: int = DEFAULT_PART_SIZE,
     progress: Progress | None = None,
     on_plan: Callable[[PublishPlan], None] | None = None,
+    wait_replication: bool = True,
+    replication_timeout: float = DEFAULT_REPLICATION_TIMEOUT,
+    backoff: Backoff = Backoff(),
+    on_replication: Callable[[ReplicationProgress], None] | None = None,
 ) -> PublishPlan:
-    """Publish ``folder`` (a built version) to ``bucket``; returns the plan it carried out."""
+    """Publish ``folder`` (a built version) to ``bucket``; returns the plan it carried out.
+
+    With ``wait_replication``, the manifest is written only once every file a replication rule
+    of the bucket covers is at every destination, waiting up to ``replication_timeout`` seconds.
+    """
     try:
-        plan = plan_publish(client, folder, bucket, root, part_size)
+        plan = plan_publish(client, folder, bucket, root, part_size, wait_replication)
     except PackageError as exc:
         raise PublishError(str(exc)) from exc
     if on_plan is not None:
         on_plan(plan)
     if dry_run:
         return plan
+    if not wait_replication:
+        logger.warning(
+            "not waiting for replication (--no-wait-replication): if s3://%s replicates %s, "
+            "replica regions may see the manifest before the files it lists",
+            bucket,
+            plan.prefix,
+        )
     for item in plan.items:
         if item.action != "skip":
             _check_local(folder, item.entry)
     _Uploader(client, folder, plan, workers, progress).run()
     _check_remote(client, plan)
     _remove_records(client, plan)
+    if plan.replication.keys:
+        _wait_replicated(client, plan, replication_timeout, backoff, on_replication)
     manifest_path = folder / MANIFEST_NAME
     client.put_object(
         Bucket=bucket,
@@ -511,9 +741,12 @@ def run_publish(
     dry_run: bool = False,
     workers: int = 8,
     part_size: int = DEFAULT_PART_SIZE,
+    wait_replication: bool = True,
+    replication_timeout: float = DEFAULT_REPLICATION_TIMEOUT,
     echo: Callable[[str], object] = print,
 ) -> PublishPlan:
-    """``llm-serving publish``: a boto3 client, the plan printed, a progress bar with throughput."""
+    """``llm-serving publish``: a boto3 client, the plan printed, a progress bar with throughput,
+    then a line whenever the wait for replication moves on."""
     import contextlib
 
     import boto3
@@ -536,6 +769,13 @@ def run_publish(
         echo(format_plan(plan))
         bar.update(task, total=plan.bytes_to_send)
 
+    shown: list[ReplicationProgress] = []
+
+    def show_replication(poll: ReplicationProgress) -> None:
+        if shown[-1:] != [poll]:  # a line when a file's status changes, not one per poll
+            bar.console.print(str(poll), soft_wrap=True, markup=False, highlight=False)
+            shown.append(poll)
+
     try:
         with bar if not dry_run else contextlib.nullcontext():
             return publish(
@@ -547,6 +787,9 @@ def run_publish(
                 part_size=part_size,
                 progress=lambda n: bar.advance(task, n),
                 on_plan=show_plan,
+                wait_replication=wait_replication,
+                replication_timeout=replication_timeout,
+                on_replication=show_replication,
             )
     except (BotoCoreError, ClientError) as exc:
         raise PublishError(
