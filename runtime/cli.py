@@ -168,8 +168,19 @@ def publish_command(
     region: Annotated[str | None, typer.Option(envvar="AWS_REGION", help="bucket region")] = None,
     workers: Annotated[int, typer.Option(min=1, help="parallel uploads")] = 8,
     part_size_mb: Annotated[int, typer.Option(min=5, help="multipart part size in MiB")] = 64,
+    wait_replication: Annotated[
+        bool,
+        typer.Option(
+            help="write the manifest once replication has copied every file (without: replica "
+            "regions may see it early)"
+        ),
+    ] = True,
+    replication_timeout: Annotated[
+        float, typer.Option(min=0, help="seconds to wait for replication before giving up")
+    ] = 3600,
 ) -> None:
-    """Upload a version to s3://BUCKET/models/<id>/<version>/, manifest.json last."""
+    """Upload a version to s3://BUCKET/models/<id>/<version>/, manifest.json last, once
+    replicated."""
     from runtime.publish import PublishError, run_publish
 
     try:
@@ -181,6 +192,8 @@ def publish_command(
             dry_run=dry_run,
             workers=workers,
             part_size=part_size_mb << 20,
+            wait_replication=wait_replication,
+            replication_timeout=replication_timeout,
             echo=typer.echo,
         )
     except PublishError as exc:

@@ -14,7 +14,9 @@ from typing import Any
 
 import boto3
 import pytest
+from typer.testing import CliRunner
 
+from runtime.cli import app
 from runtime.package import build_package
 from runtime.publish import (
     Backoff,
@@ -258,3 +260,27 @@ def test_dry_run_says_whether_the_manifest_waits_for_replication(
     assert " ".join(lines[-3].split()) == line.format(bucket=bucket)
     assert lines[-2].startswith("manifest")
     assert keys(client, bucket) == set()
+
+
+def test_cli_waits_for_replication_and_reports_a_timeout_in_one_line(
+    client: Any, bucket: str, version: Path, standin: ReplicationStandIn
+) -> None:
+    replicate(client, bucket)
+    runner = CliRunner()
+    args = ["publish", str(version), "--bucket", bucket, "--endpoint-url", standin.url]
+    result = runner.invoke(app, [*args, "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "files until replicated to every destination" in result.output
+
+    result = runner.invoke(app, [*args, "--part-size-mb", "5", "--replication-timeout", "0"])
+    assert result.exit_code == 1
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("error: replication of ") and "still PENDING" in last
+    assert f"replication of s3://{bucket}/{PREFIX}: 0 of 3 files done; pending:" in result.output
+
+    for key in FILES:
+        standin.script(key, ["COMPLETED"])
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert f"replication of s3://{bucket}/{PREFIX}: 3 of 3 files done" in result.output
+    assert result.output.strip().endswith(f"published s3://{bucket}/{MANIFEST}")
