@@ -1,10 +1,13 @@
 """Start-up benchmarks: unpack vs GNU tar, gRPC through the port gate vs direct, and the seconds
 each entrypoint stage adds against the tritonserver stand-in (load time zero).
 
-``python -m benchmarks.startup [--quick] [--json PATH] [--only unpack|gate|startup]``. The full
+``python -m benchmarks.startup [--quick] [--json PATH] [--only unpack|gate|startup]
+[--baseline-relay SO]``. The full
 run unpacks a 2 GiB package of 512 files; ``--quick`` a 256 MiB package of 128 files, fewer
 requests and one start-up. Everything runs in separate processes (stand-in, gates, entrypoint)
-as in the pod; the gate section also runs the former asyncio relay for comparison. The gate
+as in the pod; the gate section also runs the former asyncio relay for comparison, or, with
+``--baseline-relay SO``, another build of the native relay (a ``_relay*.so``), to measure a
+change to it side by side in one run. The gate
 rows measure the relay (embedded mode, ``LLM_SERVING_GATE=relay``): a standalone Triton binds
 the public port itself, so there a request takes no extra hop at all.
 """
@@ -115,10 +118,16 @@ def bench_unpack(folder: Path, quick: bool, repeats: int) -> list[dict[str, Any]
 # Each gate runs in its own process, as in the pod (the entrypoint process holds the gate).
 _GATE = """
 import asyncio, sys, uvloop
+if sys.argv[1] == "baseline_gate":  # another build of the native relay, loaded in its place
+    import importlib.util, runtime.entrypoint
+    spec = importlib.util.spec_from_file_location("runtime.entrypoint._relay", sys.argv[4])
+    relay = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(relay)
+    sys.modules["runtime.entrypoint._relay"] = runtime.entrypoint._relay = relay
 from runtime.entrypoint.gate import PortGate
 from benchmarks._asyncio_relay import AsyncioPortGate
 async def main():
-    kind = PortGate if sys.argv[1] == "gate" else AsyncioPortGate
+    kind = AsyncioPortGate if sys.argv[1] == "asyncio_gate" else PortGate
     gate = kind("127.0.0.1", int(sys.argv[2]), "127.0.0.1", int(sys.argv[3]))
     await gate.open()
     await asyncio.Event().wait()
@@ -127,6 +136,8 @@ uvloop.run(main())
 # The HTTP/2 client preface and an empty SETTINGS frame: the server answers with its SETTINGS.
 _H2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 GATE_IMPLS = ("direct", "gate", "asyncio_gate")
+# With --baseline-relay, a given build of the native relay takes the asyncio relay's place.
+BASELINE_IMPLS = ("direct", "gate", "baseline_gate")
 _RATIOS = {
     "p50_us": "p50_ratio",
     "p99_us": "p99_ratio",
@@ -194,23 +205,28 @@ def _cpu_ns(pid: int) -> int:
     return total
 
 
-def _alternate(round_: int, times: int, measure: Callable[[str], float]) -> dict[str, list[float]]:
+def _alternate(
+    round_: int, times: int, measure: Callable[[str], float], impls: tuple[str, ...]
+) -> dict[str, list[float]]:
     """``measure`` each implementation in turn, ``times`` times, rotating who goes first."""
-    results: dict[str, list[float]] = {impl: [] for impl in GATE_IMPLS}
+    results: dict[str, list[float]] = {impl: [] for impl in impls}
     for i in range(times):
-        shift = (round_ + i) % len(GATE_IMPLS)
-        for impl in GATE_IMPLS[shift:] + GATE_IMPLS[:shift]:
+        shift = (round_ + i) % len(impls)
+        for impl in impls[shift:] + impls[:shift]:
             results[impl].append(measure(impl))
     return results
 
 
-def bench_gate(quick: bool) -> list[dict[str, Any]]:
-    """Unary latency, streamed tokens/s and connection set-up: direct, native gate, asyncio.
+def bench_gate(quick: bool, baseline: Path | None = None) -> list[dict[str, Any]]:
+    """Unary latency, streamed tokens/s and connection set-up: direct, native gate, and the
+    asyncio relay (or ``baseline``, another build of the native relay's module).
 
     Calls alternate between the three (order rotated) so that noise from the rest of the
     machine hits all alike; a gate's ratios are the medians of its per-round ratios to direct.
     """
-    ports = {impl: _free_port() for impl in GATE_IMPLS}
+    impls = GATE_IMPLS if baseline is None else BASELINE_IMPLS
+    extra = [] if baseline is None else [str(baseline.resolve())]
+    ports = {impl: _free_port() for impl in impls}
     env = {**os.environ, "PYTHONPATH": str(ROOT), "KSERVE_STANDIN_LOAD_SECONDS": "0"}
     processes = [
         subprocess.Popen(
@@ -220,10 +236,10 @@ def bench_gate(quick: bool) -> list[dict[str, Any]]:
             env=env, cwd=ROOT, stderr=subprocess.DEVNULL,
         )
     ]  # fmt: skip
-    for impl in GATE_IMPLS[1:]:
+    for impl in impls[1:]:
         processes.append(
             subprocess.Popen(
-                [sys.executable, "-c", _GATE, impl, str(ports[impl]), str(ports["direct"])],
+                [sys.executable, "-c", _GATE, impl, str(ports[impl]), str(ports["direct"]), *extra],
                 env=env,
                 cwd=ROOT,
             )
@@ -231,7 +247,7 @@ def bench_gate(quick: bool) -> list[dict[str, Any]]:
     rounds, unary_n, streams, tokens, connects = (
         (9, 200, 4, 150, 50) if quick else (15, 500, 8, 300, 200)
     )
-    gate_pids = {impl: processes[1 + i].pid for i, impl in enumerate(GATE_IMPLS[1:])}
+    gate_pids = {impl: processes[1 + i].pid for i, impl in enumerate(impls[1:])}
     try:
         for port in ports.values():
             _wait_port(port)
@@ -244,16 +260,18 @@ def bench_gate(quick: bool) -> list[dict[str, Any]]:
                 _unary(client)
         per_round: dict[str, dict[str, list[float]]] = {
             impl: {"p50_us": [], "p99_us": [], "tokens_per_s": [], "connect_us": []}
-            for impl in GATE_IMPLS
+            for impl in impls
         }
         gate_cpu_ns = dict.fromkeys(gate_pids, 0)
         for r in range(rounds):
             cpu_before = {impl: _cpu_ns(pid) for impl, pid in gate_pids.items()}
-            latencies = _alternate(r, unary_n, lambda impl: _unary(clients[impl]) * 1e6)
+            latencies = _alternate(r, unary_n, lambda impl: _unary(clients[impl]) * 1e6, impls)
             for impl, pid in gate_pids.items():
                 gate_cpu_ns[impl] += _cpu_ns(pid) - cpu_before[impl]
-            rates = _alternate(r, streams, lambda impl: _stream_tokens(clients[impl], tokens))
-            setups = _alternate(r, connects, lambda impl: _connect(ports[impl]) * 1e6)
+            rates = _alternate(
+                r, streams, lambda impl: _stream_tokens(clients[impl], tokens), impls
+            )
+            setups = _alternate(r, connects, lambda impl: _connect(ports[impl]) * 1e6, impls)
             for impl, measured in per_round.items():
                 measured["p50_us"].append(float(np.percentile(latencies[impl], 50)))
                 measured["p99_us"].append(float(np.percentile(latencies[impl], 99)))
@@ -363,11 +381,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", choices=["unpack", "gate", "startup"], action="append", help="run these only"
     )
+    parser.add_argument(
+        "--baseline-relay",
+        type=Path,
+        help="a _relay*.so of another build, measured side by side in place of the asyncio relay",
+    )
     args = parser.parse_args(argv)
     rows: list[dict[str, Any]] = []
     sections: list[tuple[str, Callable[[Path], list[dict[str, Any]]]]] = [
         ("unpack", partial(lambda q, f: bench_unpack(f, q, 3 if q else 5), args.quick)),
-        ("gate", lambda _f: bench_gate(args.quick)),
+        ("gate", lambda _f: bench_gate(args.quick, args.baseline_relay)),
         ("startup", partial(lambda q, f: bench_startup(f, 1 if q else 3), args.quick)),
     ]
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
@@ -383,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     if "unpack" in by_impl:
         unpack_ratio = by_impl["unpack"]["mb_per_s"] / by_impl["gnu_tar"]["mb_per_s"]
         print(f"unpack / gnu_tar speed: {unpack_ratio:.2f}")
-    for impl in GATE_IMPLS[1:]:
+    for impl in (*GATE_IMPLS[1:], BASELINE_IMPLS[-1]):
         if (gate := by_impl.get(impl)) is None:
             continue
         print(
