@@ -5,7 +5,6 @@ plugins' vLLM entry points are registered."""
 from __future__ import annotations
 
 import importlib.metadata as md
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -15,6 +14,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from runtime.entrypoint.errors import StageFailed
+from runtime.entrypoint.folders import remove_entries
 from runtime.entrypoint.shadow import check_no_shadowing
 from runtime.package.manifest import Manifest
 from runtime.package.plugin_groups import PluginWheel, unloadable
@@ -66,11 +66,7 @@ def _empty(target: Path) -> None:
                 f"({_some(e.name for e in entries)}); it will not empty it",
                 _OWN_FOLDER,
             )
-        for entry in entries:
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink()
+        remove_entries(entries)
         (target / _OWNED).write_text("plugins installed by python -m runtime.entrypoint\n")
     except OSError as exc:
         raise StageFailed(f"cannot empty the plugin folder {target}: {exc}", _OWN_FOLDER) from exc

@@ -17,6 +17,7 @@ from runtime.compat import (
     load_matrix,
 )
 from runtime.entrypoint.errors import StageFailed
+from runtime.entrypoint.folders import remove_entries
 from runtime.package.errors import PackageError
 from runtime.package.manifest import ARCHIVE_NAME, MANIFEST_NAME, Manifest, load_manifest
 from runtime.package.unpack import UnpackLimits, unpack_archive
@@ -144,13 +145,7 @@ def wipe_multiproc_dir(path: Path | None) -> int:
         )
     try:
         path.mkdir(parents=True, exist_ok=True)
-        removed = 0
-        for entry in path.iterdir():
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink()
-            removed += 1
+        removed = remove_entries(path.iterdir())
     except OSError as exc:
         raise StageFailed(
             f"cannot wipe PROMETHEUS_MULTIPROC_DIR {path}: {exc}",
