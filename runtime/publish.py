@@ -347,6 +347,23 @@ def _replication_failed(bucket: str, prefix: str, paths: Sequence[str]) -> str:
     )
 
 
+def _refuse_unreplicable(
+    bucket: str, prefix: str, statuses: dict[str, str | None], rules: Sequence[str]
+) -> None:
+    """Raise `PublishError` if any key's ``ReplicationStatus`` says S3 will not replicate it:
+    FAILED, or none at all (written before the rule)."""
+    failed = [k.removeprefix(prefix) for k, status in statuses.items() if status == "FAILED"]
+    if failed:
+        raise PublishError(_replication_failed(bucket, prefix, failed))
+    never = [
+        k.removeprefix(prefix)
+        for k, status in statuses.items()
+        if status not in ("PENDING", "FAILED", *_REPLICATED)
+    ]
+    if never:
+        raise PublishError(_never_replicated(bucket, prefix, never, rules))
+
+
 def _check_present(folder: Path, entries: list[FileEntry]) -> None:
     """Every listed file is readable and of the listed size, checked before any S3 call."""
     for entry in entries:
@@ -433,17 +450,8 @@ def plan_publish(
     replication = Replication(checked=False)
     if wait_replication:
         replication = _replication_for(client, bucket, [item.key for item in items])
-        covered = [key for key in replication.keys if key in skipped]
-        failed = [key.removeprefix(prefix) for key in covered if skipped[key] == "FAILED"]
-        if failed:
-            raise PublishError(_replication_failed(bucket, prefix, failed))
-        never = [
-            key.removeprefix(prefix)
-            for key in covered
-            if skipped[key] not in ("PENDING", "FAILED", *_REPLICATED)
-        ]
-        if never:
-            raise PublishError(_never_replicated(bucket, prefix, never, replication.rules))
+        statuses = {key: skipped[key] for key in replication.keys if key in skipped}
+        _refuse_unreplicable(bucket, prefix, statuses, replication.rules)
     return PublishPlan(bucket, tuple(items), manifest_key, replication)
 
 
@@ -641,16 +649,7 @@ def _wait_replicated(
                     "manifest was not written: run publish again"
                 )
             statuses[key] = head.get("ReplicationStatus")
-        failed = [k.removeprefix(prefix) for k, status in statuses.items() if status == "FAILED"]
-        if failed:
-            raise PublishError(_replication_failed(bucket, prefix, failed))
-        never = [
-            k.removeprefix(prefix)
-            for k, status in statuses.items()
-            if status not in ("PENDING", "FAILED", *_REPLICATED)
-        ]
-        if never:
-            raise PublishError(_never_replicated(bucket, prefix, never, plan.replication.rules))
+        _refuse_unreplicable(bucket, prefix, statuses, plan.replication.rules)
         pending = [k for k, status in statuses.items() if status == "PENDING"]
         total = len(plan.replication.keys)
         progress = ReplicationProgress(
