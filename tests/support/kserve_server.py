@@ -313,6 +313,8 @@ class KServeStandIn:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: grpc.aio.Server | None = None
         self._thread: threading.Thread | None = None
+        self.serving = False
+        """Set once the gRPC port listens (``port`` is known before: a fixed one is given)."""
 
     @property
     def ready(self) -> bool:
@@ -334,6 +336,7 @@ class KServeStandIn:
         self.port = self._server.add_insecure_port(f"{self.host}:{self.port}")
         self._started_at = time.monotonic()
         await self._server.start()
+        self.serving = True
         await self._server.wait_for_termination()
 
     async def shutdown(self, grace: float = 5.0) -> None:
@@ -342,13 +345,13 @@ class KServeStandIn:
             await self._server.stop(grace)
 
     def start(self) -> KServeStandIn:
-        """Serve in a daemon thread; returns once the port is bound."""
+        """Serve in a daemon thread; returns once the port listens."""
         bound = threading.Event()
 
         def run() -> None:
             async def main() -> None:
                 task = asyncio.ensure_future(self.serve())
-                while self._server is None or self.port == 0:
+                while not self.serving and not task.done():
                     await asyncio.sleep(0.005)
                 bound.set()
                 await task
@@ -701,7 +704,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if stopped.is_set():
                 return
         task = asyncio.ensure_future(server.serve())
-        while server.port == 0 and not task.done():
+        # HTTP (and its readiness answer) only once gRPC listens, as in Triton.
+        while not server.serving and not task.done():
             await asyncio.sleep(0.01)
         if args.allow_http:
             handler = type("Handler", (_HttpHealth,), {"owner": server})
