@@ -72,10 +72,21 @@ def _empty(target: Path) -> None:
         raise StageFailed(f"cannot empty the plugin folder {target}: {exc}", _OWN_FOLDER) from exc
 
 
+def scan_image(target: Path | None, unpacked: Path) -> ImageNames:
+    """What the image's distributions install (the plugin folder left out), for the shadowing
+    check; reading every RECORD takes about a second, so the entrypoint starts it early."""
+    return ImageNames.scan([p for p in sys.path if not _is_dir(p, target)], unpacked)
+
+
 def install_plugins(
-    manifest: Manifest, unpacked: Path, target: Path | None, constraints: Path | None
+    manifest: Manifest,
+    unpacked: Path,
+    target: Path | None,
+    constraints: Path | None,
+    image: ImageNames | None = None,
 ) -> list[str]:
-    """Install every plugin; returns the ``group:name`` entry points now registered."""
+    """Install every plugin; returns the ``group:name`` entry points now registered.
+    ``image`` is `scan_image`'s result when the caller started it already."""
     if target is not None:
         _empty(target)
     if not manifest.plugins:
@@ -83,7 +94,8 @@ def install_plugins(
     search = ([str(target)] if target is not None else []) + sys.path
     pinned = _pinned_names(constraints)
     # Checked before pip runs: a wheel that ships vllm/ must not land even for a moment.
-    image = ImageNames.scan([p for p in sys.path if not _is_dir(p, target)], unpacked)
+    if image is None:
+        image = scan_image(target, unpacked)
     for plugin in manifest.plugins:
         check_no_shadowing(unpacked / plugin.wheel, plugin.wheel, image, pinned)
     before = _versions(search, pinned)

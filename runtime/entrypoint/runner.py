@@ -29,7 +29,7 @@ from runtime.constraints.catalog import CATALOG_DIR_ENV
 from runtime.entrypoint.errors import STAGES, ExitCode, StageFailed
 from runtime.entrypoint.gate import PortGate
 from runtime.entrypoint.health import HealthServer
-from runtime.entrypoint.plugins import install_plugins
+from runtime.entrypoint.plugins import install_plugins, scan_image
 from runtime.entrypoint.render import link_catalogs, render_repository, vllm_backend_for
 from runtime.entrypoint.settings import EntrypointSettings
 from runtime.entrypoint.stages import (
@@ -199,6 +199,8 @@ class Entrypoint:
         # stage 3 empties it); stage 3 refuses any plugin file that would shadow an installed
         # package, so with the plugins first on the path vLLM's modules resolve the same.
         self._probe = start_import_probe(s.triton_release, s.compat_matrix)
+        # Stage 3's shadowing check reads every installed RECORD (about a second): meanwhile.
+        scan = asyncio.ensure_future(asyncio.to_thread(scan_image, s.plugin_dir, work / "package"))
         folder, manifest = await self._stage(
             1,
             asyncio.to_thread(
@@ -214,8 +216,14 @@ class Entrypoint:
         unpacked = await self._stage(
             2, asyncio.to_thread(unpack, folder, manifest, work / "package", s.max_unpack_bytes)
         )
-        plugins = (manifest, unpacked, s.plugin_dir, s.constraints_file)
-        entry_points = await self._stage(3, asyncio.to_thread(install_plugins, *plugins))
+
+        async def plugins() -> list[str]:
+            image = await scan if manifest.plugins else None
+            return await asyncio.to_thread(
+                install_plugins, manifest, unpacked, s.plugin_dir, s.constraints_file, image
+            )
+
+        entry_points = await self._stage(3, plugins())
         if entry_points:
             log(f"plugins registered: {', '.join(entry_points)}")
         removed = await self._stage(4, asyncio.to_thread(wipe_multiproc_dir, s.multiproc_dir))
