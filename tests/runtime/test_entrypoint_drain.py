@@ -41,6 +41,15 @@ def _traffic(
     return threads
 
 
+def _wait_until_received(record: Path) -> None:
+    """Until the stand-in has recorded every prompt's request: they are in flight (a fixed
+    sleep is not enough on a loaded machine, and a request sent after SIGTERM is refused)."""
+    deadline = time.monotonic() + 20
+    while not record.exists() or len(record.read_text().splitlines()) < len(PROMPTS):
+        assert time.monotonic() < deadline, "the requests never reached the stand-in"
+        time.sleep(0.02)
+
+
 @pytest.mark.parametrize(
     "gate",
     [
@@ -54,13 +63,15 @@ def test_sigterm_during_traffic_loses_no_request(
 ) -> None:
     pod = Pod.create(tmp_path)
     pod.env.update(gate)
+    record = tmp_path / "requests.jsonl"
     pod.env["STANDIN_TOKEN_DELAY_SECONDS"] = "0.05"  # ~1.5 s per request
+    pod.env["KSERVE_STANDIN_RECORD"] = str(record)
     pod.start().wait_ready()
     public = pod.port("public_grpc")
     results: dict[str, object] = {}
     finished: dict[str, float] = {}
     threads = _traffic(public, results, finished)
-    time.sleep(0.6)
+    _wait_until_received(record)
     assert pod.process is not None
     pod.process.send_signal(15)
     sigterm_at = time.monotonic()
@@ -103,10 +114,7 @@ def test_triton_dying_during_the_drain_is_not_a_deadline(tmp_path: Path) -> None
     pod.env["KSERVE_STANDIN_RECORD"] = str(record)
     pod.start().wait_ready()
     threads = _traffic(pod.port("public_grpc"), {}, {})
-    deadline = time.monotonic() + 20
-    while not record.exists() or len(record.read_text().splitlines()) < len(PROMPTS):
-        assert time.monotonic() < deadline, "the requests never reached the stand-in"
-        time.sleep(0.05)
+    _wait_until_received(record)
     assert pod.process is not None
     (triton,) = pod.leftover_servers()
     pod.process.send_signal(15)
