@@ -9,13 +9,12 @@ PIP := $(PY) -m pip
 # vLLM is a CUDA build that pins its own torch: tests need only its interface classes, so it is
 # installed without dependencies, plus the pure-Python packages those interfaces import.
 VLLM_VERSION := 0.27.1
-VLLM_INTERFACE_DEPS := msgspec cachetools cloudpickle blake3 py-cpuinfo psutil pyzmq regex \
-	sentencepiece "transformers>=5.5.3" partial-json-parser cbor2 aiohttp openai-harmony pillow \
-	pybase64 uvloop
-# Debian packages that tests run for real (Prometheus and promtool), and ISA-L's headers for the
-# metrics proxy's native merge (its gzip); installed before the extension is built.
-DEBIAN_PACKAGES := prometheus libisal-dev
-SOURCES := Makefile pyproject.toml CMakeLists.txt $(shell find csrc -type f 2>/dev/null)
+VLLM_INTERFACE_DEPS := requirements/vllm-interfaces.txt
+# Debian packages that tests run for real (Prometheus and promtool; buildah and mmdebstrap, which
+# build the serving image on a stand-in base), and ISA-L's headers for the metrics proxy's native
+# merge (its gzip); installed before the extension is built.
+DEBIAN_PACKAGES := prometheus libisal-dev buildah mmdebstrap
+SOURCES := Makefile pyproject.toml CMakeLists.txt $(VLLM_INTERFACE_DEPS) $(shell find csrc -type f 2>/dev/null)
 STAMP := $(VENV)/.installed
 DEBS_STAMP := $(VENV)/.debian-packages
 
@@ -38,7 +37,7 @@ $(VENV)/bin/python:
 $(STAMP): $(VENV)/bin/python $(SOURCES) | $(DEBS_STAMP)
 	$(PIP) install --quiet -e '.[dev,bench]'
 	$(PIP) install --quiet --no-deps "vllm==$(VLLM_VERSION)"
-	$(PIP) install --quiet $(VLLM_INTERFACE_DEPS)
+	$(PIP) install --quiet -r $(VLLM_INTERFACE_DEPS)
 	$(PY) -c "from vllm.v1.sample.logits_processor import BatchUpdateBuilder, LogitsProcessor"
 	touch $@
 

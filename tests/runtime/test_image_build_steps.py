@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.dockerfile import Stage, dockerfile_stages
+from tests.support.triton_base import write_bare_distributions
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "images" / "serving" / "Dockerfile"
@@ -239,15 +240,6 @@ def test_installed_entrypoint_fails_its_first_stage_in_one_line(
     assert "locate" in done.stderr
 
 
-def _fake_image_site(folder: Path, versions: dict[str, str]) -> Path:
-    """Distributions as the NGC base image would hold them, as bare ``.dist-info`` metadata."""
-    for name, version in versions.items():
-        info = folder / f"{name}-{version}.dist-info"
-        info.mkdir(parents=True)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-    return folder
-
-
 IMAGE_PINS = {
     "vllm": "0.27.1+9114fd76",  # NGC builds carry a local label
     "torch": "2.13.0+cu130",
@@ -269,7 +261,7 @@ IMAGE_PINS = {
 def test_installed_image_constraints_check_the_base_and_pin_everything(
     installed: Path, tmp_path: Path, changed: dict[str, str], release: str, error: str | None
 ) -> None:
-    site = _fake_image_site(tmp_path / "base", IMAGE_PINS | changed)
+    site = write_bare_distributions(tmp_path / "base", IMAGE_PINS | changed)
     done = subprocess.run(
         [str(installed), "-m", "runtime.compat", "image-constraints", "--triton", release,
          "--pair-file", str(CONSTRAINTS)],
@@ -332,7 +324,7 @@ def test_serving_stage_install_line_runs_as_written(
         "/var/run/llm-serving": tmp_path / "var",
     }
     shutil.copy2(CONSTRAINTS, _replay(pair_file, paths, installed))
-    site = _fake_image_site(tmp_path / "base", IMAGE_PINS | changed)
+    site = write_bare_distributions(tmp_path / "base", IMAGE_PINS | changed)
     done = subprocess.run(
         ["bash", "-o", "pipefail", "-c", _replay(run, paths, installed)],
         cwd=tmp_path,

@@ -1,0 +1,149 @@
+"""images/serving/Dockerfile built for real with buildah, FROM the stand-in of the NGC base
+image (tests/support/triton_base.py), and the built image's own ENTRYPOINT run on a package.
+
+The build runs every line of the Dockerfile as written: apt, the builder's wheel, the install
+under the pair's pins and the base's freeze, ``image-constraints``. The run goes through all
+eight stages with the real vLLM's import probe, serves a request on the public port, and drains
+on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from runtime.compat import load_matrix
+from runtime.package import build_package
+from tests.runtime.pod import http_status, infer, port_refuses
+from tests.runtime.wheelmaker import make_source, make_wheel
+from tests.support.ports import free_port
+from tests.support.triton_base import Buildah, build_base
+
+ROOT = Path(__file__).resolve().parents[2]
+TAG = "localhost/llm-serving:standin-test"
+CACHE = "/mnt/model-cache/package"
+
+pytestmark = pytest.mark.timeout(1800)
+
+
+@pytest.fixture(scope="module")
+def buildah(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Buildah]:
+    tool = Buildah(tmp_path_factory.mktemp("buildah"))
+    yield tool
+    subprocess.run(["buildah", "--root", str(tool.root / "store"), "--runroot",
+                    str(tool.root / "run"), "--storage-driver", "vfs", "rm", "--all"],
+                   capture_output=True, check=False)  # fmt: skip
+    shutil.rmtree(tool.root, ignore_errors=True)  # the vfs store holds several GB
+
+
+@pytest.fixture(scope="module")
+def image(buildah: Buildah, tmp_path_factory: pytest.TempPathFactory) -> str:
+    pair = load_matrix().default
+    build_base(buildah, pair, tmp_path_factory.mktemp("base"))
+    # Docker's format keeps SHELL, which the OCI format drops; `docker build` writes it too.
+    buildah("bud", "--pull=never", "--format", "docker", "--network", "host",
+            "--build-arg", f"TRITON_RELEASE={pair.triton}",
+            "-f", str(ROOT / "images/serving/Dockerfile"), "-t", TAG, str(ROOT))  # fmt: skip
+    return TAG
+
+
+def _run_args(buildah: Buildah, package: Path, env: dict[str, str]) -> list[str]:
+    container = buildah("from", "--pull=never", TAG).strip()
+    entrypoint = buildah.inspect(TAG)["config"]["Entrypoint"]
+    flags = [f"--env={k}={v}" for k, v in env.items()]
+    return [
+        "buildah", "--root", str(buildah.root / "store"), "--runroot", str(buildah.root / "run"),
+        "--storage-driver", "vfs", "run", "--network", "host",
+        "-v", f"{package}:{CACHE}:ro", *flags, container, "--", *entrypoint,
+    ]  # fmt: skip
+
+
+def _ports() -> dict[str, str]:
+    names = ("PUBLIC_GRPC", "HEALTH", "TRITON_GRPC", "TRITON_HTTP", "TRITON_METRICS")
+    return {f"LLM_SERVING_{name}_PORT": str(free_port()) for name in names}
+
+
+def _entrypoint(process: subprocess.Popen[str]) -> psutil.Process:
+    """The image's entrypoint process under ``buildah run`` (which does not forward SIGTERM)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for child in psutil.Process(process.pid).children(recursive=True):
+            if "runtime.entrypoint" in child.cmdline() and "python3" in child.cmdline()[0]:
+                return child
+        time.sleep(0.1)
+    raise AssertionError("the image's entrypoint never started")
+
+
+def test_image_holds_the_entrypoint_and_the_pins(image: str, buildah: Buildah) -> None:
+    config = buildah.inspect(image)["config"]
+    assert config["Entrypoint"] == [
+        "/opt/nvidia/nvidia_entrypoint.sh", "python3", "-m", "runtime.entrypoint"
+    ]  # fmt: skip
+    env = dict(line.split("=", 1) for line in config["Env"])
+    assert env["PIP_CONSTRAINT"] == "/etc/llm-serving/constraints.txt"
+    assert env["LLM_SERVING_TRITON_RELEASE"] == load_matrix().default.triton
+    assert {"8001/tcp", "8080/tcp", "8081/tcp"} <= set(config["ExposedPorts"])
+    container = buildah("from", "--pull=never", image).strip()
+    pins = buildah("run", container, "--", "cat", "/etc/llm-serving/constraints.txt")
+    lines = pins.splitlines()
+    assert "vllm==0.27.1" in lines and "torch==2.13.0" in lines
+    # Every distribution of the image is pinned, the runtime's own dependencies included.
+    names = {line.partition("==")[0] for line in lines if "==" in line}
+    assert {"llm-serving", "fastapi", "tritonclient", "grpcio"} <= names
+
+
+def test_image_serves_a_package_and_drains_on_sigterm(
+    image: str, buildah: Buildah, tmp_path: Path
+) -> None:
+    build_package(make_source(tmp_path / "src"), tmp_path / "version")
+    env = _ports() | {"LLM_SERVING_PACKAGE_PATH": CACHE, "LLM_SERVING_READY_TIMEOUT_SECONDS": "120"}
+    public, health = int(env["LLM_SERVING_PUBLIC_GRPC_PORT"]), int(env["LLM_SERVING_HEALTH_PORT"])
+    process = subprocess.Popen(
+        _run_args(buildah, tmp_path / "version", env), stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while http_status(health, "/readyz") != 200:
+            assert process.poll() is None, process.communicate()[1]
+            assert time.monotonic() < deadline, "the image's entrypoint was not ready in time"
+            assert port_refuses(public), "the public port answered before the model was ready"
+            time.sleep(0.2)
+        assert infer(public, "the quick brown fox", max_tokens=4)
+        _entrypoint(process).send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert "stage 5/8 compat done" in err and "stage 8/8 gate done" in err, err
+    assert process.returncode == 0, err
+    assert port_refuses(public)
+
+
+def test_image_refuses_a_plugin_that_moves_vllm(
+    image: str, buildah: Buildah, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = make_source(tmp_path / "src")
+    # Replaces the package's own plugin wheel (package.yaml lists it by name).
+    make_wheel(
+        source / "plugins",
+        "toy-plugin",
+        requires=("vllm>=0.30",),
+        entry_points={"vllm.logits_processors": {"toy": "toy_plugin:Processor"}},
+    )
+    # Packaged as a builder without the pin check would have: the image must still refuse it.
+    monkeypatch.setattr("runtime.package.build.check_against_pins", lambda *a: None)
+    build_package(source, tmp_path / "version")
+    env = _ports() | {"LLM_SERVING_PACKAGE_PATH": CACHE, "LLM_SERVING_READY_TIMEOUT_SECONDS": "60"}
+    done = subprocess.run(
+        _run_args(buildah, tmp_path / "version", env), capture_output=True, text=True, timeout=300
+    )
+    # buildah run exits non-zero; the stage line says which stage (exit 13 inside).
+    assert done.returncode != 0 and "stage 3/8 plugins failed" in done.stderr, done.stderr
+    assert "vllm>=0.30" in done.stderr and "vllm is 0.27.1" in done.stderr, done.stderr
