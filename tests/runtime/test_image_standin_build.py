@@ -109,14 +109,16 @@ def test_image_serves_a_package_and_drains_on_sigterm(
         _run_args(buildah, tmp_path / "version", env), stderr=subprocess.PIPE, text=True
     )
     try:
+        entrypoint = _entrypoint(process)
+        # Stages 3 and 5 take seconds: the gate cannot have opened yet.
+        assert port_refuses(public), "the public port answered before the model was ready"
         deadline = time.monotonic() + 240
         while http_status(health, "/readyz") != 200:
             assert process.poll() is None, process.communicate()[1]
             assert time.monotonic() < deadline, "the image's entrypoint was not ready in time"
-            assert port_refuses(public), "the public port answered before the model was ready"
             time.sleep(0.2)
         assert infer(public, "the quick brown fox", max_tokens=4)
-        _entrypoint(process).send_signal(signal.SIGTERM)
+        entrypoint.send_signal(signal.SIGTERM)
         _, err = process.communicate(timeout=120)
     finally:
         if process.poll() is None:
@@ -146,4 +148,5 @@ def test_image_refuses_a_plugin_that_moves_vllm(
     )
     # buildah run exits non-zero; the stage line says which stage (exit 13 inside).
     assert done.returncode != 0 and "stage 3/8 plugins failed" in done.stderr, done.stderr
-    assert "vllm>=0.30" in done.stderr and "vllm is 0.27.1" in done.stderr, done.stderr
+    # Refused by pip under the image's PIP_CONSTRAINT (vllm==0.27.1), offline.
+    assert "under the image's constraints" in done.stderr, done.stderr
