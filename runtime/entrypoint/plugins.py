@@ -21,7 +21,7 @@ from runtime.package.plugin_groups import PluginWheel, unloadable
 from runtime.package.shadowing import ImageNames
 from runtime.package.wheels import parse_pins
 
-__all__ = ["install_plugins"]
+__all__ = ["install_plugins", "pip_failure"]
 
 
 def _versions(path: list[str], names: set[str]) -> dict[str, str | None]:
@@ -100,7 +100,8 @@ def install_plugins(
         check_no_shadowing(unpacked / plugin.wheel, plugin.wheel, image, pinned)
     before = _versions(search, pinned)
     wheels = [str(unpacked / plugin.wheel) for plugin in manifest.plugins]
-    command = [sys.executable, "-m", "pip", "install", "--no-index", "--no-input", "--quiet"]
+    # Not --quiet: pip prints what caused a resolution conflict only at its default verbosity.
+    command = [sys.executable, "-m", "pip", "install", "--no-index", "--no-input"]
     command += ["--disable-pip-version-check", "--find-links", str(unpacked / "plugins")]
     if constraints is not None:
         command += ["--constraint", str(constraints)]
@@ -110,9 +111,9 @@ def install_plugins(
         command += ["--no-deps", "--target", str(target)]
     result = subprocess.run([*command, *wheels], capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise StageFailed(
-            f"pip could not install the plugins offline under the image's constraints: {last}",
+            "pip could not install the plugins offline under the image's constraints: "
+            + pip_failure(result.stdout, result.stderr),
             "rebuild the plugin wheels against the image's pinned versions "
             "(llm-serving package build checks this)",
         )
@@ -126,6 +127,25 @@ def install_plugins(
         )
     _check_installed(manifest, search)
     return _check_entry_points(manifest, search)
+
+
+def pip_failure(stdout: str, stderr: str) -> str:
+    """The lines of a failed ``pip install`` that say why: the requirements in conflict when the
+    resolver gave up (pip prints them on stdout), else its first error."""
+    lines = stdout.splitlines()
+    if "The conflict is caused by:" in lines:
+        start = lines.index("The conflict is caused by:") + 1
+        causes = []
+        for line in lines[start:]:
+            if not line.startswith(" "):
+                break
+            causes.append(line.strip())
+        if causes:
+            return "conflict between " + "; ".join(causes)
+    errors = [line for line in stderr.splitlines() if line.startswith("ERROR: ")]
+    if errors:
+        return errors[0].removeprefix("ERROR: ")
+    return (stderr.strip().splitlines() or stdout.strip().splitlines() or ["(no output)"])[-1]
 
 
 def _requirements(dist: md.Distribution) -> list[Requirement]:

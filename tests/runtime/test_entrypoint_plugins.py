@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from runtime.entrypoint import ExitCode, StageFailed
+from runtime.entrypoint.plugins import pip_failure
 from runtime.entrypoint.shadow import check_no_shadowing
 from runtime.package.shadowing import ImageNames
 from tests.runtime.pod import Pod
@@ -149,7 +151,39 @@ def test_pip_failure_is_the_plugins_stage_failing(tmp_path: Path) -> None:
     assert code == ExitCode.STAGE_PLUGINS, err
     line = failure_line(err)
     assert "pip could not install the plugins offline under the image's constraints" in line
+    # The requirements in conflict, which pip prints on stdout, not only its last line.
+    assert "conflict between The user requested toy-plugin 1.0" in line
+    assert "The user requested (constraint) toy-plugin==2.0" in line
     assert not (pod.root / "plugins" / "toy_plugin").exists()
+
+
+def _pip_dry_run(tmp_path: Path, wheel: Path, constraint: str) -> subprocess.CompletedProcess:
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text(constraint + "\n")
+    command = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--no-input"]
+    command += ["--find-links", str(wheel.parent), "--constraint", str(constraints)]
+    env = {k: v for k, v in os.environ.items() if k != "PIP_CONSTRAINT"}
+    env["PIP_CONFIG_FILE"] = os.devnull  # no machine-wide find-links
+    return subprocess.run([*command, str(wheel)], capture_output=True, text=True, env=env)
+
+
+def test_pip_failure_names_the_requirements_in_conflict(tmp_path: Path) -> None:
+    # As in the image, where the plugins install into site-packages with their dependencies.
+    wheel = make_wheel(tmp_path / "wheels", "upgrader", requires=("vllm>=0.30",))
+    done = _pip_dry_run(tmp_path, wheel, "vllm==0.27.1")
+    assert done.returncode != 0
+    reason = pip_failure(done.stdout, done.stderr)
+    assert reason.startswith("conflict between upgrader 1.0 depends on vllm>=0.30; "), reason
+    assert "The user requested (constraint) vllm==0.27.1" in reason
+
+
+def test_pip_failure_without_a_conflict_is_pips_first_error(tmp_path: Path) -> None:
+    wheel = make_wheel(tmp_path / "wheels", "needs-missing", requires=("not-in-package>=1",))
+    done = _pip_dry_run(tmp_path, wheel, "vllm==0.27.1")
+    assert done.returncode != 0
+    reason = pip_failure(done.stdout, done.stderr)
+    assert reason.startswith("Could not find a version that satisfies the requirement "), reason
+    assert "not-in-package>=1 (from needs-missing)" in reason
 
 
 def test_a_dependency_wheel_a_plugin_requires_needs_no_entry_point(tmp_path: Path) -> None:

@@ -37,9 +37,7 @@ pytestmark = pytest.mark.timeout(1800)
 def buildah(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Buildah]:
     tool = Buildah(tmp_path_factory.mktemp("buildah"))
     yield tool
-    subprocess.run(["buildah", "--root", str(tool.root / "store"), "--runroot",
-                    str(tool.root / "run"), "--storage-driver", "vfs", "rm", "--all"],
-                   capture_output=True, check=False)  # fmt: skip
+    subprocess.run(tool.argv("rm", "--all"), env=tool.env(), capture_output=True, check=False)
     shutil.rmtree(tool.root, ignore_errors=True)  # the vfs store holds several GB
 
 
@@ -58,11 +56,10 @@ def _run_args(buildah: Buildah, package: Path, env: dict[str, str]) -> list[str]
     container = buildah("from", "--pull=never", TAG).strip()
     entrypoint = buildah.inspect(TAG)["config"]["Entrypoint"]
     flags = [f"--env={k}={v}" for k, v in env.items()]
-    return [
-        "buildah", "--root", str(buildah.root / "store"), "--runroot", str(buildah.root / "run"),
-        "--storage-driver", "vfs", "run", "--network", "host",
-        "-v", f"{package}:{CACHE}:ro", *flags, container, "--", *entrypoint,
-    ]  # fmt: skip
+    return buildah.argv(
+        "run", "--network", "host", "-v", f"{package}:{CACHE}:ro", *flags, container, "--",
+        *entrypoint,
+    )  # fmt: skip
 
 
 def _ports() -> dict[str, str]:
@@ -106,7 +103,10 @@ def test_image_serves_a_package_and_drains_on_sigterm(
     env = _ports() | {"LLM_SERVING_PACKAGE_PATH": CACHE, "LLM_SERVING_READY_TIMEOUT_SECONDS": "120"}
     public, health = int(env["LLM_SERVING_PUBLIC_GRPC_PORT"]), int(env["LLM_SERVING_HEALTH_PORT"])
     process = subprocess.Popen(
-        _run_args(buildah, tmp_path / "version", env), stderr=subprocess.PIPE, text=True
+        _run_args(buildah, tmp_path / "version", env),
+        stderr=subprocess.PIPE,
+        text=True,
+        env=buildah.env(),
     )
     try:
         entrypoint = _entrypoint(process)
@@ -144,9 +144,17 @@ def test_image_refuses_a_plugin_that_moves_vllm(
     build_package(source, tmp_path / "version")
     env = _ports() | {"LLM_SERVING_PACKAGE_PATH": CACHE, "LLM_SERVING_READY_TIMEOUT_SECONDS": "60"}
     done = subprocess.run(
-        _run_args(buildah, tmp_path / "version", env), capture_output=True, text=True, timeout=300
+        _run_args(buildah, tmp_path / "version", env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=buildah.env(),
     )
     # buildah run exits non-zero; the stage line says which stage (exit 13 inside).
     assert done.returncode != 0 and "stage 3/8 plugins failed" in done.stderr, done.stderr
-    # Refused by pip under the image's PIP_CONSTRAINT (vllm==0.27.1), offline.
-    assert "under the image's constraints" in done.stderr, done.stderr
+    # Refused by pip under the image's PIP_CONSTRAINT (vllm==0.27.1), offline; the line names
+    # both sides of the conflict.
+    assert (
+        "under the image's constraints: conflict between toy-plugin 1.0 depends on "
+        "vllm>=0.30; The user requested (constraint) vllm==0.27.1" in done.stderr
+    ), done.stderr

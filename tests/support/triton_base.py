@@ -97,10 +97,13 @@ class Buildah:
     def env(self) -> dict[str, str]:
         return {**os.environ, "BUILDAH_ISOLATION": "chroot", "STORAGE_DRIVER": "vfs"}
 
-    def __call__(self, *args: str, timeout: float = 1800) -> str:
+    def argv(self, *args: str) -> list[str]:
+        """The command line of ``buildah args`` on this store, for a caller that runs it."""
         store = ["--root", str(self.root / "store"), "--runroot", str(self.root / "run")]
-        return _run(["buildah", *store, "--storage-driver", "vfs", *args], env=self.env(),
-                    timeout=timeout)  # fmt: skip
+        return ["buildah", *store, "--storage-driver", "vfs", *args]
+
+    def __call__(self, *args: str, timeout: float = 1800) -> str:
+        return _run(self.argv(*args), env=self.env(), timeout=timeout)
 
     def inspect(self, image: str) -> dict:
         """The image's OCI configuration (``config``: Entrypoint, Env, ExposedPorts, ...)."""
