@@ -103,12 +103,16 @@ def install_plugins(
     # Not --quiet: pip prints what caused a resolution conflict only at its default verbosity.
     command = [sys.executable, "-m", "pip", "install", "--no-index", "--no-input"]
     command += ["--disable-pip-version-check", "--find-links", str(unpacked / "plugins")]
+    # --no-deps: the package ships every wheel its plugins need, and what they require is
+    # checked below against what the image has. pip's resolver would re-resolve the installed
+    # vLLM's 70+ requirements instead (5 s in the image), and refuse every plugin on a base
+    # image that does not meet one of them, whatever the plugin needs.
+    command += ["--no-deps"]
     if constraints is not None:
         command += ["--constraint", str(constraints)]
     if target is not None:
-        # A separate folder on Triton's PYTHONPATH: pip cannot see site-packages from there, so
-        # dependencies are checked below against what the image already has.
-        command += ["--no-deps", "--target", str(target)]
+        # A separate folder on Triton's PYTHONPATH, emptied at each start.
+        command += ["--target", str(target)]
     result = subprocess.run([*command, *wheels], capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise StageFailed(
