@@ -272,11 +272,23 @@ def installed_vllm_version() -> str | None:
 
 def _same_release(installed: str, wanted: str) -> bool:
     """Whether ``installed`` is ``wanted`` up to a local label: NGC and PyTorch builds carry
-    one (``0.11.1+9114fd76``, ``2.13.0+cu130``), and pip's ``==wanted`` accepts them too."""
+    one (``0.11.1+9114fd76``, ``2.13.0+cu130``), and pip's ``==wanted`` accepts them too. A
+    ``wanted`` with a local label of its own must match exactly, as for pip."""
     try:
-        return Version(Version(installed).public) == Version(wanted)
+        found, pin = Version(installed), Version(wanted)
     except InvalidVersion:
         return False
+    return found == pin if pin.local else Version(found.public) == pin
+
+
+def _source_build_of(installed: str, wanted: str) -> bool:
+    """Whether ``installed`` is a pre-release or development build of ``wanted``'s release,
+    as NVIDIA's own framework builds are (``2.13.0a0+3bcc3cd.nv26.08`` for 2.13.0)."""
+    try:
+        found, pin = Version(installed), Version(wanted)
+    except InvalidVersion:
+        return False
+    return found.release == pin.release and (found.is_prerelease or found.is_devrelease)
 
 
 def check_vllm_version(pair: CompatPair, installed: str | None) -> None:
@@ -303,17 +315,32 @@ def check_pins(
 ) -> None:
     """Raise `CompatError` naming every pinned distribution (torch, ...) whose installed
     version is not the pair's."""
-    wrong = [
-        f"{name} {found}" if found else f"no {name}"
-        for name, wanted in pair.pins
-        if (found := version_of(name)) is None or not _same_release(found, wanted)
-    ]
+    found = {name: (version_of(name), wanted) for name, wanted in pair.pins}
+    wrong = {
+        name: have for name, (have, wanted) in found.items()
+        if have is None or not _same_release(have, wanted)
+    }  # fmt: skip
     if wrong:
-        wanted = ", ".join(f"{name}=={version}" for name, version in pair.pins)
-        raise CompatError(
-            f"Triton {pair.triton} pins {wanted}, but found {'; '.join(wrong)}; build from "
-            f"{pair.image}, whose vLLM {pair.vllm} brings exactly these"
+        pins = ", ".join(f"{name}=={version}" for name, version in pair.pins)
+        listed = "; ".join(f"{n} {have}" if have else f"no {n}" for n, have in wrong.items())
+        message = (
+            f"Triton {pair.triton} pins {pins}, but found {listed}; build from {pair.image}, "
+            f"whose vLLM {pair.vllm} brings exactly these"
         )
+        builds = [
+            f'{name} = "{have}"'
+            for name, have in wrong.items()
+            if have is not None and _source_build_of(have, found[name][1])
+        ]
+        if builds:
+            # The pins come from vLLM's PyPI metadata; NGC may ship its own framework builds.
+            message += (
+                f". If this is that image, it ships NVIDIA's own builds: pin {', '.join(builds)} "
+                f"in the {pair.triton} pair of images/compat.toml, then regenerate "
+                f"images/serving/constraints.txt (python -m runtime.compat constraints "
+                f"--triton {pair.triton})"
+            )
+        raise CompatError(message)
 
 
 def probe_imports(names: Iterable[str]) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -192,6 +193,36 @@ def test_image_constraints_pin_the_pair_then_everything_else(tmp_path: Path) -> 
     other = load_matrix().for_triton("26.07")
     with pytest.raises(CompatError, match=r"not the one of Triton 26\.07"):
         image_constraints_text(other, pair_file, installed)
+
+
+NGC_TORCH = "2.9.0a0+3bcc3cd.nv26.08"  # the shape of NVIDIA's own torch builds
+
+
+def test_pins_check_tells_how_to_pin_nvidias_own_build(tmp_path: Path) -> None:
+    # vLLM's PyPI metadata gives the pins; an NGC base may ship a source build of that release.
+    pair = load_matrix(write(tmp_path, GOOD)).default
+    installed = {"vllm": "0.27.1+abc", "torch": NGC_TORCH}
+    with pytest.raises(CompatError) as err:
+        image_constraints_text(pair, constraints_text(pair), installed)
+    message = str(err.value)
+    assert f"found torch {NGC_TORCH}" in message
+    assert f'pin torch = "{NGC_TORCH}" in the 26.08 pair of images/compat.toml' in message
+    assert "python -m runtime.compat constraints --triton 26.08" in message
+    # Another release is a wrong base, not a build of the pinned one: no such advice.
+    with pytest.raises(CompatError) as err:
+        image_constraints_text(pair, constraints_text(pair), installed | {"torch": "2.8.0a0+x"})
+    assert "NVIDIA's own builds" not in str(err.value)
+
+
+def test_a_pin_with_a_local_label_holds_only_that_build(tmp_path: Path) -> None:
+    pair = load_matrix(write(tmp_path, GOOD.replace('"2.9.0"', f'"{NGC_TORCH}"'))).default
+    pair_file = constraints_text(pair)
+    assert f"torch=={NGC_TORCH}" in pair_file.splitlines()
+    text = image_constraints_text(pair, pair_file, {"vllm": "0.27.1", "torch": NGC_TORCH})
+    assert f"torch=={NGC_TORCH}" in text.splitlines()
+    for other in ("2.9.0", "2.9.0a0", "2.9.0a0+ffffff.nv26.08"):
+        with pytest.raises(CompatError, match=f"found torch {re.escape(other)}"):
+            check_pins(pair, {"torch": other}.get)
 
 
 def test_image_constraints_spell_a_legacy_version_so_pip_reads_the_file(tmp_path: Path) -> None:
