@@ -13,7 +13,7 @@ from runtime.package import MANIFEST_NAME, load_manifest
 from runtime.package.build import file_entry
 from runtime.publish import publish
 from tests.runtime.pod import Pod, infer, port_refuses
-from tests.runtime.wheelmaker import make_source, make_wheel
+from tests.runtime.wheelmaker import make_source, make_toy_plugin
 
 
 def failure_line(err: str) -> str:
@@ -76,12 +76,7 @@ def test_plugin_that_upgrades_vllm_stops_at_plugins(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     source = make_source(tmp_path / "src")
-    make_wheel(
-        source / "plugins",
-        "toy-plugin",
-        requires=("vllm>=0.30",),
-        entry_points={"vllm.logits_processors": {"toy": "toy_plugin:Processor"}},
-    )
+    make_toy_plugin(source / "plugins", "vllm>=0.30")
     # Package it as an older builder without the pin check would have.
     monkeypatch.setattr("runtime.package.build.check_against_pins", lambda *a: None)
     pod = Pod.create(tmp_path, source=source)

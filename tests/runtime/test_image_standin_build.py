@@ -22,7 +22,7 @@ import pytest
 from runtime.compat import load_matrix
 from runtime.package import build_package
 from tests.runtime.pod import http_status, infer, port_refuses
-from tests.runtime.wheelmaker import make_source, make_wheel
+from tests.runtime.wheelmaker import make_source, make_toy_plugin
 from tests.support.ports import free_port
 from tests.support.triton_base import Buildah, build_base
 
@@ -135,13 +135,7 @@ def test_image_refuses_a_plugin_that_moves_vllm(
     image: str, buildah: Buildah, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     source = make_source(tmp_path / "src")
-    # Replaces the package's own plugin wheel (package.yaml lists it by name).
-    make_wheel(
-        source / "plugins",
-        "toy-plugin",
-        requires=("vllm>=0.30",),
-        entry_points={"vllm.logits_processors": {"toy": "toy_plugin:Processor"}},
-    )
+    make_toy_plugin(source / "plugins", "vllm>=0.30")
     # Packaged as a builder without the pin check would have: the image must still refuse it.
     monkeypatch.setattr("runtime.package.build.check_against_pins", lambda *a: None)
     build_package(source, tmp_path / "version")

@@ -16,12 +16,12 @@ from packaging.version import Version
 from runtime.compat import CompatError, load_matrix, requirements_text, vllm_requirements
 from runtime.package import PackageError, build_package
 from runtime.package.specifiers import can_both_hold
-from tests.runtime.wheelmaker import TOY_ENTRY_POINTS, make_source, make_wheel
+from tests.runtime.wheelmaker import make_source, make_toy_plugin
 
 
 def _build_with_plugin(tmp_path: Path, *requires: str, constraints: Path | None = None) -> None:
     source = make_source(tmp_path / "src")
-    make_wheel(source / "plugins", "toy-plugin", requires=requires, entry_points=TOY_ENTRY_POINTS)
+    make_toy_plugin(source / "plugins", *requires)
     build_package(source, tmp_path / "out", constraints=constraints)
 
 

@@ -14,7 +14,7 @@ from packaging.version import Version
 
 from runtime.package import MANIFEST_NAME, PackageError, build_package, load_manifest
 from runtime.package.wheels import ImageEnvironment, WheelInfo, check_against_pins
-from tests.runtime.wheelmaker import TOY_ENTRY_POINTS, make_source, make_wheel, write_catalog
+from tests.runtime.wheelmaker import make_source, make_toy_plugin, make_wheel, write_catalog
 
 
 def test_build_writes_archive_weights_and_manifest(tmp_path: Path) -> None:
@@ -73,9 +73,7 @@ def test_plugin_requiring_another_vllm_is_refused(tmp_path: Path) -> None:
 )
 def test_plugin_moving_other_pins_is_refused(tmp_path: Path, requirement: str, pinned: str) -> None:
     source = make_source(tmp_path / "src")
-    make_wheel(
-        source / "plugins", "toy-plugin", requires=(requirement,), entry_points=TOY_ENTRY_POINTS
-    )
+    make_toy_plugin(source / "plugins", requirement)
     with pytest.raises(PackageError, match=pinned):
         build_package(source, tmp_path / "out")
 
@@ -84,33 +82,21 @@ def test_extra_constraints_file_pins_backend_dependencies(tmp_path: Path) -> Non
     source = make_source(tmp_path / "src")
     constraints = tmp_path / "constraints.txt"
     constraints.write_text("# the image's freeze\nnumpy==1.26.4\n")
-    make_wheel(
-        source / "plugins", "toy-plugin", requires=("numpy>=2",), entry_points=TOY_ENTRY_POINTS
-    )
+    make_toy_plugin(source / "plugins", "numpy>=2")
     with pytest.raises(PackageError, match=r"numpy==1\.26\.4"):
         build_package(source, tmp_path / "out", constraints=constraints)
 
 
 def test_plugin_requirement_behind_an_unused_extra_is_ignored(tmp_path: Path) -> None:
     source = make_source(tmp_path / "src")
-    make_wheel(
-        source / "plugins",
-        "toy-plugin",
-        requires=('vllm>=0.30; extra == "dev"',),
-        entry_points=TOY_ENTRY_POINTS,
-    )
+    make_toy_plugin(source / "plugins", 'vllm>=0.30; extra == "dev"')
     assert build_package(source, tmp_path / "out").plugins[0].distribution == "toy-plugin"
 
 
 def test_plugin_markers_are_evaluated_for_the_image_python(tmp_path: Path) -> None:
     # The default pair's image runs Python 3.12; the tests run on whatever built the venv.
     source = make_source(tmp_path / "src")
-    make_wheel(
-        source / "plugins",
-        "toy-plugin",
-        requires=('vllm>=0.30; python_version >= "3.12"',),
-        entry_points=TOY_ENTRY_POINTS,
-    )
+    make_toy_plugin(source / "plugins", 'vllm>=0.30; python_version >= "3.12"')
     with pytest.raises(PackageError, match=r"requires 'vllm>=0\.30; python_version"):
         build_package(source, tmp_path / "out")
 
@@ -121,12 +107,7 @@ def test_plugin_markers_are_evaluated_for_the_image_python(tmp_path: Path) -> No
 )
 def test_plugin_requirement_for_another_platform_is_ignored(tmp_path: Path, marker: str) -> None:
     source = make_source(tmp_path / "src")
-    make_wheel(
-        source / "plugins",
-        "toy-plugin",
-        requires=(f"vllm>=0.30; {marker}",),
-        entry_points=TOY_ENTRY_POINTS,
-    )
+    make_toy_plugin(source / "plugins", f"vllm>=0.30; {marker}")
     assert build_package(source, tmp_path / "out").plugins[0].distribution == "toy-plugin"
 
 

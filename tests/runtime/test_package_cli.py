@@ -8,7 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from runtime.cli import app
-from tests.runtime.wheelmaker import TOY_ENTRY_POINTS, make_source, make_wheel
+from tests.runtime.wheelmaker import make_source, make_toy_plugin
 
 runner = CliRunner()
 
@@ -28,9 +28,7 @@ def test_build_inspect_verify(tmp_path: Path) -> None:
 
 def test_refusal_is_one_line_and_exit_code_1(tmp_path: Path) -> None:
     source = make_source(tmp_path / "src")
-    make_wheel(
-        source / "plugins", "toy-plugin", requires=("vllm>=0.30",), entry_points=TOY_ENTRY_POINTS
-    )
+    make_toy_plugin(source / "plugins", "vllm>=0.30")
     result = runner.invoke(app, ["package", "build", str(source), "--out", str(tmp_path / "o")])
     assert result.exit_code == 1
     assert result.output.startswith("error: plugin wheel plugins/toy_plugin-1.0-py3-none-any.whl")

@@ -75,6 +75,12 @@ def write_catalog(path: Path, items: dict[str, str]) -> None:
     path.write_text("".join(json.dumps({"id": k, "text": v}) + "\n" for k, v in items.items()))
 
 
+def make_toy_plugin(plugins: Path, *requires: str) -> Path:
+    """The toy package's plugin wheel (``package.yaml`` lists it by name), requiring
+    ``requires``; written over the one `make_source` made, it changes what the package ships."""
+    return make_wheel(plugins, "toy-plugin", requires=requires, entry_points=TOY_ENTRY_POINTS)
+
+
 def make_source(root: Path, **spec_overrides: object) -> Path:
     """A model source tree: tokenizer, weights, a catalog, a logits-processor plugin wheel."""
     save_tokenizer(root / "tokenizer")
@@ -83,12 +89,7 @@ def make_source(root: Path, **spec_overrides: object) -> Path:
     (root / "weights" / "config.json").write_text(json.dumps({"architectures": ["Toy"]}))
     (root / "catalogs").mkdir(exist_ok=True)
     write_catalog(root / "catalogs" / "titles.jsonl", {"t1": "the quick", "t2": "brown fox"})
-    make_wheel(
-        root / "plugins",
-        "toy-plugin",
-        requires=("vllm==0.27.1", "numpy>=1"),
-        entry_points=TOY_ENTRY_POINTS,
-    )
+    make_toy_plugin(root / "plugins", "vllm==0.27.1", "numpy>=1")
     spec: dict[str, object] = {
         "model_id": "toy",
         "model_version": "v1",
