@@ -24,13 +24,17 @@ from runtime.package.wheels import parse_pins
 __all__ = ["install_plugins", "pip_failure"]
 
 
-def _versions(path: list[str], names: set[str]) -> dict[str, str | None]:
-    found: dict[str, str | None] = dict.fromkeys(names)
+def _installed(path: list[str]) -> dict[str, md.Distribution]:
+    """The distributions on ``path`` by canonical name (one scan: each reads its METADATA)."""
+    found: dict[str, md.Distribution] = {}
     for dist in md.distributions(path=path):
-        name = canonicalize_name(dist.metadata["Name"] or "")
-        if name in found and found[name] is None:
-            found[name] = dist.version  # first on the path wins, as for imports
+        # The first on the path wins, as for imports.
+        found.setdefault(canonicalize_name(dist.metadata["Name"] or ""), dist)
     return found
+
+
+def _versions(installed: dict[str, md.Distribution], names: set[str]) -> dict[str, str | None]:
+    return {name: dist.version if (dist := installed.get(name)) else None for name in names}
 
 
 def _pinned_names(constraints: Path | None) -> set[str]:
@@ -98,7 +102,7 @@ def install_plugins(
         image = scan_image(target, unpacked)
     for plugin in manifest.plugins:
         check_no_shadowing(unpacked / plugin.wheel, plugin.wheel, image, pinned)
-    before = _versions(search, pinned)
+    before = _versions(_installed(search), pinned)
     wheels = [str(unpacked / plugin.wheel) for plugin in manifest.plugins]
     # Not --quiet: pip prints what caused a resolution conflict only at its default verbosity.
     command = [sys.executable, "-m", "pip", "install", "--no-index", "--no-input"]
@@ -121,7 +125,8 @@ def install_plugins(
             "rebuild the plugin wheels against the image's pinned versions "
             "(llm-serving package build checks this)",
         )
-    after = _versions(search, pinned)
+    installed = _installed(search)
+    after = _versions(installed, pinned)
     moved = {n: (before[n], after[n]) for n in pinned if before[n] != after[n]}
     if moved:
         detail = ", ".join(f"{n} {old} -> {new}" for n, (old, new) in sorted(moved.items()))
@@ -129,8 +134,8 @@ def install_plugins(
             f"installing the plugins changed pinned distributions ({detail})",
             "drop the pinned distribution from the plugin's wheel and dependencies",
         )
-    _check_installed(manifest, search)
-    return _check_entry_points(manifest, search)
+    _check_installed(manifest, installed)
+    return _check_entry_points(manifest, installed)
 
 
 def pip_failure(stdout: str, stderr: str) -> str:
@@ -158,20 +163,12 @@ def _requirements(dist: md.Distribution) -> list[Requirement]:
     return [r for r in reqs if r.marker is None or r.marker.evaluate({"extra": ""})]
 
 
-def _check_installed(manifest: Manifest, search: list[str]) -> None:
+def _check_installed(manifest: Manifest, installed: dict[str, md.Distribution]) -> None:
     """Each plugin is visible, loadable by vLLM (or needed by a plugin), and has what it
     requires."""
     dists: dict[str, md.Distribution] = {}
     for plugin in manifest.plugins:
-        dist = next(
-            (
-                d
-                for d in md.distributions(path=search)
-                if canonicalize_name(d.metadata["Name"] or "")
-                == canonicalize_name(plugin.distribution)
-            ),
-            None,
-        )
+        dist = installed.get(canonicalize_name(plugin.distribution))
         if dist is None:
             raise StageFailed(
                 f"plugin {plugin.distribution} is not visible after install",
@@ -198,19 +195,20 @@ def _check_installed(manifest: Manifest, search: list[str]) -> None:
     for plugin in manifest.plugins:
         dist = dists[plugin.wheel]
         for req in _requirements(dist):
-            text = str(req)
-            have = _versions(search, {canonicalize_name(req.name)})[canonicalize_name(req.name)]
-            if have is None or (req.specifier and have not in req.specifier):
+            name = canonicalize_name(req.name)
+            have = _versions(installed, {name})[name]
+            # An installed pre-release counts, as for pip (NVIDIA's torch is 2.13.0a0+...).
+            if have is None or not req.specifier.contains(have, prereleases=True):
                 state = "is not installed" if have is None else f"is {have}"
                 raise StageFailed(
-                    f"plugin {plugin.distribution} requires {text!r} but {req.name} {state}",
+                    f"plugin {plugin.distribution} requires {str(req)!r} but {req.name} {state}",
                     "rebuild the plugin against the image's versions or vendor the dependency",
                 )
 
 
-def _check_entry_points(manifest: Manifest, search: list[str]) -> list[str]:
+def _check_entry_points(manifest: Manifest, installed: dict[str, md.Distribution]) -> list[str]:
     registered: set[str] = set()
-    for dist in md.distributions(path=search):
+    for dist in installed.values():
         for ep in dist.entry_points:
             registered.add(f"{ep.group}:{ep.name}")
     expected = sorted(

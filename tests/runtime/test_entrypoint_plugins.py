@@ -188,11 +188,15 @@ def test_pip_failure_says_why_pip_refused(
     assert reason.startswith(starts) and names in reason, reason
 
 
-def test_a_dependency_wheel_a_plugin_requires_needs_no_entry_point(tmp_path: Path) -> None:
+# A pre-release build satisfies a range once installed, as for pip (NVIDIA ships torch so).
+@pytest.mark.parametrize("version", ["2.0", "2.1a0+nv26.08"])
+def test_a_dependency_wheel_a_plugin_requires_needs_no_entry_point(
+    tmp_path: Path, version: str
+) -> None:
     # The install is offline, so a plugin's own dependencies travel as wheels in the package;
     # they are libraries, not vLLM plugins.
     wheels = tmp_path / "wheels"
-    library = make_wheel(wheels, "helper-lib", version="2.0")
+    library = make_wheel(wheels, "helper-lib", version=version)
     plugin = make_wheel(wheels, "needs-lib", requires=("helper-lib>=2",), entry_points=GENERAL)
     pod = Pod.create(tmp_path)
     pod.add_plugin(library)
