@@ -264,9 +264,13 @@ def load_matrix(path: Path | None = None) -> CompatMatrix:
 
 def installed_vllm_version() -> str | None:
     """The installed vLLM distribution's version, or ``None`` when vLLM is not installed."""
+    return _installed_version("vllm")
+
+
+def _parsed(installed: str, wanted: str) -> tuple[Version, Version] | None:
     try:
-        return dist_version("vllm")
-    except PackageNotFoundError:
+        return Version(installed), Version(wanted)
+    except InvalidVersion:
         return None
 
 
@@ -274,20 +278,18 @@ def _same_release(installed: str, wanted: str) -> bool:
     """Whether ``installed`` is ``wanted`` up to a local label: NGC and PyTorch builds carry
     one (``0.11.1+9114fd76``, ``2.13.0+cu130``), and pip's ``==wanted`` accepts them too. A
     ``wanted`` with a local label of its own must match exactly, as for pip."""
-    try:
-        found, pin = Version(installed), Version(wanted)
-    except InvalidVersion:
+    if (versions := _parsed(installed, wanted)) is None:
         return False
+    found, pin = versions
     return found == pin if pin.local else Version(found.public) == pin
 
 
 def _source_build_of(installed: str, wanted: str) -> bool:
     """Whether ``installed`` is a pre-release or development build of ``wanted``'s release,
     as NVIDIA's own framework builds are (``2.13.0a0+3bcc3cd.nv26.08`` for 2.13.0)."""
-    try:
-        found, pin = Version(installed), Version(wanted)
-    except InvalidVersion:
+    if (versions := _parsed(installed, wanted)) is None:
         return False
+    found, pin = versions
     return found.release == pin.release and (found.is_prerelease or found.is_devrelease)
 
 
@@ -315,10 +317,10 @@ def check_pins(
 ) -> None:
     """Raise `CompatError` naming every pinned distribution (torch, ...) whose installed
     version is not the pair's."""
-    found = {name: (version_of(name), wanted) for name, wanted in pair.pins}
+    wanted = dict(pair.pins)
     wrong = {
-        name: have for name, (have, wanted) in found.items()
-        if have is None or not _same_release(have, wanted)
+        name: have for name in wanted
+        if (have := version_of(name)) is None or not _same_release(have, wanted[name])
     }  # fmt: skip
     if wrong:
         pins = ", ".join(f"{name}=={version}" for name, version in pair.pins)
@@ -330,7 +332,7 @@ def check_pins(
         builds = [
             f'{name} = "{have}"'
             for name, have in wrong.items()
-            if have is not None and _source_build_of(have, found[name][1])
+            if have is not None and _source_build_of(have, wanted[name])
         ]
         if builds:
             # The pins come from vLLM's PyPI metadata; NGC may ship its own framework builds.
