@@ -1,6 +1,7 @@
-"""Stage 3: refuse plugin wheels that would shadow the image's packages, install them offline
-under the image's constraints, then prove that no pinned distribution moved and that the
-plugins' vLLM entry points are registered."""
+"""Stage 3: refuse plugin wheels that would shadow the image's packages, that vLLM would never
+load, or that miss what they require; install them offline under the image's constraints, then
+prove that no pinned distribution moved and that the plugins' vLLM entry points are
+registered."""
 
 from __future__ import annotations
 
@@ -10,16 +11,17 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from runtime.entrypoint.errors import StageFailed
 from runtime.entrypoint.folders import remove_entries
+from runtime.entrypoint.requirements import Available, unmet_requirement
 from runtime.entrypoint.shadow import check_no_shadowing
+from runtime.package.errors import PackageError
 from runtime.package.manifest import Manifest
 from runtime.package.plugin_groups import PluginWheel, unloadable
 from runtime.package.shadowing import ImageNames
-from runtime.package.wheels import parse_pins
+from runtime.package.wheels import WheelInfo, parse_pins, read_wheel
 
 __all__ = ["install_plugins", "pip_failure"]
 
@@ -102,16 +104,20 @@ def install_plugins(
         image = scan_image(target, unpacked)
     for plugin in manifest.plugins:
         check_no_shadowing(unpacked / plugin.wheel, plugin.wheel, image, pinned)
-    before = _versions(_installed(search), pinned)
+    infos = [_read(unpacked / plugin.wheel, plugin.wheel) for plugin in manifest.plugins]
+    _check_loadable(manifest, infos)
+    installed = _installed(search)
+    # Before pip runs, so that a plugin refused for what it lacks is never installed.
+    _check_requirements(manifest, infos, installed)
+    before = _versions(installed, pinned)
     wheels = [str(unpacked / plugin.wheel) for plugin in manifest.plugins]
     # Not --quiet: pip prints what caused a resolution conflict only at its default verbosity.
     command = [sys.executable, "-m", "pip", "install", "--no-index", "--no-input"]
-    command += ["--disable-pip-version-check", "--find-links", str(unpacked / "plugins")]
-    # --no-deps: the package ships every wheel its plugins need, and what they require is
-    # checked below against what the image has. pip's resolver would re-resolve the installed
+    # --no-deps: the package ships every wheel its plugins need, and what they require was
+    # checked above against what the image has. pip's resolver would re-resolve the installed
     # vLLM's 70+ requirements instead (5 s in the image), and refuse every plugin on a base
     # image that does not meet one of them, whatever the plugin needs.
-    command += ["--no-deps"]
+    command += ["--disable-pip-version-check", "--no-deps"]
     if constraints is not None:
         command += ["--constraint", str(constraints)]
     if target is not None:
@@ -134,7 +140,7 @@ def install_plugins(
             f"installing the plugins changed pinned distributions ({detail})",
             "drop the pinned distribution from the plugin's wheel and dependencies",
         )
-    _check_installed(manifest, installed)
+    _check_visible(manifest, installed)
     return _check_entry_points(manifest, installed)
 
 
@@ -157,34 +163,20 @@ def pip_failure(stdout: str, stderr: str) -> str:
     return (stderr.strip().splitlines() or stdout.strip().splitlines() or ["(no output)"])[-1]
 
 
-def _requirements(dist: md.Distribution) -> list[Requirement]:
-    """What ``dist`` requires in this interpreter (markers evaluated, extras left out)."""
-    reqs = [Requirement(text) for text in dist.requires or []]
-    return [r for r in reqs if r.marker is None or r.marker.evaluate({"extra": ""})]
+def _read(wheel: Path, label: str) -> WheelInfo:
+    try:
+        return read_wheel(wheel, label)
+    except PackageError as exc:
+        raise StageFailed(str(exc), "rebuild the package") from exc
 
 
-def _check_installed(manifest: Manifest, installed: dict[str, md.Distribution]) -> None:
-    """Each plugin is visible, loadable by vLLM (or needed by a plugin), and has what it
-    requires."""
-    dists: dict[str, md.Distribution] = {}
-    for plugin in manifest.plugins:
-        dist = installed.get(canonicalize_name(plugin.distribution))
-        if dist is None:
-            raise StageFailed(
-                f"plugin {plugin.distribution} is not visible after install",
-                "check LLM_SERVING_PLUGIN_DIR is writable",
-            )
-        dists[plugin.wheel] = dist
+def _check_loadable(manifest: Manifest, infos: list[WheelInfo]) -> None:
+    """Each plugin registers a vLLM entry point, or another plugin of the package needs it."""
     wheels = [
-        PluginWheel(
-            plugin.wheel,
-            plugin.distribution,
-            tuple(dists[plugin.wheel].requires or ()),
-            frozenset(ep.group for ep in dists[plugin.wheel].entry_points),
-        )
-        for plugin in manifest.plugins
+        PluginWheel(plugin.wheel, info.distribution, info.requires, info.groups)
+        for plugin, info in zip(manifest.plugins, infos, strict=True)
     ]
-    # Markers as for this interpreter, extras left out: what pip just installed against.
+    # Markers as for this interpreter, extras left out: what pip installs against.
     refused = unloadable(wheels, {"extra": ""})
     if refused:
         first = refused[0]
@@ -192,18 +184,40 @@ def _check_installed(manifest: Manifest, installed: dict[str, md.Distribution]) 
             f"plugin wheel {first.plugin.wheel} ({first.plugin.distribution}) {first.problem}",
             f"{first.fix} in the plugin's entry points, then rebuild the wheel and the package",
         )
+
+
+def _check_requirements(
+    manifest: Manifest, infos: list[WheelInfo], installed: dict[str, md.Distribution]
+) -> None:
+    """Each plugin finds what it requires among the package's wheels (which pip is about to
+    install, over any installed version) and the image's distributions."""
+    shipped = {canonicalize_name(i.distribution): Available(i.version, i.requires) for i in infos}
+
+    def lookup(name: str) -> Available | None:
+        if name in shipped:
+            return shipped[name]
+        dist = installed.get(name)
+        return None if dist is None else Available(dist.version, tuple(dist.requires or ()))
+
+    for plugin, info in zip(manifest.plugins, infos, strict=True):
+        try:
+            unmet = unmet_requirement(info.distribution, info.requires, lookup)
+        except ValueError as exc:
+            raise StageFailed(str(exc), "rebuild the wheel with valid Requires-Dist lines") from exc
+        if unmet is not None:
+            raise StageFailed(
+                f"{unmet} (wheel {plugin.wheel})",
+                "rebuild the plugin against the image's versions or vendor the dependency",
+            )
+
+
+def _check_visible(manifest: Manifest, installed: dict[str, md.Distribution]) -> None:
     for plugin in manifest.plugins:
-        dist = dists[plugin.wheel]
-        for req in _requirements(dist):
-            name = canonicalize_name(req.name)
-            have = _versions(installed, {name})[name]
-            # An installed pre-release counts, as for pip (NVIDIA's torch is 2.13.0a0+...).
-            if have is None or not req.specifier.contains(have, prereleases=True):
-                state = "is not installed" if have is None else f"is {have}"
-                raise StageFailed(
-                    f"plugin {plugin.distribution} requires {str(req)!r} but {req.name} {state}",
-                    "rebuild the plugin against the image's versions or vendor the dependency",
-                )
+        if canonicalize_name(plugin.distribution) not in installed:
+            raise StageFailed(
+                f"plugin {plugin.distribution} is not visible after install",
+                "check LLM_SERVING_PLUGIN_DIR is writable",
+            )
 
 
 def _check_entry_points(manifest: Manifest, installed: dict[str, md.Distribution]) -> list[str]:

@@ -207,6 +207,26 @@ def test_a_dependency_wheel_a_plugin_requires_needs_no_entry_point(
     assert (pod.root / "plugins" / "helper_lib" / "__init__.py").is_file()
 
 
+def test_a_plugin_missing_what_an_extra_adds_is_refused_before_install(tmp_path: Path) -> None:
+    # pip runs with --no-deps, so stage 3 follows the extras a plugin asks for itself.
+    wheels = tmp_path / "wheels"
+    library = make_wheel(wheels, "fast-lib", requires=('missing-speedup>=1; extra == "speed"',))
+    plugin = make_wheel(wheels, "needs-speed", requires=("fast-lib[speed]",), entry_points=GENERAL)
+    pod = Pod.create(tmp_path)
+    pod.add_plugin(library)
+    pod.add_plugin(plugin)
+    code, err = pod.run_to_exit()
+    assert code == ExitCode.STAGE_PLUGINS, err
+    line = failure_line(err)
+    assert (
+        "plugin needs-speed requires 'fast-lib[speed]', and fast-lib[speed] requires "
+        "'missing-speedup>=1; extra == \"speed\"' but missing-speedup is not installed "
+        "(wheel plugins/needs_speed-1.0-py3-none-any.whl)"
+    ) in line
+    installed = {p.name for p in (pod.root / "plugins").iterdir()}
+    assert installed == {".llm-serving-plugins"}, installed
+
+
 def test_what_an_earlier_start_left_in_the_plugin_folder_is_removed(tmp_path: Path) -> None:
     # An emptyDir outlives a container restart: another version's plugin must not stay on
     # Triton's PYTHONPATH.
