@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import yaml
 from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -322,22 +323,21 @@ def build_package(
     image = image_pins(triton, constraints)
     files = _archive_sources(source, spec)
     weights = _weight_sources(source, spec)
-    plugins = []
-    wheels = []
     names = known_image(image.distributions)
-    for wheel in spec.plugins:
-        info = read_wheel(source / wheel, wheel)
-        check_against_pins(info, wheel, image.pins, image.environment, image.ranges)
+    wheels = [(wheel, read_wheel(source / wheel, wheel)) for wheel in spec.plugins]
+    shipped = {canonicalize_name(info.distribution): info.requires for _, info in wheels}
+    for wheel, info in wheels:
+        check_against_pins(info, wheel, image.pins, image.environment, image.ranges, shipped)
         check_plugin_files(info, wheel, names, set(image.pins))
-        wheels.append((wheel, info))
-        plugins.append(
-            Plugin(
-                wheel=wheel,
-                distribution=info.distribution,
-                version=info.version,
-                entry_points=info.entry_points,
-            )
+    plugins = [
+        Plugin(
+            wheel=wheel,
+            distribution=info.distribution,
+            version=info.version,
+            entry_points=info.entry_points,
         )
+        for wheel, info in wheels
+    ]
     check_plugin_entry_points(wheels, image.environment)
     if spec.python_model is not None:
         check_python_model(spec.python_model)

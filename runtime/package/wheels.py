@@ -15,6 +15,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from runtime.package.errors import PackageError
+from runtime.package.requirements import through_extras
 from runtime.package.specifiers import can_both_hold
 
 __all__ = [
@@ -191,11 +192,13 @@ def check_against_pins(
     pins: dict[str, Version],
     environment: ImageEnvironment,
     ranges: Mapping[str, SpecifierSet] | None = None,
+    shipped: Mapping[str, tuple[str, ...]] | None = None,
 ) -> None:
     """Refuse a wheel that is, or requires another version of, a distribution the image pins,
     or a version that none of ``ranges`` (what the image's vLLM requires) allows; requirements
-    whose markers do not hold in the image's ``environment`` are skipped."""
-    markers = environment.markers()
+    whose markers do not hold in the image's ``environment`` are skipped. ``shipped`` gives the
+    requirements of the package's wheels by canonical name, so that what an extra of one of
+    them adds (``lib[fast]``) is checked too."""
     ranges = ranges or {}
     own = canonicalize_name(info.distribution)
     if own in pins:
@@ -203,17 +206,19 @@ def check_against_pins(
             f"plugin wheel {label} is {info.distribution} {info.version}, a distribution the "
             f"image pins ({own}=={pins[own]}); drop it from the package"
         )
-    for text in info.requires:
-        try:
-            req = Requirement(text)
-        except InvalidRequirement as exc:
-            raise PackageError(f"plugin wheel {label}: bad Requires-Dist {text!r}") from exc
-        if req.marker is not None and not req.marker.evaluate(markers):
-            continue
+    found = through_extras(
+        f"plugin wheel {label}", info.requires, (shipped or {}).get, environment.markers()
+    )
+    try:
+        required = list(found)
+    except ValueError as exc:
+        raise PackageError(f"{exc}; rebuild the wheel with valid Requires-Dist lines") from exc
+    for item in required:
+        req, text = item.requirement, str(item.requirement)
         name = canonicalize_name(req.name)
         if name in ranges and not can_both_hold(req.specifier, ranges[name]):
             raise PackageError(
-                f"plugin wheel {label} requires {text!r}, but the image's vLLM requires "
+                f"{item.who} requires {text!r}, but the image's vLLM requires "
                 f"{name}{ranges[name]}, so pip cannot install both; rebuild the plugin with a "
                 f"requirement that allows {name}{ranges[name]}"
             )
@@ -225,6 +230,6 @@ def check_against_pins(
             allowed = False
         if not allowed:
             raise PackageError(
-                f"plugin wheel {label} requires {text!r} but the image pins {name}=={pins[name]}; "
+                f"{item.who} requires {text!r} but the image pins {name}=={pins[name]}; "
                 f"rebuild the plugin against {name}=={pins[name]}"
             )

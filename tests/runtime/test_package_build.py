@@ -93,6 +93,35 @@ def test_plugin_requirement_behind_an_unused_extra_is_ignored(tmp_path: Path) ->
     assert build_package(source, tmp_path / "out").plugins[0].distribution == "toy-plugin"
 
 
+@pytest.mark.parametrize(
+    ("asks", "refused"),
+    [
+        ("fast-lib[speed]", True),
+        ("fast-lib", False),  # without the extra, what it adds is not installed
+    ],
+)
+def test_what_an_extra_of_a_shipped_wheel_adds_is_checked_against_the_pins(
+    tmp_path: Path, asks: str, refused: bool
+) -> None:
+    # pip installs plugins with --no-deps, so nothing else would check the extra's requirements.
+    source = make_source(tmp_path / "src")
+    make_wheel(source / "plugins", "fast-lib", requires=('torch==1.0; extra == "speed"',))
+    make_toy_plugin(source / "plugins", asks)
+    spec = _spec(source)
+    spec["plugins"].append("plugins/fast_lib-1.0-py3-none-any.whl")
+    _write_spec(source, spec)
+    if not refused:
+        assert len(build_package(source, tmp_path / "out").plugins) == 2
+        return
+    with pytest.raises(PackageError) as raised:
+        build_package(source, tmp_path / "out")
+    assert str(raised.value).startswith(
+        "plugin wheel plugins/toy_plugin-1.0-py3-none-any.whl requires 'fast-lib[speed]', and "
+        "fast-lib[speed] requires 'torch==1.0; extra == \"speed\"' but the image pins "
+        "torch==2.13.0; rebuild the plugin against torch==2.13.0"
+    ), raised.value
+
+
 def test_plugin_markers_are_evaluated_for_the_image_python(tmp_path: Path) -> None:
     # The default pair's image runs Python 3.12; the tests run on whatever built the venv.
     source = make_source(tmp_path / "src")
