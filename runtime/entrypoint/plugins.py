@@ -191,7 +191,9 @@ def _check_requirements(
 ) -> None:
     """Each plugin finds what it requires among the package's wheels (which pip is about to
     install, over any installed version) and the image's distributions."""
-    shipped = {canonicalize_name(i.distribution): Available(i.version, i.requires) for i in infos}
+    shipped: dict[str, Available] = {
+        canonicalize_name(i.distribution): Available(i.version, i.requires) for i in infos
+    }
 
     def lookup(name: str) -> Available | None:
         if name in shipped:

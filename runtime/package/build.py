@@ -325,7 +325,9 @@ def build_package(
     weights = _weight_sources(source, spec)
     names = known_image(image.distributions)
     wheels = [(wheel, read_wheel(source / wheel, wheel)) for wheel in spec.plugins]
-    shipped = {canonicalize_name(info.distribution): info.requires for _, info in wheels}
+    shipped: dict[str, tuple[str, ...]] = {
+        canonicalize_name(info.distribution): info.requires for _, info in wheels
+    }
     for wheel, info in wheels:
         check_against_pins(info, wheel, image.pins, image.environment, image.ranges, shipped)
         check_plugin_files(info, wheel, names, set(image.pins))
