@@ -5,6 +5,7 @@ registered."""
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata as md
 import subprocess
 import sys
@@ -16,9 +17,9 @@ from packaging.utils import canonicalize_name
 from runtime.entrypoint.errors import StageFailed
 from runtime.entrypoint.folders import remove_entries
 from runtime.entrypoint.requirements import Available, unmet_requirement
-from runtime.entrypoint.shadow import check_no_shadowing
 from runtime.package.errors import PackageError
 from runtime.package.manifest import Manifest
+from runtime.package.plugin_checks import check_plugin_files
 from runtime.package.plugin_groups import PluginWheel, unloadable
 from runtime.package.shadowing import ImageNames
 from runtime.package.wheels import WheelInfo, parse_pins, read_wheel
@@ -102,9 +103,7 @@ def install_plugins(
     # Checked before pip runs: a wheel that ships vllm/ must not land even for a moment.
     if image is None:
         image = scan_image(target, unpacked)
-    for plugin in manifest.plugins:
-        check_no_shadowing(unpacked / plugin.wheel, plugin.wheel, image, pinned)
-    infos = [_read(unpacked / plugin.wheel, plugin.wheel) for plugin in manifest.plugins]
+    infos = [_read(unpacked / p.wheel, p.wheel, image, pinned) for p in manifest.plugins]
     _check_loadable(manifest, infos)
     installed = _installed(search)
     # Before pip runs, so that a plugin refused for what it lacks is never installed.
@@ -163,11 +162,16 @@ def pip_failure(stdout: str, stderr: str) -> str:
     return (stderr.strip().splitlines() or stdout.strip().splitlines() or ["(no output)"])[-1]
 
 
-def _read(wheel: Path, label: str) -> WheelInfo:
+def _read(wheel: Path, label: str, image: ImageNames, pinned: set[str]) -> WheelInfo:
+    """The wheel's metadata, once its files are known not to shadow any of the image's (the
+    installed distributions' RECORD files: the complete form of the packaging check)."""
     try:
-        return read_wheel(wheel, label)
+        info = read_wheel(wheel, label)
+        check_plugin_files(info, label, image, pinned)
     except PackageError as exc:
-        raise StageFailed(str(exc), "rebuild the package") from exc
+        # The message says what to change in the wheel; the package must be built again too.
+        raise StageFailed(str(exc), "build the package again with the fixed wheel") from exc
+    return info
 
 
 def _check_loadable(manifest: Manifest, infos: list[WheelInfo]) -> None:
@@ -195,6 +199,8 @@ def _check_requirements(
         canonicalize_name(i.distribution): Available(i.version, i.requires) for i in infos
     }
 
+    # Cached: each of a distribution's version and requires reads its METADATA again.
+    @functools.cache
     def lookup(name: str) -> Available | None:
         if name in shipped:
             return shipped[name]

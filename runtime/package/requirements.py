@@ -52,18 +52,17 @@ def through_extras(
         return marker is None or marker.evaluate(base | {"extra": extra})
 
     pending = [Required(owner, r) for r in _parsed(requires, owner) if holds(r.marker, "")]
-    followed: set[tuple[str, str]] = set()
+    followed: dict[str, set[str]] = {}
     while pending:
         item = pending.pop(0)
         yield item
         req = item.requirement
         name = canonicalize_name(req.name)
-        done = {e for n, e in followed if n == name}
-        extras = sorted({canonicalize_name(e) for e in req.extras} - done)
+        extras = sorted({canonicalize_name(e) for e in req.extras} - followed.get(name, set()))
         lines = requires_of(name) if extras else None
         if lines is None:
             continue
-        followed |= {(name, e) for e in extras}
+        followed.setdefault(name, set()).update(extras)
         via = f"{item.who} requires {str(req)!r}, and {name}[{','.join(extras)}]"
         # Only what the extras add: the distribution's own requirements are the image's, or
         # checked as that wheel's when the package ships it.

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from runtime.entrypoint import ExitCode, StageFailed
+from runtime.entrypoint import ExitCode
 from runtime.entrypoint.plugins import pip_failure
-from runtime.entrypoint.shadow import check_no_shadowing
+from runtime.package import PackageError
+from runtime.package.plugin_checks import check_plugin_files
 from runtime.package.shadowing import ImageNames
+from runtime.package.wheels import read_wheel
 from tests.runtime.pod import Pod
 from tests.runtime.test_entrypoint_failures import failure_line
 from tests.runtime.wheelmaker import make_source, make_wheel
@@ -67,8 +69,8 @@ def test_files_that_would_shadow_the_image_are_refused(
     tmp_path: Path, image: ImageNames, files: dict[str, bytes], message: str
 ) -> None:
     wheel = make_wheel(tmp_path, "sneaky", entry_points=GENERAL, files=files)
-    with pytest.raises(StageFailed) as raised:
-        check_no_shadowing(wheel, wheel.name, image, {"vllm", "torch"})
+    with pytest.raises(PackageError) as raised:
+        check_plugin_files(read_wheel(wheel, wheel.name), wheel.name, image, {"vllm", "torch"})
     assert message in str(raised.value)
 
 
@@ -78,7 +80,7 @@ def test_own_packages_and_namespace_portions_pass(tmp_path: Path, image: ImageNa
         "sneaky-1.0.data/scripts/sneaky": b"#!python\n",  # lands in bin/, not site-packages
     }
     wheel = make_wheel(tmp_path, "sneaky", entry_points=GENERAL, files=files)
-    check_no_shadowing(wheel, wheel.name, image, {"vllm", "torch"})
+    check_plugin_files(read_wheel(wheel, wheel.name), wheel.name, image, {"vllm", "torch"})
 
 
 def test_entry_point_under_a_misspelled_group_is_refused(tmp_path: Path) -> None:
