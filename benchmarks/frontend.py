@@ -151,7 +151,7 @@ async def _direct(client: grpcclient.InferenceServerClient, max_tokens: int, str
         yield {"model_name": MODEL, "inputs": inputs}
 
     tokens = 0
-    text = []
+    text: list[str] = []
     call = client.stream_infer(one())
     try:
         async for result, error in call:
@@ -186,7 +186,7 @@ async def _frontend(client: aiohttp.ClientSession, url: str, max_tokens: int, st
         if not stream:
             return (await response.json())["usage"]["completion_tokens"]
         tokens = 0
-        text = []
+        text: list[str] = []
         async for line in response.content:
             if line.startswith(b"data: {"):
                 chunk = json.loads(line[6:])

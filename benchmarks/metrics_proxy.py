@@ -70,7 +70,7 @@ def _scraper(
     url: str, count: int, out: list[float], sizes: list[int], conns: list | None = None
 ) -> None:
     parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
     for _ in range(count):
         start = time.perf_counter()
         conn.request("GET", parts.path, headers=PROMETHEUS_HEADERS)
@@ -228,11 +228,11 @@ def run(quick: bool) -> list[dict]:
                     for _ in range(rounds):
                         for (*_, url, pid), tally in zip(endpoints, tallies, strict=True):
                             _measure(url, pid, concurrency, per_scraper, tally)
-                    for (impl, reuse_ms, writers, _, pid), tally in zip(
+                    for (impl, reuse_ms, n_writers, _, pid), tally in zip(
                         endpoints, tallies, strict=True
                     ):
                         row = _row(impl, pid, concurrency, tally)
-                        rows.append({**row, "reuse_ms": reuse_ms, "writers": writers})
+                        rows.append({**row, "reuse_ms": reuse_ms, "writers": n_writers})
                 steps = _breakdown(multiproc, triton_url, 50 if quick else 300)
                 print(
                     "one merge, step by step (native, CPU ms, in this process; write_gzip is "

@@ -146,7 +146,11 @@ class PlanMocks(pulumi_mocks.Mocks):
             outputs["metadata"] = {**metadata, "name": auto_name(args.name)}
         return "", outputs
 
-    def call(self, args: pulumi_mocks.MockCallArgs) -> dict:
+    def call(self, args: pulumi_mocks.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+        # An empty failure list, not None: the mock monitor iterates it whatever its type says.
+        return self._call(args), []
+
+    def _call(self, args: pulumi_mocks.MockCallArgs) -> dict[str, Any]:
         if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
             return {
                 "accountId": MOCK_ACCOUNT,

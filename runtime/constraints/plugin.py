@@ -17,12 +17,12 @@ from runtime.constraints.runner_v2 import ConstraintLogitsProcessorV2, RunnerV2P
 __all__ = ["ConstraintProcessorEntryPoint"]
 
 
-class ConstraintProcessorEntryPoint(RunnerV2Processor):  # type: ignore[misc,valid-type]
+class ConstraintProcessorEntryPoint(RunnerV2Processor):  # type: ignore[misc,valid-type,unused-ignore]
     """Builds :class:`ConstraintLogitsProcessor` (V1) or :class:`ConstraintLogitsProcessorV2`."""
 
     validate_params = ConstraintLogitsProcessor.validate_params
 
-    def __new__(cls, vllm_config: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
+    def __new__(cls, vllm_config: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[misc,unused-ignore]
         if len(args) + len(kwargs) == 1:
             return ConstraintLogitsProcessorV2(vllm_config, *args, **kwargs)
         return ConstraintLogitsProcessor(vllm_config, *args, **kwargs)

@@ -30,12 +30,12 @@ from runtime.constraints.processor import (
 try:
     from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as RunnerV2Processor
 except ImportError:  # vLLM < 0.32: no Model Runner V2 processor interface to derive from
-    RunnerV2Processor = object  # type: ignore[assignment,misc]
+    RunnerV2Processor = object  # type: ignore[assignment,misc,unused-ignore]
 
 __all__ = ["ConstraintLogitsProcessorV2", "RunnerV2Processor"]
 
 
-class ConstraintLogitsProcessorV2(RunnerV2Processor):  # type: ignore[misc,valid-type]
+class ConstraintLogitsProcessorV2(RunnerV2Processor):  # type: ignore[misc,valid-type,unused-ignore]
     """The constraint processor for Model Runner V2's logits-processor interface."""
 
     validate_params = ConstraintLogitsProcessor.validate_params
@@ -82,7 +82,7 @@ class ConstraintLogitsProcessorV2(RunnerV2Processor):  # type: ignore[misc,valid
         states = self.req_states
         prompt = states.prompt_len.np[req_idxs].astype(np.int64)
         total = states.total_len.gpu[torch.from_numpy(req_idxs)].cpu().numpy().astype(np.int64)
-        wanted = []
+        wanted: list[tuple[int, int]] = []
         for k, req_idx in enumerate(req_idxs):
             output = self._outputs[req_idx]
             assert output is not None

@@ -8,7 +8,7 @@ one chunk. Nothing ever waits for more output: the first available output is sen
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from runtime.frontend.engine import ChoiceOutput, EngineOutput
 
@@ -47,7 +47,9 @@ def merge_outputs(outputs: list[EngineOutput]) -> EngineOutput:
     )
 
 
-async def coalesced(outputs: AsyncIterator[EngineOutput]) -> AsyncIterator[EngineOutput]:
+async def coalesced(
+    outputs: AsyncGenerator[EngineOutput, None],
+) -> AsyncGenerator[EngineOutput, None]:
     """``outputs``, with those that arrive while the consumer is busy merged into one.
 
     A reader task drains the engine; the consumer takes everything read so far each time it

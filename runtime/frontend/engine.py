@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,7 +77,7 @@ class Engine(abc.ABC):
         """True once the server and the model are ready for requests."""
 
     @abc.abstractmethod
-    def generate(self, params: GenerateParams) -> AsyncIterator[EngineOutput]:
+    def generate(self, params: GenerateParams) -> AsyncGenerator[EngineOutput, None]:
         """Outputs until every choice has finished; closing the iterator cancels the request."""
 
     @abc.abstractmethod

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,7 +75,7 @@ class ChunkFrame:
         return self._head + orjson.dumps(choices)[1:-1] + self._tail
 
 
-def stream_outputs(engine: Engine, params: GenerateParams) -> AsyncIterator[EngineOutput]:
+def stream_outputs(engine: Engine, params: GenerateParams) -> AsyncGenerator[EngineOutput, None]:
     """A streamed generation's outputs; those already waiting are merged into one, unless
     per-token log-probabilities were asked for (each chunk then carries its own token's)."""
     outputs = engine.generate(params)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from typing import Any, cast
 
 import grpc
 import tritonclient.grpc.aio as grpcclient
@@ -226,7 +226,7 @@ class KServeEngine(Engine):
             # Closing the stream (client gone, deadline, error) cancels the Triton request.
             call.cancel()
 
-    async def generate(self, params: GenerateParams) -> AsyncIterator[EngineOutput]:
+    async def generate(self, params: GenerateParams) -> AsyncGenerator[EngineOutput, None]:
         values = {
             "text_input": params.prompt,
             "stream": params.stream,
@@ -314,7 +314,9 @@ class KServeEngine(Engine):
             raise BackendError("Triton returned no prompt log-probabilities")
 
         # All prefills go out together so vLLM batches them (and shares the prompt's prefix).
-        start, *rows = await asyncio.gather(prompt_len(), *(one(c) for c in candidates))
+        results = await asyncio.gather(prompt_len(), *(one(c) for c in candidates))
+        start = cast(int, results[0])
+        rows = cast(list[list[float]], results[1:])
         return [
             ScoredCandidate(
                 logprob=sum(r[start:]), num_tokens=len(r) - start, token_logprobs=tuple(r[start:])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 import orjson
@@ -56,7 +56,7 @@ async def run_until_disconnect(request: Request, work: Awaitable[T], timeout_s: 
 
 
 async def sse_response(
-    state: FrontendState, events: AsyncIterator[bytes | dict[str, Any]]
+    state: FrontendState, events: AsyncGenerator[bytes | dict[str, Any], None]
 ) -> StreamingResponse:
     """Stream ``events`` as SSE, bounded by the open-stream limit and the request deadline.
 

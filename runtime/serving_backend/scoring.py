@@ -31,7 +31,8 @@ from runtime.serving_backend.stock import load_stock_backend
 
 __all__ = ["PROMPT_LOGPROBS_CONFIG", "ScoringGenerateRequest", "TritonPythonModel"]
 
-_stock = load_stock_backend()
+# The stock backend is Triton's own model.py, loaded at run time: its classes are untyped.
+_stock: Any = load_stock_backend()
 
 #: The output this backend declares; per-request, like the stock ``logprobs`` output.
 PROMPT_LOGPROBS_CONFIG = {"name": PROMPT_LOGPROBS_OUTPUT, "data_type": "TYPE_STRING", "dims": [-1]}

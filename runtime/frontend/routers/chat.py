@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
@@ -215,7 +215,7 @@ async def _events(
     plan: ToolPlan,
     include_usage: bool,
     top: int,
-) -> AsyncIterator[bytes | dict[str, Any]]:
+) -> AsyncGenerator[bytes | dict[str, Any], None]:
     created = now()
     texts = [""] * n
     started = [False] * n

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from typing import Any
+from typing import Any, cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -50,7 +50,9 @@ def _logprobs(items: list[TokenLogprob] | tuple[TokenLogprob, ...], top: int, of
     }
 
 
-def _prepare(state: FrontendState, body: CompletionRequest) -> tuple[list[str], list[dict]]:
+def _prepare(
+    state: FrontendState, body: CompletionRequest
+) -> tuple[list[str], list[dict[str, Any]]]:
     check_fields(ROUTE, body)
     check_model(state, body.model)
     n = body.n or 1
@@ -64,7 +66,8 @@ def _prepare(state: FrontendState, body: CompletionRequest) -> tuple[list[str], 
         )
     if body.stream_options is not None and not body.stream:
         raise InvalidRequestError("stream_options requires stream=true", param="stream_options")
-    prompts = [body.prompt] if isinstance(body.prompt, str) else list(body.prompt)
+    # check_fields refused token-id prompts: what is left is text.
+    prompts = cast(list[str], [body.prompt] if isinstance(body.prompt, str) else list(body.prompt))
     if len(prompts) * n > state.settings.max_choices:
         raise InvalidRequestError(
             f"{len(prompts)} prompts x n={n} is more than {state.settings.max_choices} choices "
@@ -146,7 +149,7 @@ async def _events(
     n: int,
     include_usage: bool,
     top: int,
-) -> AsyncIterator[bytes | dict[str, Any]]:
+) -> AsyncGenerator[bytes | dict[str, Any], None]:
     created = now()
     prompt_tokens = completion_tokens = 0
     frame = ChunkFrame(rid, "text_completion", created, body.model, include_usage)
