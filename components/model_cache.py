@@ -18,6 +18,7 @@ import pulumi_kubernetes as k8s
 from components.naming import dns_label
 
 __all__ = [
+    "ACCESS_MODE",
     "CACHE_MOUNT_PATH",
     "CSI_DRIVER",
     "FILE_SYSTEM_PATH",
@@ -28,6 +29,8 @@ __all__ = [
 ]
 
 CSI_DRIVER = "fsx.csi.aws.com"
+# The only multi-node mode the driver supports (MULTI_NODE_MULTI_WRITER in its volumeCaps).
+ACCESS_MODE = "ReadWriteMany"
 CACHE_MOUNT_PATH = "/mnt/model-cache"
 # The association links bucket prefix ``models/`` to this path (contract 5).
 FILE_SYSTEM_PATH = "/models"
@@ -152,8 +155,8 @@ class ModelCache(pulumi.ComponentResource):
         self.dns_name = file_system.dns_name
         self.mount_name = file_system.mount_name
         self.claim_name = f"{name}-read-only"
-        reader = self._create_claim(file_system, self.claim_name, "ReadOnlyMany")
-        writer = self._create_claim(file_system, f"{name}-restore", "ReadWriteMany")
+        reader = self._create_claim(file_system, self.claim_name, read_only=True)
+        writer = self._create_claim(file_system, f"{name}-restore", read_only=False)
         self.materialize_jobs = {
             (model_id, version): self._create_job(model_id, version, writer, association)
             for model_id, version in args.versions
@@ -201,19 +204,23 @@ class ModelCache(pulumi.ComponentResource):
         return group
 
     def _create_claim(
-        self, file_system: aws.fsx.LustreFileSystem, claim: str, mode: str
+        self, file_system: aws.fsx.LustreFileSystem, claim: str, *, read_only: bool
     ) -> k8s.core.v1.PersistentVolumeClaim:
         namespace = self._args.namespace
         volume_name = f"{namespace}-{claim}"
+        # The FSx CSI driver refuses ReadOnlyMany ("Volume capability not supported"), so both
+        # claims are ReadWriteMany; readers get a Lustre mount with ``ro`` from the volume, on
+        # top of the ``readOnly`` their pods set.
+        mount_options = ["flock", "ro"] if read_only else ["flock"]
         volume = k8s.core.v1.PersistentVolume(
             f"{self._name}-{claim}-pv",
             metadata={"name": volume_name},
             spec={
                 "capacity": {"storage": f"{self._args.storage_capacity_gib}Gi"},
-                "accessModes": [mode],
+                "accessModes": [ACCESS_MODE],
                 "persistentVolumeReclaimPolicy": "Retain",
                 "storageClassName": "",
-                "mountOptions": ["flock"],
+                "mountOptions": mount_options,
                 "csi": {
                     "driver": CSI_DRIVER,
                     "volumeHandle": file_system.id,
@@ -229,7 +236,7 @@ class ModelCache(pulumi.ComponentResource):
             f"{self._name}-{claim}",
             metadata={"name": claim, "namespace": namespace},
             spec={
-                "accessModes": [mode],
+                "accessModes": [ACCESS_MODE],
                 "storageClassName": "",
                 "volumeName": volume_name,
                 "resources": {"requests": {"storage": f"{self._args.storage_capacity_gib}Gi"}},

@@ -88,7 +88,6 @@ def red_black_model(site: ModelSite, model: ModelConfig) -> dict[str, ModelEndpo
         RedBlackArgs(
             model_id=model.id,
             version=version.version,
-            previous_version=previous,
             pod_template=build_pod_template(service_args),
             namespace=site.config.namespace,
             gateway=site.gateway,

@@ -1,14 +1,18 @@
 """Red-Black rollout of one model: an Argo Rollouts canary that shifts Gateway API traffic in
-weighted steps, each gated by an analysis comparing the new colour with the old.
+weighted steps, each gated by an analysis of the new colour, compared with the old one while the
+old one still takes traffic.
 
 The colour of a pod is its ReplicaSet's ``rollouts-pod-template-hash``: the component injects it
 as ``LLM_SERVING_COLOUR`` (downward API) so the metrics proxy labels every series with it, and
-the analysis reads the stable and canary hashes from Argo (``podTemplateHashValue``).
+the analysis reads the stable and canary hashes from Argo (``podTemplateHashValue``). The stable
+side is found by its colour alone: which version it serves depends on how the last rollout
+ended, which the stack configuration cannot know.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import version as dist_version
@@ -39,7 +43,9 @@ COLOUR_LABEL = "llm-serving/colour"
 # observedGeneration is a string, which no pulumi.com/waitFor expression can compare with
 # metadata.generation), then exits 0 when Healthy and non-zero when the rollout aborts.
 STATUS_IMAGE = "quay.io/argoproj/kubectl-argo-rollouts:v1.7.2"
-SIDES = ("canary", "stable")
+QUERY_NAMES = ("success_ratio", "ttft_p95")
+# A label matcher on the version placeholder; the stable side matches any version instead.
+VERSION_MATCHER = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"\{\{args\.model_version\}\}"')
 
 
 class RedBlackConfigError(ValueError):
@@ -90,13 +96,12 @@ class RedBlackArgs:
     """The Gateway the GRPCRoute and HTTPRoute attach to."""
     queries: Mapping[str, str]
     """Analysis PromQL by name (``success_ratio``, ``ttft_p95``), with Argo placeholders
-    ``{{args.model_id}}``, ``{{args.model_version}}``, ``{{args.colour}}``."""
+    ``{{args.model_id}}``, ``{{args.colour}}`` and ``{{args.model_version}}``, the last only as
+    a label matcher's value (``model_version="{{args.model_version}}"``)."""
     success_conditions: Mapping[str, str]
     """Absolute successCondition for the canary side of each query (``result[0] >= 0.99``)."""
     prometheus_address: str
     """Prometheus URL the AnalysisRuns query."""
-    previous_version: str | None = None
-    """Version the stable colour serves during the rollout (``None``: same as ``version``)."""
     replicas: int = 1
     """Pods at 100 %; with dynamicStableScale the two colours share this budget."""
     steps: tuple[int, ...] = (10, 25, 50, 100)
@@ -146,12 +151,17 @@ def _validate(args: RedBlackArgs) -> None:
         raise RedBlackConfigError(f"steps {steps} must end at 100 (e.g. 10, 25, 50, 100)")
     if any(not 0 < w <= 100 for w in steps) or steps != sorted(set(steps)):
         raise RedBlackConfigError(f"steps {steps} must be strictly increasing within 1..100")
-    missing = [name for name in ("success_ratio", "ttft_p95") if name not in args.queries]
+    missing = [name for name in QUERY_NAMES if name not in args.queries]
     if missing:
         raise RedBlackConfigError(f"queries lacks {', '.join(missing)}")
-    for name in args.queries:
+    for name, query in args.queries.items():
         if name not in args.success_conditions:
             raise RedBlackConfigError(f"success_conditions lacks {name!r}")
+        if "{{args.model_version}}" in VERSION_MATCHER.sub("", query):
+            raise RedBlackConfigError(
+                f"queries[{name!r}] uses {{{{args.model_version}}}} outside a label matcher; "
+                'write it as model_version="{{args.model_version}}"'
+            )
     if args.replicas < 1:
         raise RedBlackConfigError(f"replicas is {args.replicas}; a Rollout needs at least 1")
 
@@ -179,15 +189,22 @@ def with_colour_env(pod_template: Mapping[str, Any]) -> dict[str, Any]:
     return template
 
 
-def _side(query: str, side: str) -> str:
-    return query.replace("{{args.colour}}", f"{{{{args.{side}-colour}}}}").replace(
-        "{{args.model_version}}", f"{{{{args.{side}-version}}}}"
+def _canary(query: str) -> str:
+    return query.replace("{{args.colour}}", "{{args.canary-colour}}").replace(
+        "{{args.model_version}}", "{{args.canary-version}}"
     )
+
+
+def _stable(query: str) -> str:
+    # The colour (pod-template hash) alone names the stable ReplicaSet: after a finished
+    # rollout it serves the newest version, after an aborted one the version before.
+    query = VERSION_MATCHER.sub(lambda match: f'{match.group(1)}!=""', query)
+    return query.replace("{{args.colour}}", "{{args.stable-colour}}")
 
 
 def analysis_metrics(args: RedBlackArgs, name: str) -> list[dict[str, Any]]:
     """The AnalysisTemplate metrics for one query: the canary alone, then canary vs stable."""
-    canary, stable = _side(args.queries[name], "canary"), _side(args.queries[name], "stable")
+    canary, stable = _canary(args.queries[name]), _stable(args.queries[name])
     if name == "ttft_p95":
         compare = f"vector(scalar({canary}) / scalar({stable}))"
         condition = f"result[0] <= {args.ttft_ratio_limit}"
@@ -385,33 +402,42 @@ class RedBlackRollout(pulumi.ComponentResource):
 
     def _create_analysis_templates(
         self, opts: pulumi.ResourceOptions
-    ) -> list[k8s.apiextensions.CustomResource]:
-        arg_names = ["model_id"] + [f"{s}-{a}" for s in SIDES for a in ("colour", "version")]
-        return [
-            k8s.apiextensions.CustomResource(
-                f"{self._name}-{name.replace('_', '-')}",
+    ) -> tuple[k8s.apiextensions.CustomResource, k8s.apiextensions.CustomResource]:
+        """The canary's absolute bounds, and its comparison with the stable colour."""
+        per_query = [analysis_metrics(self._args, name) for name in QUERY_NAMES]
+        canary_args = ["model_id", "canary-colour", "canary-version"]
+
+        def template(
+            role: str, arg_names: list[str], metrics: list[dict[str, Any]]
+        ) -> k8s.apiextensions.CustomResource:
+            return k8s.apiextensions.CustomResource(
+                f"{self._name}-{role}",
                 api_version=ROLLOUTS_API,
                 kind="AnalysisTemplate",
                 metadata=self._meta(),
-                spec={
-                    "args": [{"name": n} for n in arg_names],
-                    "metrics": analysis_metrics(self._args, name),
-                },
+                spec={"args": [{"name": n} for n in arg_names], "metrics": metrics},
                 opts=opts,
             )
-            for name in ("success_ratio", "ttft_p95")
-        ]
 
-    def _analysis_step(self, templates: list[k8s.apiextensions.CustomResource]) -> dict[str, Any]:
+        return (
+            template("canary", canary_args, [alone for alone, _ in per_query]),
+            template(
+                "vs-stable",
+                [*canary_args, "stable-colour"],
+                [compare for _, compare in per_query],
+            ),
+        )
+
+    def _analysis_step(
+        self, templates: Sequence[k8s.apiextensions.CustomResource]
+    ) -> dict[str, Any]:
         args = self._args
-        previous = args.previous_version if args.previous_version is not None else args.version
         return {
             "analysis": {
                 "templates": [{"templateName": t.metadata["name"]} for t in templates],
                 "args": [
                     {"name": "model_id", "value": args.model_id},
                     {"name": "canary-version", "value": args.version},
-                    {"name": "stable-version", "value": previous},
                     {"name": "canary-colour", "valueFrom": {"podTemplateHashValue": "Latest"}},
                     {"name": "stable-colour", "valueFrom": {"podTemplateHashValue": "Stable"}},
                 ],
@@ -425,13 +451,17 @@ class RedBlackRollout(pulumi.ComponentResource):
         canary: k8s.core.v1.Service,
         grpc_route: k8s.apiextensions.CustomResource,
         http_route: k8s.apiextensions.CustomResource,
-        templates: list[k8s.apiextensions.CustomResource],
+        templates: tuple[k8s.apiextensions.CustomResource, k8s.apiextensions.CustomResource],
         opts: pulumi.ResourceOptions,
     ) -> _Rollout:
         args = self._args
+        alone, versus = templates
         steps: list[dict[str, Any]] = []
         for weight in args.steps:
-            steps += [{"setWeight": weight}, self._analysis_step(templates)]
+            # At 100 the stable colour takes no traffic (and dynamicStableScale scales it to 0):
+            # a comparison would read NaN and abort every healthy rollout.
+            step_templates = [alone, versus] if weight < 100 else [alone]
+            steps += [{"setWeight": weight}, self._analysis_step(step_templates)]
         annotations = {
             # Argo's status Job is the wait: a waitFor here could read the previous revision's
             # Healthy before the controller has seen the update.
@@ -491,12 +521,22 @@ class RedBlackRollout(pulumi.ComponentResource):
         role = k8s.rbac.v1.Role(
             f"{self._name}-status",
             metadata=self._meta(),
+            # `kubectl argo rollouts status` runs Argo's view controller, whose informers must
+            # sync before its --timeout starts; without list/watch on each it waits until the
+            # Job's deadline. Deployments back workloadRef Rollouts: unread, their informer
+            # would still retry and flood the log that becomes the Job's failure message.
             rules=[
                 {
                     "apiGroups": ["argoproj.io"],
-                    "resources": ["rollouts"],
+                    "resources": ["rollouts", "analysisruns", "experiments"],
                     "verbs": ["get", "list", "watch"],
-                }
+                },
+                {
+                    "apiGroups": ["apps"],
+                    "resources": ["replicasets", "deployments"],
+                    "verbs": ["get", "list", "watch"],
+                },
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
             ],
             opts=opts,
         )

@@ -70,7 +70,6 @@ def test_static_volume_and_read_only_claim(declared: Declared) -> None:
     volumes = {v["metadata"]["name"]: v for v in declared.kubernetes("PersistentVolume")}
     claims = {c["metadata"]["name"]: c for c in declared.kubernetes("PersistentVolumeClaim")}
     reader = claims["cache-read-only"]
-    assert reader["spec"]["accessModes"] == ["ReadOnlyMany"]
     volume = volumes[reader["spec"]["volumeName"]]
     csi = volume["spec"]["csi"]
     assert csi["driver"] == CSI_DRIVER
@@ -80,6 +79,35 @@ def test_static_volume_and_read_only_claim(declared: Declared) -> None:
         "mountname": "abcdefgh",
     }
     assert volume["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
+
+
+# Kubernetes access modes behind the only capabilities fsx.csi.aws.com accepts (volumeCaps in
+# the driver's controller.go: SINGLE_NODE_WRITER, MULTI_NODE_MULTI_WRITER); any other mode
+# fails NodePublishVolume with "Volume capability not supported".
+FSX_DRIVER_MODES = {"ReadWriteOnce", "ReadWriteMany"}
+
+
+def test_claims_use_access_modes_the_fsx_driver_mounts(declared: Declared) -> None:
+    volumes = declared.kubernetes("PersistentVolume")
+    claims = declared.kubernetes("PersistentVolumeClaim")
+    assert len(volumes) == len(claims) == 2
+    for item in (*volumes, *claims):
+        assert set(item["spec"]["accessModes"]) <= FSX_DRIVER_MODES, item["metadata"]["name"]
+        # Pods on many nodes mount the cache at once.
+        assert "ReadWriteMany" in item["spec"]["accessModes"], item["metadata"]["name"]
+
+
+def test_readers_mount_lustre_read_only_and_the_restore_claim_writes(
+    declared: Declared,
+) -> None:
+    volumes = {v["metadata"]["name"]: v for v in declared.kubernetes("PersistentVolume")}
+    claims = {c["metadata"]["name"]: c for c in declared.kubernetes("PersistentVolumeClaim")}
+    reader = volumes[claims["cache-read-only"]["spec"]["volumeName"]]
+    writer = volumes[claims["cache-restore"]["spec"]["volumeName"]]
+    # The access mode no longer keeps readers from writing: the Lustre mount itself is ro.
+    assert "ro" in reader["spec"]["mountOptions"]
+    assert "ro" not in writer["spec"]["mountOptions"]
+    assert reader["spec"]["csi"]["volumeHandle"] == writer["spec"]["csi"]["volumeHandle"]
 
 
 def test_one_materialize_job_per_version_after_the_association(declared: Declared) -> None:

@@ -15,7 +15,6 @@ def make_args(**overrides: Any) -> RedBlackArgs:
     values: dict[str, Any] = {
         "model_id": "llama",
         "version": "2026-11-15",
-        "previous_version": "2026-10-01",
         "pod_template": pod_template(),
         "namespace": "serving",
         "gateway": GatewayRef(name="inference", namespace="gateway", grpc_section="grpc"),

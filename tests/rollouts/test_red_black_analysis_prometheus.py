@@ -61,7 +61,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="module")
 def metrics() -> list[dict]:
     mocks = RecordingMocks()
-    deploy(mocks, make_args(previous_version=STABLE["version"]))
+    deploy(mocks, make_args())
     return [m for t in mocks.of_type(":AnalysisTemplate") for m in t.inputs["spec"]["metrics"]]
 
 
@@ -71,7 +71,6 @@ def fill(query: str, canary: dict[str, str]) -> str:
         "canary-colour": canary["colour"],
         "canary-version": canary["version"],
         "stable-colour": STABLE["colour"],
-        "stable-version": STABLE["version"],
     }
     for name, value in values.items():
         query = query.replace(f"{{{{args.{name}}}}}", value)

@@ -66,9 +66,11 @@ def test_canary_shifts_weights_with_an_analysis_after_each(mocks: RecordingMocks
     assert weights == [5, 20, 100]
     kinds = [next(iter(s)) for s in canary["steps"]]
     assert kinds == ["setWeight", "analysis"] * 3
-    templates = {d.inputs["metadata"]["name"] for d in mocks.of_type(":AnalysisTemplate")}
-    for step in canary["steps"][1::2]:
-        assert {t["templateName"] for t in step["analysis"]["templates"]} == templates
+    templates = {d.name: d.inputs["metadata"]["name"] for d in mocks.of_type(":AnalysisTemplate")}
+    used = [{t["templateName"] for t in s["analysis"]["templates"]} for s in canary["steps"][1::2]]
+    # While the stable colour takes traffic, the canary is also compared with it; at 100 it
+    # takes none (and is scaled to 0), so only the canary's own bounds remain.
+    assert used == [set(templates.values())] * 2 + [{templates["llama-canary"]}]
 
 
 def test_rollout_aborts_on_deadline_and_pulumi_waits_for_argo_status(
@@ -97,11 +99,9 @@ def test_rollout_aborts_on_deadline_and_pulumi_waits_for_argo_status(
         "--timeout",
         "5400s",
     ]
-    # The wait runs with a role that can only read Rollouts.
+    # The wait runs with a role that can only read.
     (role,) = [d.inputs for d in mocks.of_type("rbac.authorization.k8s.io/v1:Role")]
-    assert role["rules"] == [
-        {"apiGroups": ["argoproj.io"], "resources": ["rollouts"], "verbs": ["get", "list", "watch"]}
-    ]
+    assert {verb for rule in role["rules"] for verb in rule["verbs"]} == {"get", "list", "watch"}
     account = mocks.one("core/v1:ServiceAccount").inputs["metadata"]["name"]
     assert pod["serviceAccountName"] == account
     # No selector of the serving pods (Rollout, Services, PDB, PodMonitor) may match it.
@@ -113,6 +113,36 @@ def test_rollout_aborts_on_deadline_and_pulumi_waits_for_argo_status(
         "1.33",
         strict=True,
     )
+
+
+# What `kubectl argo rollouts status` watches before it starts its --timeout: the informers
+# its view controller waits for (argo-rollouts pkg/kubectl-argo-rollouts/viewcontroller,
+# cache.WaitForCacheSync), and the Deployments one that it starts with them.
+STATUS_INFORMERS = [
+    ("argoproj.io", "rollouts"),
+    ("argoproj.io", "analysisruns"),
+    ("argoproj.io", "experiments"),
+    ("apps", "replicasets"),
+    ("apps", "deployments"),
+    ("", "pods"),
+]
+
+
+def test_status_role_lets_argo_sync_every_informer(mocks: RecordingMocks) -> None:
+    deploy(mocks, make_args())
+    (role,) = [d.inputs for d in mocks.of_type("rbac.authorization.k8s.io/v1:Role")]
+    granted = {
+        (group, resource): set(rule["verbs"])
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    for informer in STATUS_INFORMERS:
+        assert granted.get(informer, set()) >= {"get", "list", "watch"}, informer
+    assert set(granted) == set(STATUS_INFORMERS)
+    body = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role"}
+    body |= {"metadata": {"name": "status"}, "rules": role["rules"]}
+    kubernetes_validate.validate(body, "1.33", strict=True)
 
 
 def test_plugin_names_the_declared_routes_and_services(mocks: RecordingMocks) -> None:
@@ -180,21 +210,24 @@ def test_analysis_compares_canary_colour_with_stable_colour(mocks: RecordingMock
     assert passed["canary-colour"]["valueFrom"] == {"podTemplateHashValue": "Latest"}
     assert passed["stable-colour"]["valueFrom"] == {"podTemplateHashValue": "Stable"}
     assert passed["canary-version"]["value"] == "2026-11-15"
-    assert passed["stable-version"]["value"] == "2026-10-01"
-    for template in mocks.of_type(":AnalysisTemplate"):
-        declared = {a["name"] for a in template.inputs["spec"]["args"]}
-        assert declared == set(passed)
-        metrics = template.inputs["spec"]["metrics"]
-        assert [m["name"].endswith("-vs-stable") for m in metrics] == [False, True]
-        for metric in metrics:
+    # The stable side is its colour: no version from the configuration can say what it serves.
+    assert "stable-version" not in passed
+    templates = {d.name: d.inputs["spec"] for d in mocks.of_type(":AnalysisTemplate")}
+    assert set(templates) == {"llama-canary", "llama-vs-stable"}
+    for name, spec in templates.items():
+        declared = {a["name"] for a in spec["args"]}
+        assert declared <= set(passed)
+        against_stable = name.endswith("-vs-stable")
+        assert [m["name"].endswith("-vs-stable") for m in spec["metrics"]] == [against_stable] * 2
+        for metric in spec["metrics"]:
             query = metric["provider"]["prometheus"]["query"]
             assert metric["provider"]["prometheus"]["address"] == (
                 "http://prometheus.monitoring:9090"
             )
             assert "{{args.colour}}" not in query and "{{args.model_version}}" not in query
+            assert 'model_version="{{args.canary-version}}"' in query
             assert "{{args.canary-colour}}" in query
-        assert "{{args.stable-colour}}" in metrics[1]["provider"]["prometheus"]["query"]
-        assert "{{args.stable-colour}}" not in metrics[0]["provider"]["prometheus"]["query"]
+            assert ("{{args.stable-colour}}" in query) is against_stable
 
 
 def test_rendered_rollout_passes_the_policy_pack(mocks: RecordingMocks) -> None:
@@ -223,6 +256,10 @@ def test_each_revision_gets_its_own_status_job() -> None:
         ({"steps": (50, 25, 100)}, "strictly increasing"),
         ({"queries": {"success_ratio": "up"}}, "ttft_p95"),
         ({"replicas": 0}, "replicas"),
+        (
+            {"queries": {"success_ratio": "up", "ttft_p95": 'x{v=~"{{args.model_version}}"}'}},
+            "outside a label matcher",
+        ),
     ],
 )
 def test_bad_arguments_name_the_field(overrides: dict[str, Any], field: str) -> None:

@@ -82,10 +82,13 @@ def test_red_black_model_is_one_rollout_and_no_deployment() -> None:
         "llm-serving/triton-release": "26.08",
         "llm-serving/vllm-version": "0.27.1",
     }
-    # The analysis compares the new version with the one listed before it.
+    # The analysis checks the new colour serves the last listed version and finds the stable
+    # colour by its pod-template hash: after a finished rollout it serves that version too.
     analysis = rollout.inputs["spec"]["strategy"]["canary"]["steps"][1]["analysis"]
-    args = {a["name"]: a.get("value") for a in analysis["args"]}
-    assert (args["canary-version"], args["stable-version"]) == ("2026-11-15", "2026-10-01")
+    args = {a["name"]: a.get("value") or a.get("valueFrom") for a in analysis["args"]}
+    assert args["canary-version"] == "2026-11-15"
+    assert args["stable-colour"] == {"podTemplateHashValue": "Stable"}
+    assert "stable-version" not in args
     replicas = _model(_config(), LLAMA).replicas
     assert rollout.inputs["spec"]["replicas"] == replicas
 
