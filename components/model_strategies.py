@@ -115,9 +115,10 @@ def versioned_model(site: ModelSite, model: ModelConfig) -> dict[str, ModelEndpo
     newest = model.versions[-1].version
     specs, services, service_args_list = [], [], []
     for version in model.versions:
+        service_name = dns_label(model.id, version.version)
         spec = VersionSpec(
             version=version.version,
-            service_name=dns_label(model.id, version.version),
+            service_name=service_name,
             route_weight=version.route_weight,
             created_at=None if version.created_at is None else version.created_at.isoformat(),
         )
@@ -125,7 +126,7 @@ def versioned_model(site: ModelSite, model: ModelConfig) -> dict[str, ModelEndpo
             model,
             version,
             site,
-            service_name=spec.service_name,
+            service_name=service_name,
             strategy="versioned",
             service_annotations=age_annotations(spec, version.version == newest),
         )

@@ -341,7 +341,7 @@ class RedBlackRollout(pulumi.ComponentResource):
         service_opts = pulumi.ResourceOptions.merge(
             opts, pulumi.ResourceOptions(ignore_changes=["spec.selector"])
         )
-        return tuple(  # type: ignore[return-value]
+        return tuple(
             k8s.core.v1.Service(
                 f"{self._name}-{side}",
                 metadata=self._meta(),
