@@ -90,5 +90,9 @@ class ChatTemplate:
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
             )
-        except jinja2.TemplateError as exc:
-            raise ChatTemplateError(f"chat template failed: {exc}") from None
+        except ChatTemplateError:
+            raise
+        except Exception as exc:
+            # Templates index into client-sent messages: any failure (tojson on an Undefined,
+            # a missing key, a type error) is the request's, so it is reported, not a 500.
+            raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from None

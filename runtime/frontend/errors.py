@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -23,7 +25,10 @@ __all__ = [
     "TruncatedOutputError",
     "error_body",
     "install_error_handlers",
+    "internal_error",
 ]
+
+LOGGER = "runtime.frontend"
 
 
 class FrontendError(Exception):
@@ -122,8 +127,23 @@ def error_body(exc: FrontendError) -> dict:
     }
 
 
+def internal_error(exc: BaseException) -> FrontendError:
+    """Log an unexpected exception with its traceback; the client gets a body without it."""
+    logging.getLogger(LOGGER).error("unexpected error: %r", exc, exc_info=exc)
+    return FrontendError(
+        "internal error in the frontend (its log has the traceback)", code="internal_error"
+    )
+
+
 def _validation_error(exc: RequestValidationError) -> FrontendError:
     first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid body", "type": ""}
+    if first.get("type") == "json_invalid":
+        # FastAPI puts the decoder's character offset where a field name would be.
+        loc = first.get("loc", ())
+        at = f" at character {loc[-1]}" if loc and isinstance(loc[-1], int) else ""
+        ctx = first.get("ctx")
+        reason = (ctx.get("error") if isinstance(ctx, dict) else None) or "JSON decode error"
+        return InvalidRequestError(f"request body is not valid JSON ({reason}{at})", param=None)
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     field = ".".join(loc) or "body"
     if first.get("type") == "extra_forbidden":
@@ -132,7 +152,7 @@ def _validation_error(exc: RequestValidationError) -> FrontendError:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Map typed errors, validation errors and HTTP errors to the OpenAI error body."""
+    """Map typed errors, validation errors, HTTP errors and bugs to the OpenAI error body."""
 
     async def on_frontend(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, FrontendError)
@@ -150,6 +170,11 @@ def install_error_handlers(app: FastAPI) -> None:
         err.error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
         return JSONResponse(error_body(err), status_code=exc.status_code, headers=exc.headers)
 
+    async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # A bug, not a bad request: an OpenAI body still, so clients parse it as an error.
+        return JSONResponse(error_body(internal_error(exc)), status_code=500)
+
     app.add_exception_handler(FrontendError, on_frontend)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(Exception, on_unexpected)

@@ -108,7 +108,8 @@ CHAT_FIELDS: tuple[FieldRule, ...] = (
         "messages",
         Policy.HONOURED,
         "rendered with the model's own chat template (developer becomes system; text parts "
-        "only; a non-null refusal is refused)",
+        "only; a non-null refusal is refused; replayed tool_calls are {id, type function, "
+        "function {name, arguments}}); a template that fails to render them is a 400",
     ),
     *_SAMPLING,
     FieldRule("audio", Policy.REFUSED, "", _always("audio output is not supported")),
@@ -147,7 +148,9 @@ CHAT_FIELDS: tuple[FieldRule, ...] = (
         "response_format",
         Policy.HONOURED,
         "json_schema/json_object become structured outputs under the pinned key; the JSON is "
-        "validated before it is returned; text is plain",
+        "validated before it is returned; text is plain. A schema's $refs must resolve within "
+        "it (nothing is ever fetched) and it nests at most 64 JSON levels and 32 subschemas "
+        "(each $ref followed counts one); otherwise a 400",
     ),
     FieldRule("safety_identifier", Policy.INERT, "no effect on output; never logged"),
     FieldRule(
@@ -173,7 +176,10 @@ CHAT_FIELDS: tuple[FieldRule, ...] = (
         Policy.HONOURED,
         "passed to the chat template; refused when no tool-call parser is configured; with "
         "stream, calls are parsed as text arrives and sent as delta.tool_calls fragments "
-        "(finish_reason tool_calls)",
+        "(finish_reason tool_calls); parameters are checked as response_format schemas are; "
+        "function.strict=true validates each call's arguments against its parameters before "
+        "they are returned (a mismatch withholds the response: 502 invalid_tool_call, counted "
+        "like invalid JSON)",
     ),
     FieldRule(
         "verbosity",
@@ -253,7 +259,8 @@ def render_markdown() -> str:
         "Generated from `runtime/frontend/fields.py` (`python -m runtime.frontend.fields`); a",
         "test keeps the two identical. Every request field is **honoured** (mapped to the",
         "engine), **inert** (no effect on output) or **refused** (HTTP 400 naming the field).",
-        "A field not listed is refused the same way.",
+        "A field not listed is refused the same way, and so is a string that is not UTF-8 text",
+        "(a lone surrogate such as `\\ud800`).",
         "",
     ]
     for route, rules in TABLES.items():

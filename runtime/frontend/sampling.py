@@ -14,15 +14,18 @@ __all__ = ["build_sampling", "resolve_max_tokens"]
 
 
 def resolve_max_tokens(
-    requested: int | None, prompt_tokens: int, max_model_len: int, field: str
+    requested: int | None, prompt_tokens: int, max_model_len: int, field: str, *, prompt_field: str
 ) -> int:
-    """The explicit budget, or what is left of the context; never silently shortened."""
+    """The explicit budget (``field``), or what is left of the context; never silently shortened.
+
+    A prompt that fills the context is blamed on ``prompt_field``, the route's own input.
+    """
     room = max_model_len - prompt_tokens
     if requested is None:
         if room < 1:
             raise InvalidRequestError(
                 f"the prompt is {prompt_tokens} tokens; the model's context is {max_model_len}",
-                param="messages" if field == "max_completion_tokens" else "prompt",
+                param=prompt_field,
                 code="context_length_exceeded",
             )
         return room
@@ -39,7 +42,8 @@ def resolve_max_tokens(
 def _logit_bias(bias: dict[str, float], vocab_size: int) -> dict[int, float]:
     out = {}
     for key, value in bias.items():
-        if not key.isdigit() or int(key) >= vocab_size:
+        # isdigit alone admits "²" and other digits int() refuses or reads differently.
+        if not (key.isascii() and key.isdigit()) or int(key) >= vocab_size:
             raise InvalidRequestError(
                 f"logit_bias keys are token ids below {vocab_size}; {key!r} is not",
                 param="logit_bias",

@@ -9,15 +9,24 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
 
 __all__ = [
+    "AssistantToolCall",
     "ChatCompletionRequest",
     "ChatMessage",
     "CompletionRequest",
     "EmbeddingRequest",
     "FunctionTool",
     "JsonSchemaFormat",
+    "NamedToolChoice",
     "ResponseFormat",
     "ScoreRequest",
     "StreamOptions",
@@ -25,13 +34,55 @@ __all__ = [
 ]
 
 
+def _not_utf8(value: Any) -> str | None:
+    """The first string in ``value`` (keys included) that has no UTF-8 form, if any."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return item
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return None
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _utf8(cls, value: Any) -> Any:
+        # JSON escapes can spell lone surrogates ("\ud800"), which no tokenizer or gRPC
+        # string takes; nested models check their own fields.
+        if _not_utf8(value) is not None:
+            raise ValueError(
+                "is not UTF-8 text: it holds a lone UTF-16 surrogate (\\ud800-\\udfff)"
+            )
+        return value
 
 
 class TextPart(_Strict):
     type: Literal["text"]
     text: str
+
+
+class CalledFunction(_Strict):
+    name: str
+    arguments: str = Field(description="The JSON text the model wrote, as OpenAI returns it.")
+
+
+class AssistantToolCall(_Strict):
+    """A tool call of an assistant turn the client replays."""
+
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
 
 
 class ChatMessage(_Strict):
@@ -40,7 +91,7 @@ class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[AssistantToolCall] | None = None
     tool_call_id: str | None = None
     # Sent back by SDKs when a conversation is replayed; must be empty (see the field table).
     refusal: str | None = None
@@ -82,6 +133,17 @@ class FunctionDefinition(_Strict):
 class FunctionTool(_Strict):
     type: Literal["function"]
     function: FunctionDefinition
+
+
+class FunctionName(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    """``tool_choice`` naming the one function the model must call."""
+
+    type: Literal["function"]
+    function: FunctionName
 
 
 class _Sampling(_Strict):
@@ -127,10 +189,22 @@ class ChatCompletionRequest(_Sampling):
     safety_identifier: str | None = None
     service_tier: str | None = None
     store: bool | None = None
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     tools: list[FunctionTool] | None = None
     verbosity: str | None = None
     web_search_options: Any | None = None
+
+    @field_validator("tool_choice", mode="wrap")
+    @classmethod
+    def _tool_choice(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        # One error naming tool_choice, not one per member of the union.
+        try:
+            return handler(value)
+        except ValidationError:
+            raise ValueError(
+                'send "none", "auto", "required" or '
+                '{"type": "function", "function": {"name": "..."}}'
+            ) from None
 
 
 class CompletionRequest(_Sampling):

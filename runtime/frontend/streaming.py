@@ -16,6 +16,7 @@ from runtime.frontend.errors import (
     FrontendError,
     RateLimitError,
     error_body,
+    internal_error,
 )
 from runtime.frontend.state import FrontendState
 
@@ -117,6 +118,8 @@ async def sse_response(
         except FrontendError as exc:
             # Errors after output started cannot change the status: the stream ends with them.
             yield sse(error_body(exc))
+        except Exception as exc:
+            yield sse(error_body(internal_error(exc)))
         finally:
             release()
             with contextlib.suppress(Exception):

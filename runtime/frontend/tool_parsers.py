@@ -11,10 +11,12 @@ from __future__ import annotations
 import abc
 import json
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from runtime.frontend.errors import InvalidOutputError, TruncatedOutputError
+from runtime.frontend.structured import schema_violation
 from runtime.frontend.tools import ToolCall, ToolPlan
 
 __all__ = [
@@ -214,10 +216,12 @@ class ToolStream(abc.ABC):
 
     ``feed`` takes each new piece of text and returns what can be sent now; ``finish`` ends
     the output and raises the typed error if it broke the format. Feeding the whole text at
-    once gives the non-streamed result, so a stream adds up to exactly that.
+    once gives the non-streamed result, so a stream adds up to exactly that. A call to a
+    function in ``strict`` must satisfy that parameters schema once it is complete.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, strict: Mapping[str, dict[str, Any]] | None = None) -> None:
+        self.strict = strict or {}
         self.calls: list[ToolCall] = []
         self._content: list[str] = []
         self._current: _CallScanner | None = None
@@ -250,6 +254,24 @@ class ToolStream(abc.ABC):
         self._content.append(delta.content)
         return delta
 
+    def _complete(self, call: ToolCall) -> None:
+        """Record a finished call; a strict function's arguments are checked as
+        ``response_format`` output is: a mismatch withholds the response."""
+        schema = self.strict.get(call.name)
+        if schema is not None:
+            try:
+                violation = schema_violation(schema, json.loads(call.arguments))
+            except RecursionError:
+                violation = "at (root): the arguments nest too deeply to be validated"
+            if violation is not None:
+                raise InvalidOutputError(
+                    f"the model's call to {call.name} does not satisfy its strict parameters "
+                    f"schema {violation}; the response was withheld",
+                    param="tools",
+                    code="invalid_tool_call",
+                )
+        self.calls.append(call)
+
     @abc.abstractmethod
     def _feed(self, text: str) -> ToolDelta: ...
 
@@ -275,7 +297,7 @@ class ToolStream(abc.ABC):
             delta.calls.append(CallDelta(index, self._pending_arguments))
             self._pending_arguments = ""
         if scanner.done:
-            self.calls.append(scanner.call(self._current_id or _call_id()))
+            self._complete(scanner.call(self._current_id or _call_id()))
             self._current_id = None
         return used, delta
 
@@ -290,8 +312,8 @@ class HermesToolStream(ToolStream):
 
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, strict: Mapping[str, dict[str, Any]] | None = None) -> None:
+        super().__init__(strict)
         self._text = ""  # undecided text
         self._space = ""  # whitespace held back until content follows
         self._state = "text"  # text, open (before the object), call, close
@@ -372,8 +394,8 @@ def _marker_prefix(text: str, marker: str) -> int:
 class _ForcedToolStream(ToolStream):
     """Output forced by structured outputs; it must parse once complete."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, strict: Mapping[str, dict[str, Any]] | None = None) -> None:
+        super().__init__(strict)
         self._text: list[str] = []
 
     def _check_json(self, finish_reason: str | None) -> Any:
@@ -395,8 +417,8 @@ class _ForcedToolStream(ToolStream):
 class NamedToolStream(_ForcedToolStream):
     """``tool_choice`` names a function: the whole output is its arguments."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__()
+    def __init__(self, name: str, strict: Mapping[str, dict[str, Any]] | None = None) -> None:
+        super().__init__(strict)
         self.name = name
         self._id: str | None = None
 
@@ -410,15 +432,15 @@ class NamedToolStream(_ForcedToolStream):
     def _finish(self, finish_reason: str | None) -> ToolDelta:
         delta = self._feed("") if self._id is None else ToolDelta()
         self._check_json(finish_reason)
-        self.calls = [ToolCall(self._id or _call_id(), self.name, "".join(self._text))]
+        self._complete(ToolCall(self._id or _call_id(), self.name, "".join(self._text)))
         return delta
 
 
 class RequiredToolStream(_ForcedToolStream):
     """``tool_choice: required``: the output is ``[{"name": ..., "parameters": ...}, ...]``."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, strict: Mapping[str, dict[str, Any]] | None = None) -> None:
+        super().__init__(strict)
         self._state = "open"  # open, item, call, after, done
 
     def _feed(self, text: str) -> ToolDelta:
@@ -459,9 +481,9 @@ class RequiredToolStream(_ForcedToolStream):
 def tool_stream(plan: ToolPlan) -> ToolStream | None:
     """The parser a request's tool plan needs, or ``None`` when its output is plain text."""
     if plan.forced_name is not None:
-        return NamedToolStream(plan.forced_name)
+        return NamedToolStream(plan.forced_name, plan.strict)
     if plan.forced is not None:
-        return RequiredToolStream()
+        return RequiredToolStream(plan.strict)
     if plan.parse:
-        return HermesToolStream()
+        return HermesToolStream(plan.strict)
     return None

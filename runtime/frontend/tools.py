@@ -5,11 +5,13 @@ The model's output is turned into calls by :mod:`runtime.frontend.tool_parsers`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from runtime.frontend.errors import InvalidRequestError
-from runtime.frontend.schemas import FunctionTool
+from runtime.frontend.schemas import FunctionTool, NamedToolChoice
+from runtime.frontend.structured import check_json_schema
 
 __all__ = ["ToolCall", "ToolPlan", "plan_tools"]
 
@@ -36,20 +38,38 @@ class ToolPlan:
 
     ``template_tools`` go to the chat template; ``forced`` is a structured-output JSON schema
     when a call is required (``forced_name`` set when one function is named); ``parse`` means
-    the output is scanned for calls the model chose to make.
+    the output is scanned for calls the model chose to make. ``strict`` maps the functions
+    sent with ``strict: true`` to the parameters schema each call's arguments must satisfy.
     """
 
     template_tools: list[dict[str, Any]] | None
     forced: dict[str, Any] | None = None
     forced_name: str | None = None
     parse: bool = False
+    strict: Mapping[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def _params(tool: FunctionTool) -> dict[str, Any]:
     return tool.function.parameters or {"type": "object", "properties": {}}
 
 
-def plan_tools(tools: list[FunctionTool] | None, tool_choice: Any, parser: str | None) -> ToolPlan:
+def _strict(tools: list[FunctionTool]) -> dict[str, dict[str, Any]]:
+    """Check every parameters schema (forced calls send it to the engine, strict ones are
+    validated here) and map each strict function to its schema."""
+    strict = {}
+    for i, tool in enumerate(tools):
+        if tool.function.parameters is not None:
+            check_json_schema(tool.function.parameters, f"tools[{i}].function.parameters")
+        if tool.function.strict:
+            strict[tool.function.name] = _params(tool)
+    return strict
+
+
+def plan_tools(
+    tools: list[FunctionTool] | None,
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None,
+    parser: str | None,
+) -> ToolPlan:
     """Decide how ``tools``/``tool_choice`` are honoured, or refuse them."""
     if not tools:
         if tool_choice not in (None, "none"):
@@ -65,8 +85,9 @@ def plan_tools(tools: list[FunctionTool] | None, tool_choice: Any, parser: str |
     rendered = [t.model_dump(exclude_none=True) for t in tools]
     if tool_choice == "none":
         return ToolPlan(None)
-    if tool_choice in (None, "auto"):
-        return ToolPlan(rendered, parse=True)
+    strict = _strict(tools)
+    if tool_choice is None or tool_choice == "auto":
+        return ToolPlan(rendered, parse=True, strict=strict)
     if tool_choice == "required":
         calls = {
             "type": "array",
@@ -85,12 +106,12 @@ def plan_tools(tools: list[FunctionTool] | None, tool_choice: Any, parser: str |
                 ]
             },
         }
-        return ToolPlan(rendered, forced=calls)
-    name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
+        return ToolPlan(rendered, forced=calls, strict=strict)
+    name = tool_choice.function.name
     match = [t for t in tools if t.function.name == name]
-    if tool_choice.get("type") != "function" or not match:
+    if not match:
         raise InvalidRequestError(
             f"tool_choice names function {name!r}, which is not in tools",
             param="tool_choice",
         )
-    return ToolPlan(rendered, forced=_params(match[0]), forced_name=name)
+    return ToolPlan(rendered, forced=_params(match[0]), forced_name=name, strict=strict)

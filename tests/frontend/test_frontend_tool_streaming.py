@@ -191,6 +191,57 @@ def test_a_malformed_call_ends_the_stream_with_an_error_event(tools_frontend: Se
     assert events[-1]["error"]["code"] == "invalid_tool_call"
 
 
+def _strict(tool: dict[str, Any], properties: dict[str, Any]) -> dict[str, Any]:
+    parameters = {
+        "type": "object",
+        "properties": properties,
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    return {
+        "type": "function",
+        "function": {**tool["function"], "strict": True, "parameters": parameters},
+    }
+
+
+def _invalid_count(served: Served) -> float:
+    value = served.state.metrics.registry.get_sample_value(
+        "llm_serving_frontend_invalid_output_total",
+        {"model": MODEL, "route": "/v1/chat/completions"},
+    )
+    return value or 0.0
+
+
+def test_strict_arguments_that_break_the_parameters_are_withheld(tools_frontend: Served) -> None:
+    # The model writes {"city": "Paris", "unit": "celsius"}: city is no integer.
+    tool = _strict(WEATHER, {"city": {"type": "integer"}, "unit": {"type": "string"}})
+    body = {"model": MODEL, "messages": ASK_ONE, "tools": [tool], "max_tokens": 200}
+    before = _invalid_count(tools_frontend)
+    whole = httpx.post(tools_frontend.url + "/v1/chat/completions", json=body, timeout=30)
+    assert whole.status_code == 502, whole.text
+    error = whole.json()["error"]
+    assert error["code"] == "invalid_tool_call" and error["param"] == "tools"
+    assert "get_weather" in error["message"] and "city" in error["message"]
+    events = _stream_events(tools_frontend, {**body, "stream": True})
+    assert events[-1]["error"]["code"] == "invalid_tool_call"
+    assert _invalid_count(tools_frontend) == before + 2
+    # Without strict the same call is returned as the model wrote it.
+    lax = {**tool, "function": {**tool["function"], "strict": False}}
+    reply = httpx.post(
+        tools_frontend.url + "/v1/chat/completions", json={**body, "tools": [lax]}, timeout=30
+    )
+    assert reply.status_code == 200 and reply.json()["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_strict_arguments_that_satisfy_the_parameters_are_returned(client: openai.OpenAI) -> None:
+    tool = _strict(WEATHER, {"city": {"type": "string"}, "unit": {"type": "string"}})
+    request = {"model": MODEL, "messages": ASK_ONE, "tools": [tool], "max_tokens": 200}
+    whole = client.chat.completions.create(**request)
+    (call,) = whole.choices[0].message.tool_calls
+    assert json.loads(call.function.arguments) == {"city": "Paris", "unit": "celsius"}
+    _same_as_whole(_accumulate(client.chat.completions.create(**request, stream=True)), whole)
+
+
 def test_a_call_cut_by_max_tokens_is_refused_not_returned(tools_frontend: Served) -> None:
     body = {"model": MODEL, "messages": ASK_ONE, "tools": TOOLS, "max_tokens": 20}
     whole = httpx.post(tools_frontend.url + "/v1/chat/completions", json=body, timeout=30)

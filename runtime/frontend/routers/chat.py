@@ -55,7 +55,7 @@ def _template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         if m.name is not None:
             item["name"] = m.name
         if m.tool_calls is not None:
-            item["tool_calls"] = m.tool_calls
+            item["tool_calls"] = [call.model_dump() for call in m.tool_calls]
         if m.tool_call_id is not None:
             item["tool_call_id"] = m.tool_call_id
         out.append(item)
@@ -131,6 +131,7 @@ async def create_chat_completion(
         state.prompt_tokens(prompt),
         state.settings.max_model_len,
         "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens",
+        prompt_field="messages",
     )
     spec = requirement.spec() if requirement else None
     if plan.forced is not None:

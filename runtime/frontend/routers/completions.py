@@ -77,7 +77,11 @@ def _prepare(
     samplings = []
     for prompt in prompts:
         max_tokens = resolve_max_tokens(
-            body.max_tokens, state.prompt_tokens(prompt), state.settings.max_model_len, "max_tokens"
+            body.max_tokens,
+            state.prompt_tokens(prompt),
+            state.settings.max_model_len,
+            "max_tokens",
+            prompt_field="prompt",
         )
         samplings.append(
             build_sampling(

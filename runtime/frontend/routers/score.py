@@ -42,6 +42,7 @@ async def score(body: ScoreRequest, request: Request, _: AuthDep, state: StateDe
             state.prompt_tokens(body.prompt + candidate),
             state.settings.max_model_len,
             "candidates",
+            prompt_field=f"candidates[{i}]",
         )
     scored = await run_until_disconnect(
         request,
