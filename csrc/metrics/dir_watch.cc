@@ -24,13 +24,13 @@ void DirWatch::Close() {
   fd_ = -1;
 }
 
-bool DirWatch::Changed(const std::string& directory) {
+DirWatch::Change DirWatch::Changed(const std::string& directory) {
   if (fd_ < 0) {
     fd_ = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
     if (fd_ >= 0 && ::inotify_add_watch(fd_, directory.c_str(), kEvents) < 0) Close();
-    return true;  // nothing seen before the watch began
+    return Change::kEntries;  // nothing seen before the watch began
   }
-  bool changed = false, broken = false;
+  bool changed = false, written = false, broken = false;
   alignas(inotify_event) char buffer[4096];
   for (;;) {
     ssize_t n = ::read(fd_, buffer, sizeof buffer);
@@ -43,11 +43,13 @@ bool DirWatch::Changed(const std::string& directory) {
     for (ssize_t at = 0; at < n;) {
       const auto* event = reinterpret_cast<const inotify_event*>(buffer + at);
       broken = broken || (event->mask & kBroken) != 0;
+      written = written || (event->mask & IN_MODIFY) != 0;
       at += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
     }
   }
   if (broken) Close();
-  return changed || broken;
+  if (broken || written) return Change::kContents;
+  return changed ? Change::kEntries : Change::kNothing;
 }
 
 }  // namespace llm_serving::metrics

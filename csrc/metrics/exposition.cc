@@ -68,9 +68,25 @@ std::string Unescape(std::string_view value) {
 bool IsNameStart(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
 bool IsNameChar(char c) { return IsNameStart(c) || (c >= '0' && c <= '9'); }
 
+// [a-zA-Z_:][a-zA-Z0-9_:]*: Prometheus refuses a whole scrape over one name outside it.
+bool ValidMetricName(std::string_view name) {
+  if (name.empty() || !(IsNameStart(name[0]) || name[0] == ':')) return false;
+  for (char c : name) {
+    if (!IsNameChar(c) && c != ':') return false;
+  }
+  return true;
+}
+
+// The types Prometheus's text parser takes; any other word fails its whole scrape.
+bool KnownType(std::string_view type) {
+  return type == "counter" || type == "gauge" || type == "histogram" || type == "summary" ||
+         type == "untyped";
+}
+
 // name{labels}: returns the position after the closing brace.
 size_t ParseSeries(std::string_view line, size_t brace, size_t lineno, Series* sample) {
   sample->name = std::string(line.substr(0, brace));
+  if (!ValidMetricName(sample->name)) Fail(lineno, "bad metric name", line);
   size_t pos = brace + 1;
   if (pos < line.size() && line[pos] == '}') return pos + 1;
   while (true) {
@@ -83,6 +99,11 @@ size_t ParseSeries(std::string_view line, size_t brace, size_t lineno, Series* s
     if (pos >= line.size() || !IsNameStart(line[pos])) Fail(lineno, "bad labels", line);
     while (pos < line.size() && IsNameChar(line[pos])) ++pos;
     std::string_view label = line.substr(start, pos - start);
+    // Names starting with __ are Prometheus's own; a repeated one fails the whole scrape.
+    if (label.substr(0, 2) == "__") Fail(lineno, "reserved label name", line);
+    for (const auto& kv : sample->labels) {
+      if (kv.first == label) Fail(lineno, "repeated label name", line);
+    }
     skip();
     if (pos >= line.size() || line[pos] != '=') Fail(lineno, "bad labels", line);
     ++pos;
@@ -142,13 +163,14 @@ Sample ParseSample(std::string_view line, size_t lineno,
     std::string_view rest = line;
     std::string_view name = NextWord(&rest);
     sample.series = CachedSeries(cache, name, [&] {
+      if (!ValidMetricName(name)) Fail(lineno, "bad metric name", line);
       auto series = std::make_shared<Series>();
       series->name = std::string(name);
       return series;
     });
     value = NextWord(&rest);
   }
-  if (sample.series->name.empty() || value.empty()) Fail(lineno, "no value", line);
+  if (value.empty()) Fail(lineno, "no value", line);
   if (!ParseFloat(value, &sample.value)) Fail(lineno, "bad value", line);
   return sample;
 }
@@ -182,7 +204,9 @@ std::vector<Family> TextParser::Parse(std::string_view text) {
         pos = sp + 1;
       }
       parts.push_back(line.substr(pos));
-      if (parts.size() >= 3 && (parts[1] == "HELP" || parts[1] == "TYPE")) {
+      // A comment naming no valid metric declares nothing: no sample can take its name.
+      if (parts.size() >= 3 && (parts[1] == "HELP" || parts[1] == "TYPE") &&
+          ValidMetricName(parts[2])) {
         std::string name(parts[2]);
         auto found = declared.find(name);
         std::pair<std::string, std::string> entry =
@@ -193,14 +217,10 @@ std::vector<Family> TextParser::Parse(std::string_view text) {
           entry.second = Unescape(rest);
         } else {
           auto words = SplitWhitespace(rest);
-          // rest.strip(): only a one-word type is expected; keep inner text as Python does.
-          if (words.empty()) {
-            entry.first = "untyped";
-          } else {
-            size_t a = rest.find(words.front());
-            size_t b = rest.rfind(words.back()) + words.back().size();
-            entry.first = std::string(rest.substr(a, b - a));
+          if (words.size() > 1 || (words.size() == 1 && !KnownType(words[0]))) {
+            Fail(lineno, "unknown type", line);
           }
+          entry.first = words.empty() ? "untyped" : std::string(words[0]);
         }
         declared[name] = std::move(entry);
       }
@@ -230,8 +250,10 @@ std::vector<Family> TextParser::Parse(std::string_view text) {
         if (found == declared.end()) continue;
         typ = found->second.first;
         help = found->second.second;
-        base = typ == "counter" && EndsWith(name, "_total") ? name.substr(0, name.size() - 6)
-                                                            : name;
+        // `_total` alone keeps its name: an empty family name is no valid exposition.
+        base = typ == "counter" && name.size() > 6 && EndsWith(name, "_total")
+                   ? name.substr(0, name.size() - 6)
+                   : name;
         break;
       }
       auto [it, inserted] = by_base.emplace(base, families.size());

@@ -292,22 +292,45 @@ std::optional<std::string> HttpFetcher::Parse(bool eof) {
   return body;
 }
 
+namespace {
+
+// An RFC 9110 qvalue: "0" or "1", then at most three decimals, at most 1. Any other text (a
+// typo, 1.5, 0.0001) counts as 0, so that a malformed weight never picks a response the
+// client may refuse; what it asks for by default (identity, text) is always acceptable.
+double QValue(std::string_view text) {
+  if (text.empty() || (text[0] != '0' && text[0] != '1') || text.size() > 5) return 0;
+  int thousandths = text[0] == '1' ? 1000 : 0;
+  if (text.size() > 1 && text[1] != '.') return 0;
+  int scale = 100;
+  for (char c : text.substr(std::min<size_t>(2, text.size()))) {
+    if (c < '0' || c > '9') return 0;
+    thousandths += (c - '0') * scale;
+    scale /= 10;
+  }
+  return thousandths > 1000 ? 0 : thousandths / 1000.0;
+}
+
+// The q of one Accept or Accept-Encoding item's parameters (names case-insensitive); 1 if none.
+double Quality(const std::vector<std::string_view>& parts) {
+  double q = 1.0;
+  for (size_t i = 1; i < parts.size(); ++i) {
+    std::string_view param = TrimBlanks(parts[i]);
+    size_t eq = param.find('=');
+    if (LowerAscii(TrimBlanks(param.substr(0, eq))) != "q") continue;
+    q = QValue(eq == std::string_view::npos ? "" : TrimBlanks(param.substr(eq + 1)));
+  }
+  return q;
+}
+
+}  // namespace
+
 bool WantsOpenMetrics(std::string_view accept) {
   if (accept.empty()) return false;
   double om = 0, text = 0;
   for (std::string_view item : Split(accept, ',')) {
     std::vector<std::string_view> parts = Split(item, ';');
     std::string media = LowerAscii(TrimBlanks(parts[0]));
-    double q = 1.0;
-    for (size_t i = 1; i < parts.size(); ++i) {
-      std::string_view param = TrimBlanks(parts[i]);
-      size_t eq = param.find('=');
-      if (TrimBlanks(param.substr(0, eq)) != "q") continue;
-      std::string_view value = eq == std::string_view::npos ? "" : param.substr(eq + 1);
-      // Python's float() takes surrounding whitespace; an unparsable q counts as 0.
-      value = TrimBlanks(value);
-      if (!ParseFloat(value, &q)) q = 0.0;
-    }
+    double q = Quality(parts);
     if (media == "application/openmetrics-text") {
       om = std::max(om, q);
     } else if (media == "text/plain" || media == "text/*" || media == "*/*") {
@@ -320,15 +343,7 @@ bool WantsOpenMetrics(std::string_view accept) {
 bool WantsGzip(std::string_view accept_encoding) {
   for (std::string_view item : Split(accept_encoding, ',')) {
     std::vector<std::string_view> parts = Split(item, ';');
-    if (LowerAscii(TrimBlanks(parts[0])) != "gzip") continue;
-    for (size_t i = 1; i < parts.size(); ++i) {
-      std::string param;
-      for (char c : TrimBlanks(parts[i])) {
-        if (c != ' ') param += c;
-      }
-      if (param == "q=0" || param == "q=0.0") return false;
-    }
-    return true;
+    if (LowerAscii(TrimBlanks(parts[0])) == "gzip") return Quality(parts) > 0;
   }
   return false;
 }

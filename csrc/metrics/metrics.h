@@ -65,9 +65,12 @@ struct MultiprocResult {
 };
 
 // Merges a PROMETHEUS_MULTIPROC_DIR on every read. Parsed keys are cached per file and
-// offset (a key never changes once written; it is compared byte for byte before reuse) and
-// interned across files; both caches are bounded and rebuilt past their limits. While no
-// file is added, removed, replaced or grown, a read replays the last merge on the values.
+// offset and interned across files; both caches are bounded and rebuilt past their limits.
+// prometheus_client never changes a key once written, so a kept file's keys up to its last
+// used size are reused unread, unless inotify saw a file written in place (write, truncate)
+// or there is no watch: then each is compared byte for byte before reuse. While no file is
+// added, removed, replaced or grown, a read replays the last merge on the values (after such
+// a write, its keys compared first; without a watch, not).
 class MultiprocReader {
  public:
   explicit MultiprocReader(std::string directory);

@@ -344,18 +344,36 @@ struct MultiprocReader::State {
 
   DirWatch watch;
 
-  // Replays the plan if the directory and its files are as planned; false if not (or not
-  // replayable), `dir` then read in part.
-  bool Replay(DIR* dir, MultiprocResult* result);
-  // Replays the plan's values, each file's used size checked: false if one differs.
-  bool ReplayValues(MultiprocResult* result);
-  // Merges every file, caching what it parses, and makes a new plan.
-  MultiprocResult ReadFull(const std::string& directory, DIR* dir);
+  // Replays the plan if the directory and its files are as planned (with `keys`, each file's
+  // keys too); false if not (or not replayable), `dir` then read in part.
+  bool Replay(DIR* dir, bool keys, MultiprocResult* result);
+  // Replays the plan's values, each file's used size checked (with `keys`, its keys too):
+  // false if one differs.
+  bool ReplayValues(bool keys, MultiprocResult* result);
+  // Merges every file, caching what it parses, and makes a new plan. With `trust`, the keys
+  // ReadFile trusts are reused unread; without, every cached key is compared.
+  MultiprocResult ReadFull(const std::string& directory, DIR* dir, bool trust);
+
+  // Whether a planned file's mapping holds, byte for byte, the keys it was planned with.
+  // Allocates nothing, so that ReadMapped may abandon it.
+  bool KeysMatch(const MergePlan::File& file) const {
+    auto found = files.find(file.name);
+    if (found == files.end()) return false;
+    for (const Entry& entry : found->second) {
+      const std::string& raw = *entry.raw;
+      if (static_cast<size_t>(ReadInt32(file.map, entry.offset)) != raw.size() ||
+          std::memcmp(file.map + entry.offset + 4, raw.data(), raw.size()) != 0) {
+        return false;
+      }
+    }
+    return true;
+  }
 
   // Reads `name` into `data`; returns false if the file is gone. `*trusted` is how many
-  // leading bytes hold the same keys as at the last read: a file kept open is the same
-  // inode (an open file's inode number cannot be reused), and prometheus_client only
-  // appends keys, so up to its last used size unless that shrank; 0 for any other file.
+  // leading bytes hold the same keys as at the last read, unless the file was written in
+  // place (which the caller learns from its watch): a file kept open is the same inode (an
+  // open file's inode number cannot be reused), and prometheus_client only appends keys, so
+  // up to its last used size unless that shrank; 0 for any other file.
   // `*kept` is the file kept open that was read, null if it was opened for this read only.
   bool ReadFile(const std::string& directory, const std::string& name, size_t* trusted,
                 const OpenFile** kept) {
@@ -458,7 +476,8 @@ struct MultiprocReader::State {
     return found->second.get();
   }
 
-  // Every entry of one file, its keys parsed (or found in the caches).
+  // Every entry of one file, its keys parsed (or found in the caches); past `trusted`, a
+  // cached key is reused only where the file holds it byte for byte.
   const std::vector<Entry>& Entries(const std::string& name, const char* data, size_t used,
                                     size_t trusted, const std::string* pid) {
     std::vector<Entry>& cached = files[name];
@@ -535,16 +554,22 @@ MultiprocResult MultiprocReader::Read() {
   MultiprocResult result;
   // Nothing listed or cut since the last read: the files are those planned, at their sizes,
   // so a replay that fails found new keys, which only a full read parses.
-  const bool quiet = !st.watch.Changed(directory_);
-  if (quiet && st.plan.replayable && st.ReplayValues(&result)) return result;
+  const DirWatch::Change change = st.watch.Changed(directory_);
+  const bool quiet = change == DirWatch::Change::kNothing;
+  if (quiet && st.plan.replayable && st.ReplayValues(false, &result)) return result;
   Dir dir(directory_);
   if (dir.get() == nullptr) throw DirectoryError(ErrnoText(errno, directory_));
-  if (!quiet && st.Replay(dir.get(), &result)) return result;
+  // A file written in place (not through its mapping) may hold other keys where the cache
+  // and the plan have theirs, even at the same size: then both compare them. Without a
+  // watch, full reads always do; replays do not (a listing and an fstat per file is all
+  // that mode costs them), so a rewrite that keeps the used size waits for a full read.
+  const bool written = change == DirWatch::Change::kContents;
+  if (!quiet && st.Replay(dir.get(), written, &result)) return result;
   ::rewinddir(dir.get());
-  return st.ReadFull(directory_, dir.get());
+  return st.ReadFull(directory_, dir.get(), !written && st.watch.Watching());
 }
 
-bool MultiprocReader::State::Replay(DIR* dir, MultiprocResult* result) {
+bool MultiprocReader::State::Replay(DIR* dir, bool keys, MultiprocResult* result) {
   if (!plan.replayable || !plan.Lists(dir)) return false;
   for (const MergePlan::File& file : plan.files) {
     // Past the end of a file its mapping reads zeros (or faults), so the file must still
@@ -552,17 +577,17 @@ bool MultiprocReader::State::Replay(DIR* dir, MultiprocResult* result) {
     struct stat now;
     if (::fstat(file.fd, &now) != 0 || static_cast<size_t>(now.st_size) < file.used) return false;
   }
-  return ReplayValues(result);
+  return ReplayValues(keys, result);
 }
 
-bool MultiprocReader::State::ReplayValues(MultiprocResult* result) {
+bool MultiprocReader::State::ReplayValues(bool keys, MultiprocResult* result) {
   plan.Start();
   for (const MergePlan::File& file : plan.files) {
     // Another used size is new entries (or a file cut short): a full read parses them.
     bool same = false;
     bool read = ReadMapped([&] {
       same = static_cast<size_t>(ReadInt32(file.map, 0)) == file.used &&
-             plan.Apply(file, file.map, false);
+             (!keys || KeysMatch(file)) && plan.Apply(file, file.map, false);
     });
     if (!read || !same) return false;
   }
@@ -572,7 +597,8 @@ bool MultiprocReader::State::ReplayValues(MultiprocResult* result) {
   return true;
 }
 
-MultiprocResult MultiprocReader::State::ReadFull(const std::string& directory, DIR* dir) {
+MultiprocResult MultiprocReader::State::ReadFull(const std::string& directory, DIR* dir,
+                                                 bool trust) {
   plan.Clear();  // first: the files it names may be closed below
   struct Listed {
     std::string name;
@@ -646,6 +672,7 @@ MultiprocResult MultiprocReader::State::ReadFull(const std::string& directory, D
         replayable = false;
         continue;
       }
+      if (!trust) trusted = 0;
       entries = &Entries(name, data.data(), data.size(), trusted,
                          mode == Mode::kAll ? &parts.back() : nullptr);
     } catch (const CorruptFile& exc) {

@@ -528,6 +528,9 @@ struct ScrapeServer::Impl {
     return Flush(c);
   }
 
+  // The most input a connection holds: one whole request (head, blank line, body).
+  size_t InputLimit() const { return 2 * options.max_request_bytes + 4; }
+
   void Read(Connection& c) {
     char chunk[16 << 10];
     for (;;) {
@@ -535,7 +538,7 @@ struct ScrapeServer::Impl {
       if (n > 0) {
         c.in.append(chunk, static_cast<size_t>(n));
         c.active = Clock::now();
-        if (c.in.size() > 2 * options.max_request_bytes) break;  // Serve() refuses it
+        if (c.in.size() > InputLimit()) break;  // Serve() takes it or refuses it
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
@@ -544,7 +547,11 @@ struct ScrapeServer::Impl {
       Close(c.fd);
       return;
     }
-    Serve(c);
+    if (!Serve(c)) return;
+    // Serve() takes no input while a scrape waits for its merge or the connection is closing,
+    // and epoll keeps reporting what the client sends meanwhile: past the limit it is a
+    // flood, which would otherwise grow without bound.
+    if (c.in.size() > InputLimit()) Close(c.fd);
   }
 
   void Accept() {

@@ -7,11 +7,13 @@ import logging
 from typing import Any
 from urllib.parse import urlsplit
 
+from pydantic import ValidationError
+
 from runtime.metrics_proxy import _metrics
 from runtime.metrics_proxy.multiproc import mark_dead_processes
-from runtime.metrics_proxy.settings import ProxySettings
+from runtime.metrics_proxy.settings import ProxySettings, variable_for
 
-__all__ = ["MetricsProxyApp", "ProxyConfigError", "create_app"]
+__all__ = ["MetricsProxyApp", "ProxyConfigError", "create_app", "settings_from_env"]
 
 log = logging.getLogger(__name__)
 
@@ -30,21 +32,29 @@ class MetricsProxyApp:
                 "at the directory vLLM writes its multiprocess metrics to"
             )
         parts = urlsplit(settings.triton_url)
-        if parts.scheme != "http" or not parts.hostname:
+        try:
+            port = 80 if parts.port is None else parts.port
+        except ValueError:  # not a number, or past 65535
+            port = 0
+        if parts.scheme != "http" or not parts.hostname or not 1 <= port <= 65535:
             raise ProxyConfigError(
-                "METRICS_PROXY_TRITON_URL: Triton's metrics URL must be http://host[:port]/path, "
-                f"got {settings.triton_url!r}"
+                "METRICS_PROXY_TRITON_URL: Triton's metrics URL must be http://host[:port]/path "
+                f"with a port in 1..65535, got {settings.triton_url!r}"
             )
         self.settings = settings
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        self._triton = (parts.hostname, parts.port or 80, path)
+        self._triton = (parts.hostname, port, path)
         self._server: Any = None
 
     def start(self) -> int:
-        """Start the native server on ``settings.host:settings.port``; the bound port."""
+        """Start the native server on ``settings.host:settings.port``; the bound port.
+
+        Raises ``ProxyConfigError`` if the host does not resolve, ``RuntimeError`` if the port
+        cannot be bound.
+        """
         s = self.settings
         host, port, path = self._triton
-        self._server = _metrics.ScrapeServer(
+        server = _metrics.ScrapeServer(
             host=s.host,
             port=s.port,
             reuse_s=s.reuse_s,
@@ -59,7 +69,12 @@ class MetricsProxyApp:
             warn=lambda line: log.warning("%s", line),
             prepare=self._mark_dead if s.mark_dead_processes else None,
         )
-        return self._server.start()
+        try:
+            bound = server.start()
+        except ValueError as exc:  # the only invalid_argument of start(): an unknown host
+            raise ProxyConfigError(f"METRICS_PROXY_HOST: {exc}") from exc
+        self._server = server
+        return bound
 
     def stop(self, grace_s: float = 0.0) -> None:
         """Stop accepting, answer the scrapes in flight for up to ``grace_s``, end."""
@@ -69,6 +84,21 @@ class MetricsProxyApp:
 
     def _mark_dead(self) -> None:
         mark_dead_processes(self.settings.multiproc_dir)  # type: ignore[arg-type]
+
+
+def settings_from_env() -> ProxySettings:
+    """The settings in this process's environment; raises ``ProxyConfigError`` naming each
+    variable that does not validate."""
+    try:
+        return ProxySettings()
+    except ValidationError as exc:
+        problems = [
+            f"{variable_for(str(error['loc'][0]))}: {error['msg']} (got {error['input']!r})"
+            if error["loc"]
+            else error["msg"]
+            for error in exc.errors()
+        ]
+        raise ProxyConfigError("; ".join(problems)) from exc
 
 
 def create_app(settings: ProxySettings) -> MetricsProxyApp:

@@ -10,6 +10,7 @@ series names that the dashboards and alerts query.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -132,19 +133,33 @@ class Encoder:
         return "".join(out).encode("utf-8")
 
 
+# An RFC 9110 qvalue: "0" or "1", then at most three decimals, at most 1.
+_QVALUE = re.compile(r"0(?:\.[0-9]{0,3})?|1(?:\.0{0,3})?")
+# What the native server trims around header items (TrimBlanks): space, tab, CR.
+_BLANKS = " \t\r"
+
+
+def _quality(params: list[str]) -> float:
+    """The q of one header item's parameters (names case-insensitive); 1 if none.
+
+    Any weight that is no qvalue counts as 0: what a client gets by default (identity, text)
+    is always acceptable, a response it may refuse is not.
+    """
+    q = 1.0
+    for param in params:
+        key, _, value = param.partition("=")
+        if key.strip(_BLANKS).lower() == "q":
+            value = value.strip(_BLANKS)
+            q = float(value) if _QVALUE.fullmatch(value) else 0.0
+    return q
+
+
 def _accept_quality(accept: str) -> tuple[float, float]:
     """Highest q for OpenMetrics and for plain text in an Accept header."""
     om = text = 0.0
     for item in accept.split(","):
-        parts = [p.strip() for p in item.split(";")]
-        media, q = parts[0].lower(), 1.0
-        for param in parts[1:]:
-            key, _, value = param.partition("=")
-            if key.strip() == "q":
-                try:
-                    q = float(value)
-                except ValueError:
-                    q = 0.0
+        parts = [p.strip(_BLANKS) for p in item.split(";")]
+        media, q = parts[0].lower(), _quality(parts[1:])
         if media == "application/openmetrics-text":
             om = max(om, q)
         elif media in ("text/plain", "text/*", "*/*"):
@@ -163,9 +178,9 @@ def negotiate(accept: str | None) -> tuple[bool, str]:
 
 
 def wants_gzip(accept_encoding: str | None) -> bool:
-    """Whether an Accept-Encoding header accepts gzip (and does not refuse it with q=0)."""
+    """Whether an Accept-Encoding header accepts gzip (names it, and not with q=0)."""
     for item in (accept_encoding or "").split(","):
-        parts = [p.strip() for p in item.split(";")]
+        parts = [p.strip(_BLANKS) for p in item.split(";")]
         if parts[0].lower() == "gzip":
-            return not any(p.replace(" ", "") in ("q=0", "q=0.0") for p in parts[1:])
+            return _quality(parts[1:]) > 0
     return False

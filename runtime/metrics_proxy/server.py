@@ -7,7 +7,7 @@ import signal
 import sys
 import threading
 
-from runtime.metrics_proxy.app import ProxyConfigError, create_app
+from runtime.metrics_proxy.app import ProxyConfigError, create_app, settings_from_env
 from runtime.metrics_proxy.settings import ProxySettings
 
 __all__ = ["run_from_env", "serve"]
@@ -34,7 +34,7 @@ def serve(settings: ProxySettings) -> None:
 def run_from_env() -> int:
     """Serve with settings from the environment; a configuration error prints one line, gives 1."""
     try:
-        serve(ProxySettings())
+        serve(settings_from_env())
     except ProxyConfigError as exc:
         print(f"metrics proxy: {exc}", file=sys.stderr)
         return 1

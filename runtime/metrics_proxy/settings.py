@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["ProxySettings"]
+__all__ = ["ProxySettings", "variable_for"]
 
 
 class ProxySettings(BaseSettings):
@@ -61,3 +61,14 @@ class ProxySettings(BaseSettings):
             ("colour", self.colour),
         )
         return tuple((k, v) for k, v in pairs if v)
+
+
+def variable_for(field: str) -> str:
+    """The environment variable (or variables) that set ``field`` of ``ProxySettings``."""
+    info = ProxySettings.model_fields.get(field)
+    alias = info.validation_alias if info is not None else None
+    if isinstance(alias, str):
+        return alias
+    if isinstance(alias, AliasChoices):
+        return " or ".join(str(choice) for choice in alias.choices)
+    return ProxySettings.model_config["env_prefix"] + field.upper()

@@ -16,6 +16,11 @@ _SUFFIXES = ("_total", "_bucket", "_sum", "_count", "_created")
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|\})')
 _UNESCAPE = re.compile(r"\\(.)")
 _UNESCAPED = {"n": "\n", "\\": "\\", '"': '"'}
+# Prometheus refuses a whole scrape over one name outside these, or over another type word.
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_TYPES = frozenset(("counter", "gauge", "histogram", "summary", "untyped"))
+# Whitespace around a type word, as the native parser takes it: str.split()'s ASCII part.
+_SPACE = " \t\n\r\v\f\x1c\x1d\x1e\x1f"
 
 
 class TritonScrapeError(Exception):
@@ -40,6 +45,8 @@ _SERIES_CACHE_LIMIT = 50_000
 def _parse_series(line: str, lineno: int) -> tuple[str, LabelSet, int]:
     brace = line.find("{")
     name = line[:brace]
+    if not _METRIC_NAME.fullmatch(name):
+        raise TritonScrapeError("parse", f"line {lineno}: bad metric name in {line!r}")
     labels: list[tuple[str, str]] = []
     pos = brace + 1
     if line[pos : pos + 1] == "}":
@@ -48,7 +55,13 @@ def _parse_series(line: str, lineno: int) -> tuple[str, LabelSet, int]:
         match = _LABEL.match(line, pos)
         if match is None:
             raise TritonScrapeError("parse", f"line {lineno}: bad labels in {line!r}")
-        labels.append((match.group(1), _unescape(match.group(2))))
+        label = match.group(1)
+        # Names starting with __ are Prometheus's own; a repeated one fails the whole scrape.
+        if label.startswith("__"):
+            raise TritonScrapeError("parse", f"line {lineno}: reserved label name in {line!r}")
+        if any(label == k for k, _ in labels):
+            raise TritonScrapeError("parse", f"line {lineno}: repeated label name in {line!r}")
+        labels.append((label, _unescape(match.group(2))))
         pos = match.end()
         if match.group(3) == "}":
             return name, tuple(labels), pos
@@ -74,7 +87,9 @@ def _parse_sample(line: str, lineno: int, cache: SeriesCache) -> Sample:
     else:
         name, *rest = line.split()
         labels = ()
-    if not name or not rest:
+        if not _METRIC_NAME.fullmatch(name):
+            raise TritonScrapeError("parse", f"line {lineno}: bad metric name in {line!r}")
+    if not rest:
         raise TritonScrapeError("parse", f"line {lineno}: no value in {line!r}")
     try:
         value = float(rest[0])
@@ -84,13 +99,15 @@ def _parse_sample(line: str, lineno: int, cache: SeriesCache) -> Sample:
 
 
 def _base_name(declared: str, typ: str) -> str:
-    if typ == "counter" and declared.endswith("_total"):
+    # `_total` alone keeps its name: an empty family name is no valid exposition.
+    if typ == "counter" and declared.endswith("_total") and declared != "_total":
         return declared[: -len("_total")]
     return declared
 
 
 def parse_text_exposition(text: str, cache: SeriesCache | None = None) -> list[Family]:
-    """Parse Prometheus text format 0.0.4; raises ``TritonScrapeError`` on a malformed line.
+    """Parse Prometheus text format 0.0.4; raises ``TritonScrapeError`` on a malformed line,
+    including any that Prometheus would refuse the whole scrape over (names, types, labels).
 
     Pass the same ``cache`` on every scrape of one endpoint to skip re-parsing its labels.
     """
@@ -106,13 +123,20 @@ def parse_text_exposition(text: str, cache: SeriesCache | None = None) -> list[F
             continue
         if line.startswith("#"):
             parts = line.split(" ", 3)
-            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE"):
+            # A comment naming no valid metric declares nothing: no sample can take its name.
+            if (
+                len(parts) >= 3
+                and parts[1] in ("HELP", "TYPE")
+                and _METRIC_NAME.fullmatch(parts[2])
+            ):
                 typ, help_text = declared.get(parts[2], ("untyped", ""))
                 rest = parts[3] if len(parts) > 3 else ""
                 if parts[1] == "HELP":
                     help_text = _unescape(rest)
                 else:
-                    typ = rest.strip() or "untyped"
+                    typ = rest.strip(_SPACE) or "untyped"
+                    if typ not in _TYPES:
+                        raise TritonScrapeError("parse", f"line {lineno}: unknown type in {line!r}")
                 declared[parts[2]] = (typ, help_text)
             continue
         sample = _parse_sample(line, lineno, cache)

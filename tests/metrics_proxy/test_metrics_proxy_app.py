@@ -146,7 +146,16 @@ async def test_triton_slow_is_cut_at_the_timeout(vllm_dir: Path, proxy_factory) 
 
 @pytest.mark.parametrize(
     ("body", "status", "reason"),
-    [(b'nv_x{model="a" 1\n', 200, "parse"), (b"oops", 500, "http_status")],
+    [
+        (b'nv_x{model="a" 1\n', 200, "parse"),
+        (b"oops", 500, "http_status"),
+        # Bodies Prometheus would refuse the whole scrape over, were they passed on.
+        (b"foo.bar 1\n", 200, "parse"),
+        ("f\u00e9 1\n".encode(), 200, "parse"),
+        (b"# TYPE foo bogus\nfoo 1\n", 200, "parse"),
+        (b'foo{a="1",a="2"} 1\n', 200, "parse"),
+        (b'foo{__name__="x"} 1\n', 200, "parse"),
+    ],
 )
 async def test_triton_bad_answers_count_by_reason(
     vllm_dir: Path, proxy_factory, body: bytes, status: int, reason: str
@@ -177,6 +186,8 @@ async def test_triton_bad_answers_count_by_reason(
     pod = ",".join(f'{k}="{v}"' for k, v in POD_LABELS.items())
     assert series[f'metrics_proxy_source_up{{source="triton",{pod}}}'] == 0.0
     assert series[f'metrics_proxy_source_errors_total{{source="triton",reason="{reason}",{pod}}}']
+    assert series[f'metrics_proxy_source_up{{source="vllm",{pod}}}'] == 1.0
+    assert any(key.startswith("vllm:") for key in series)
 
 
 async def test_concurrent_scrapes_share_one_collection(vllm_dir: Path, proxy_factory) -> None:

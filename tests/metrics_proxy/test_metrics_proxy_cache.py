@@ -143,6 +143,33 @@ def test_a_file_replaced_by_one_of_the_same_size_is_read_again(tmp_path: Path, m
     assert _view(reader) == {("c_total", (("k", "bbbb"),)): 2.0}
 
 
+@pytest.mark.parametrize("grown", [False, True], ids=["same-size", "grown"])
+def test_a_file_rewritten_in_place_holds_its_new_keys(
+    tmp_path: Path, make_reader, grown: bool
+) -> None:
+    """Same inode, other keys at the cached offsets: no cached key may be reused unchecked."""
+    directory, elsewhere = tmp_path / "d", tmp_path / "elsewhere"
+    directory.mkdir()
+    elsewhere.mkdir()
+    path = directory / "counter_1.db"
+    _write(path, {_counter((("k", "old"),)): 3.0})
+    reader = make_reader(directory)
+    for _ in range(2):  # the second read replays the first one's plan
+        assert _view(reader) == {("c_total", (("k", "old"),)): 3.0}
+    new = {_counter((("k", "new"),)): 3.0}
+    if grown:
+        new[_counter((("k", "more"),))] = 1.0
+    _write(elsewhere / "counter_1.db", new)
+    inode, size = path.stat().st_ino, path.stat().st_size
+    with open(path, "r+b") as f:
+        f.write((elsewhere / "counter_1.db").read_bytes())
+    assert (path.stat().st_ino, path.stat().st_size) == (inode, size)
+    expected = {("c_total", (("k", "new"),)): 3.0}
+    if grown:
+        expected[("c_total", (("k", "more"),))] = 1.0
+    assert _view(reader) == expected == _collector_view(directory)
+
+
 def test_a_file_cut_short_in_place_is_read_again(tmp_path: Path, make_reader) -> None:
     path = tmp_path / "counter_1.db"
     _write(path, {_counter(): 4.0})

@@ -61,6 +61,32 @@ def test_parser_rejects_malformed_lines(line: str) -> None:
     assert info.value.reason == "parse" and "line 1" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "foo.bar 1\n",
+        "f\u00e9 1\n",
+        "<html><body>oops</body></html>\n",
+        "# TYPE foo bogus\nfoo 1\n",
+        'foo{a="1",a="2"} 1\n',
+        'foo{__name__="x"} 1\n',
+    ],
+)
+def test_parser_rejects_what_prometheus_refuses_a_scrape_over(text: str) -> None:
+    with pytest.raises(TritonScrapeError) as info:
+        parse_text_exposition(text)
+    assert info.value.reason == "parse" and "line 1" in str(info.value)
+
+
+def test_comments_never_give_a_family_an_invalid_name() -> None:
+    text = "# TYPE  counter\n# TYPE foo-bar gauge\n# TYPE _total counter\n_total 1\nok 2\n"
+    families = parse_text_exposition(text)
+    assert [f.name for f in families] == ["_total", "ok"]
+    assert "# TYPE _total counter\n_total 1.0\n" in Encoder(()).encode(families, False).decode()
+    body = Encoder(()).encode(families, True).decode()
+    assert [s.value for f in parse_openmetrics(body) for s in f.samples] == [1.0, 2.0]
+
+
 def test_encoded_text_round_trips_through_prometheus_client_parser() -> None:
     families = parse_text_exposition(TRICKY)
     body = Encoder((("model_id", "m"), ("colour", "blue"))).encode(families, False).decode()
@@ -124,6 +150,12 @@ def test_merge_prefers_earlier_sources_and_owns_sample_names() -> None:
         ("application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5", True),
         ("application/openmetrics-text;q=0.2,text/plain;q=0.9", False),
         ("application/openmetrics-text;q=0", False),
+        # q is a number of up to three decimals, its name case-insensitive (RFC 9110).
+        ("application/openmetrics-text;Q=0.1,text/plain;q=0.5", False),
+        ("application/openmetrics-text;Q=0.9,text/plain;q=0.5", True),
+        ("application/openmetrics-text;q=0.000", False),
+        ("application/openmetrics-text;q=2,text/plain;q=0.5", False),
+        ("application/openmetrics-text;q=0.0001", False),
     ],
 )
 def test_negotiation(accept: str | None, openmetrics: bool) -> None:
@@ -134,7 +166,19 @@ def test_negotiation(accept: str | None, openmetrics: bool) -> None:
 
 @pytest.mark.parametrize(
     ("header", "expected"),
-    [(None, False), ("gzip", True), ("br, gzip;q=0.5", True), ("gzip;q=0", False), ("br", False)],
+    [
+        (None, False),
+        ("gzip", True),
+        ("br, gzip;q=0.5", True),
+        ("gzip;q=0", False),
+        ("br", False),
+        ("gzip;q=0.00", False),
+        ("gzip;q=0.000", False),
+        ("gzip;Q=0", False),
+        ("gzip; Q = 0.001", True),
+        ("gzip;q=1.000", True),
+        ("gzip;q=bad", False),
+    ],
 )
 def test_gzip_acceptance(header: str | None, expected: bool) -> None:
     assert wants_gzip(header) is expected

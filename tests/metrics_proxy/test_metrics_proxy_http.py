@@ -145,6 +145,31 @@ def test_a_scraper_that_leaves_mid_merge_costs_nothing(vllm_dir: Path) -> None:
             app.stop()
 
 
+def test_input_behind_a_scrape_waiting_for_its_merge_is_bounded(vllm_dir: Path) -> None:
+    """A client that keeps sending while its scrape waits is closed, not buffered without end."""
+    # Triton's stand-in: its backlog takes the fetch, which nothing answers, so the merge
+    # waits until the listener closes.
+    with socket.create_server(("127.0.0.1", 0)) as mute:
+        url = f"http://127.0.0.1:{mute.getsockname()[1]}/metrics"
+        settings = make_settings(vllm_dir, url, host="127.0.0.1", port=0, triton_timeout_s=60)
+        app = create_app(settings)
+        port = app.start()
+        try:
+            with _connect(port) as sock:
+                sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+                junk = b"X" * (1 << 20)
+                sent = 0
+                with pytest.raises((BrokenPipeError, ConnectionResetError)):
+                    for _ in range(64):
+                        sock.sendall(junk)
+                        sent += len(junk)
+                assert sent < 16 << 20
+                assert _closed(sock)
+        finally:
+            mute.close()
+            app.stop()
+
+
 def test_idle_connections_are_closed_after_the_idle_timeout(vllm_dir: Path, triton) -> None:
     settings = make_settings(vllm_dir, triton.url, host="127.0.0.1", port=0, idle_timeout_s=0.3)
     app = create_app(settings)
@@ -177,12 +202,43 @@ def test_stop_with_grace_zero_returns_at_once(vllm_dir: Path) -> None:
 _MEDIA = st.sampled_from(
     ["application/openmetrics-text", "text/plain", "text/*", "*/*", "text/html", "TEXT/PLAIN"]
 )
-_Q = st.sampled_from(["", ";q=0", ";q=0.5", ";q=1", "; q=0.75", ";q=bad", ";version=1.0.0", ";q="])
+_Q = st.sampled_from(
+    [
+        "",
+        ";q=0",
+        ";q=0.5",
+        ";q=1",
+        "; q=0.75",
+        ";q=bad",
+        ";version=1.0.0",
+        ";q=",
+        ";q=0.00",
+        ";q=0.000",
+        ";Q=0",
+        ";Q=0.1",
+        ";q=0.001",
+        ";q=1.000",
+        ";q=1.5",
+        ";q=0.0001",
+        ";q=0.",
+    ]
+)
 _ACCEPT = st.lists(st.tuples(_MEDIA, _Q).map("".join), max_size=4).map(", ".join)
 _ENCODING = st.lists(
     st.tuples(st.sampled_from(["gzip", "GZIP", "br", "identity", "*"]), _Q).map("".join),
     max_size=3,
 ).map(",".join)
+
+
+@pytest.mark.parametrize("encoding", ["gzip;q=0.00", "gzip;q=0.000", "gzip;Q=0", "gzip;q=0."])
+def test_native_gzip_refused_with_any_spelling_of_q_zero(encoding: str) -> None:
+    assert not _metrics.wants_gzip(encoding)
+    assert _metrics.wants_gzip(encoding.replace("0", "1", 1))
+
+
+def test_native_openmetrics_q_name_is_case_insensitive() -> None:
+    assert not _metrics.wants_openmetrics("application/openmetrics-text;Q=0.1,text/plain;q=0.5")
+    assert _metrics.wants_openmetrics("application/openmetrics-text;Q=0.6,text/plain;q=0.5")
 
 
 @given(accept=_ACCEPT, encoding=_ENCODING)

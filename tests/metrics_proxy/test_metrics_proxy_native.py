@@ -303,6 +303,9 @@ def test_random_families_encode_to_the_same_bytes(sources: list, om: bool) -> No
         "# HELP c_total counted\n# TYPE c_total counter\nc_total 1\nc_created 5\n",
         '# TYPE h histogram\nh_bucket{le="1"} 1\nh_count 1\nh_sum 0.5\nother 2\n',
         '# TYPE odd  gauge  \nodd 1e3\nodd{a="1" , b = "2" } -inf\n',
+        # Comments naming no valid metric declare nothing; `_total` alone keeps its name.
+        "# TYPE foo-bar bogus\n# HELP  x y\n# TYPE  counter\n# TYPE _total counter\n_total 1\n",
+        '# TYPE s summary\ns{quantile="0.5",_a="x",a_="y"} 1\ns_count 2\n:x:y 3\n',
     ],
 )
 def test_triton_texts_parse_as_the_python_parser(text: str) -> None:
@@ -320,6 +323,18 @@ def test_triton_texts_parse_as_the_python_parser(text: str) -> None:
         'nv_x{m="a"}x} 1\n',
         'nv_x{m="a",} 1\n',
         "nv_x 0x10\n",
+        # What Prometheus refuses a whole scrape over: names, types, label names.
+        "foo.bar 1\n",
+        "f\u00e9 1\n",
+        'fo-o{a="1"} 1\n',
+        '{a="1"} 1\n',
+        "1abc 1\n",
+        "# TYPE foo bogus\nfoo 1\n",
+        "# TYPE foo counter extra\n",
+        "# TYPE foo gauge\u00a0\n",
+        'foo{a="1",a="2"} 1\n',
+        'foo{__name__="x"} 1\n',
+        'foo{a="1",__meta="2"} 1\n',
     ],
 )
 def test_malformed_texts_fail_in_both(text: str) -> None:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.support.metrics_harness import ProxyProcess
 from tests.support.triton_metrics_server import TritonMetricsServer
@@ -26,6 +27,32 @@ def test_missing_multiproc_dir_exits_1_naming_the_variable() -> None:
     )
     assert out.returncode == 1
     assert "PROMETHEUS_MULTIPROC_DIR is not set" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("METRICS_PROXY_PORT", "abc"),
+        ("METRICS_PROXY_REUSE_S", "-1"),
+        ("METRICS_PROXY_TRITON_URL", "http://127.0.0.1:99999/metrics"),
+        ("METRICS_PROXY_TRITON_URL", "http://127.0.0.1:abc/metrics"),
+        ("METRICS_PROXY_HOST", "no-such-host.invalid"),
+    ],
+)
+def test_a_bad_variable_exits_1_with_one_line_naming_it(
+    tmp_path: Path, variable: str, value: str
+) -> None:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path), variable: value}
+    out = subprocess.run(
+        [sys.executable, "-m", "runtime.metrics_proxy"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"metrics proxy: {variable}: "), out.stderr
 
 
 def test_sigterm_finishes_the_scrape_in_flight(vllm_dir: Path) -> None:

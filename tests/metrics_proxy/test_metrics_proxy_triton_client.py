@@ -148,3 +148,19 @@ def test_only_plain_http_urls(tmp_path) -> None:
     settings = ProxySettings(multiproc_dir=tmp_path, triton_url="https://127.0.0.1:8002/metrics")
     with pytest.raises(ProxyConfigError, match="http://"):
         create_app(settings)
+
+
+@pytest.mark.parametrize("port", ["0", "99999", "abc"])
+def test_a_triton_url_port_outside_1_to_65535_names_the_variable(tmp_path, port: str) -> None:
+    url = f"http://127.0.0.1:{port}/metrics"
+    settings = ProxySettings(multiproc_dir=tmp_path, triton_url=url)
+    with pytest.raises(ProxyConfigError, match=r"METRICS_PROXY_TRITON_URL.*1\.\.65535"):
+        create_app(settings)
+
+
+def test_a_host_that_does_not_resolve_names_the_variable(tmp_path) -> None:
+    settings = ProxySettings(multiproc_dir=tmp_path, host="no-such-host.invalid", port=0)
+    app = create_app(settings)
+    with pytest.raises(ProxyConfigError, match="METRICS_PROXY_HOST: cannot resolve"):
+        app.start()
+    app.stop()
