@@ -318,9 +318,8 @@ class MultiprocReader:
         return index
 
     def _plan(self, layout: _Layout, typ: str) -> np.ndarray:
-        plan = layout.plans.get(typ)
-        if plan is None:
-            plan = []
+        if typ not in layout.plans:
+            plan: list[int] = []
             for metric, sample, labels, _ in layout.parsed:
                 le = next((v for k, v in labels if k == "le"), None)
                 if typ == "histogram" and le is not None:
