@@ -13,7 +13,11 @@ there) ``COMPLETED`` at every destination; a replica region then never sees a ma
 S3 cannot return the metadata of an open multipart upload, so each one gets a small record
 object under ``<version>/.publish/`` saying which content (sha256, size) and part size it was
 opened for; a resume that finds another content, or no record, aborts the upload and starts
-again. The records are removed before the manifest is written.
+again. The records are removed before the manifest is written, which is why packages may not
+keep files there.
+
+Each file is hashed again while it is read for upload (not read twice), so a file rewritten after
+the checks is never stored under the manifest's sha256: its upload is refused or aborted.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -34,7 +38,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from runtime.package.build import file_entry
 from runtime.package.errors import PackageError
-from runtime.package.manifest import MANIFEST_NAME, FileEntry, load_manifest
+from runtime.package.manifest import MANIFEST_NAME, RECORDS_DIR, FileEntry, load_manifest
 
 __all__ = [
     "DEFAULT_PART_SIZE",
@@ -61,7 +65,7 @@ _MAX_PART_SIZE = 5 << 30
 _MAX_PARTS = 10_000
 _MAX_OBJECT_SIZE = 5 << 40
 _SHA_KEY = "sha256"
-_RECORDS = ".publish/"  # under the version prefix: one record per open multipart upload
+_RECORDS = f"{RECORDS_DIR}/"  # under the version prefix: one record per open multipart upload
 DEFAULT_REPLICATION_TIMEOUT = 3600.0
 # HeadObject's ReplicationStatus on a source object: COMPLETE is the older spelling of COMPLETED.
 _REPLICATED = ("COMPLETED", "COMPLETE")
@@ -405,6 +409,13 @@ def plan_publish(
     """
     manifest = load_manifest(folder / MANIFEST_NAME)
     entries = [manifest.archive, *manifest.weight_files]
+    reserved = [e.path for e in entries if e.path.startswith(_RECORDS)]
+    if reserved:
+        raise PublishError(
+            f"{_names(reserved)} in {folder} are under {_RECORDS}, where publish keeps its "
+            "upload records in the bucket and deletes them; nothing was uploaded: rebuild the "
+            "package with the weights in another folder"
+        )
     _check_present(folder, entries)
     for entry in entries:
         if entry.size > _MAX_OBJECT_SIZE:
@@ -500,6 +511,7 @@ class _Uploader:
         self, client: Any, folder: Path, plan: PublishPlan, workers: int, progress: Progress | None
     ) -> None:
         self.client, self.folder, self.plan = client, folder, plan
+        self._workers = workers
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="publish")
         self._progress = progress
         self._lock = threading.Lock()
@@ -545,7 +557,14 @@ class _Uploader:
                 raise
 
     def _put(self, item: PlanItem) -> None:
-        body = (self.folder / item.entry.path).read_bytes()
+        path = self.folder / item.entry.path
+        try:
+            body = path.read_bytes()
+        except OSError as exc:
+            raise PublishError(f"cannot read {path}: {exc.strerror}; run publish again") from exc
+        digest = hashlib.sha256(body)
+        if digest.hexdigest() != item.entry.sha256:
+            raise _changed(item.entry, digest.hexdigest(), len(body), "it was not uploaded")
         self.client.put_object(
             Bucket=self.plan.bucket,
             Key=item.key,
@@ -571,46 +590,89 @@ class _Uploader:
                 ContentType="application/json",
             )
             kept = {}
-        path = self.folder / item.entry.path
-        futures = {
-            number: self.pool.submit(self._part, path, bucket, key, upload_id, layout, number, kept)
-            for number in range(1, layout.count + 1)
-        }
-        parts = [{"PartNumber": n, "ETag": f.result()} for n, f in futures.items()]
+        parts = self._send_parts(item, upload_id, kept)
         self.client.complete_multipart_upload(
             Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
         )
 
+    def _send_parts(
+        self, item: PlanItem, upload_id: str, kept: dict[int, str]
+    ) -> list[dict[str, Any]]:
+        """Read the file once, in order, hashing it while the pool sends the parts; returns the
+        parts to complete the upload with, or aborts it if the bytes are not the manifest's."""
+        path, layout = self.folder / item.entry.path, item.layout
+        digest = hashlib.sha256()
+        size = 0
+        # Bounds the parts read but not yet sent, so memory stays at ``workers`` parts.
+        slots = threading.BoundedSemaphore(self._workers)
+        stop = threading.Event()  # a part failed: read no further
+
+        def done(future: Future[str]) -> None:
+            if future.exception() is not None:
+                stop.set()
+            slots.release()
+
+        futures: dict[int, Future[str]] = {}
+        try:
+            with path.open("rb") as handle:
+                for number in range(1, layout.count + 1):
+                    slots.acquire()
+                    if stop.is_set():
+                        break
+                    data = handle.read(layout.length(number))
+                    digest.update(data)
+                    size += len(data)
+                    futures[number] = self.pool.submit(
+                        self._part, data, item.key, upload_id, number, kept
+                    )
+                    futures[number].add_done_callback(done)
+        except OSError as exc:
+            raise PublishError(f"cannot read {path}: {exc.strerror}; run publish again") from exc
+        finally:
+            wait(futures.values())
+        parts = [{"PartNumber": n, "ETag": f.result()} for n, f in futures.items()]
+        if digest.hexdigest() != item.entry.sha256:
+            # Every part has been sent by now, so the abort leaves none behind.
+            self.client.abort_multipart_upload(
+                Bucket=self.plan.bucket, Key=item.key, UploadId=upload_id
+            )
+            raise _changed(item.entry, digest.hexdigest(), size, "its multipart upload was aborted")
+        return parts
+
     def _part(
-        self,
-        path: Path,
-        bucket: str,
-        key: str,
-        upload_id: str,
-        layout: PartLayout,
-        number: int,
-        kept: dict[int, str],
+        self, data: bytes, key: str, upload_id: str, number: int, kept: dict[int, str]
     ) -> str:
-        with path.open("rb") as handle:
-            handle.seek((number - 1) * layout.part_size)
-            data = handle.read(layout.part_size)
-        md5 = hashlib.md5(data, usedforsecurity=False).hexdigest()
-        if kept.get(number) == md5:
-            self.sent(len(data))  # already in S3 from an earlier, interrupted run
-            return f'"{md5}"'
+        if number in kept:
+            md5 = hashlib.md5(data, usedforsecurity=False).hexdigest()
+            if kept[number] == md5:
+                self.sent(len(data))  # already in S3 from an earlier, interrupted run
+                return f'"{md5}"'
         response = self.client.upload_part(
-            Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=data
+            Bucket=self.plan.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=data
         )
         self.sent(len(data))
         return response["ETag"]
 
 
+def _changed(entry: FileEntry, sha256: str, size: int, what: str) -> PublishError:
+    return PublishError(
+        f"{entry.path} changed while it was published: the bytes read for upload have sha256 "
+        f"{sha256} ({size:,d} bytes), the manifest says {entry.sha256} ({entry.size:,d} bytes); "
+        f"{what} and the manifest was not written: stop whatever writes to it (the version "
+        "folder hard-links the source tree's weights) and rebuild the package"
+    )
+
+
 def _remove_records(client: Any, plan: PublishPlan) -> None:
-    """Delete every upload record of the version; run before the manifest makes it visible."""
+    """Delete the upload records of the version's files; run before the manifest makes it
+    visible. Only those keys: `plan_publish` refuses files under the records folder, and
+    anything else found there is not publish's."""
+    records = {_record_key(plan.prefix, item.entry) for item in plan.items}
     paginator = client.get_paginator("list_objects_v2")
     for page in paginator.paginate(Bucket=plan.bucket, Prefix=plan.prefix + _RECORDS):
         for obj in page.get("Contents", []):
-            client.delete_object(Bucket=plan.bucket, Key=obj["Key"])
+            if obj["Key"] in records:
+                client.delete_object(Bucket=plan.bucket, Key=obj["Key"])
 
 
 def _check_remote(client: Any, plan: PublishPlan) -> None:
@@ -757,7 +819,13 @@ def run_publish(
         TransferSpeedColumn,
     )
 
-    client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region)
+    try:
+        client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region)
+    except (BotoCoreError, ValueError) as exc:  # a malformed region or endpoint URL
+        raise PublishError(
+            f"cannot create the S3 client: {str(exc).rstrip('.')}; check --region (AWS_REGION) and "
+            "--endpoint-url (AWS_ENDPOINT_URL)"
+        ) from exc
     bar = Progress(
         "{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
         TimeRemainingColumn(),

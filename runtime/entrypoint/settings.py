@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["EntrypointSettings"]
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+"""A TCP port the pod binds or connects to: a fixed one, since probes and peers name it."""
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+"""A finite duration; ``inf`` would overflow where it becomes an int or a timer."""
+# Triton reads --exit-timeout-secs (the drain deadline, rounded) into a C int.
+_MAX_DRAIN_SECONDS = 2**31 - 1
+
+
+def _overlaps(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` are one folder or one is inside the other (links resolved)."""
+    a, b = Path(os.path.realpath(a)), Path(os.path.realpath(b))
+    return a == b or a in b.parents or b in a.parents
 
 
 class EntrypointSettings(BaseSettings):
@@ -81,18 +95,37 @@ class EntrypointSettings(BaseSettings):
         "a server that binds before it is ready",
     )
     public_host: str = Field(default="0.0.0.0", description="address of the public gRPC port")
-    public_grpc_port: int = Field(default=8001, description="public KServe gRPC port (gated)")
-    triton_grpc_port: int = Field(default=18001, description="Triton's gRPC port, loopback")
-    triton_http_port: int = Field(default=18000, description="Triton's HTTP port, loopback")
-    triton_metrics_port: int = Field(default=8002, description="Triton's metrics port")
-    frontend_port: int = Field(default=8080, description="OpenAI frontend port (embedded)")
+    public_grpc_port: Port = Field(default=8001, description="public KServe gRPC port (gated)")
+    triton_grpc_port: Port = Field(default=18001, description="Triton's gRPC port, loopback")
+    triton_http_port: Port = Field(default=18000, description="Triton's HTTP port, loopback")
+    triton_metrics_port: Port = Field(default=8002, description="Triton's metrics port")
+    frontend_port: Port = Field(default=8080, description="OpenAI frontend port (embedded)")
     health_host: str = Field(default="0.0.0.0")
-    health_port: int = Field(default=8081, description="/livez, /readyz, /metrics")
-    ready_timeout_seconds: float = Field(default=1800.0, gt=0)
-    drain_seconds: float = Field(default=30.0, ge=0, description="SIGTERM drain deadline")
-    readiness_poll_seconds: float = Field(
+    health_port: Port = Field(default=8081, description="/livez, /readyz, /metrics")
+    ready_timeout_seconds: Seconds = Field(default=1800.0, gt=0)
+    drain_seconds: Seconds = Field(
+        default=30.0, le=_MAX_DRAIN_SECONDS, description="SIGTERM drain deadline"
+    )
+    readiness_poll_seconds: Seconds = Field(
         default=2.0, gt=0, description="how often readiness is re-checked while serving"
     )
+
+    @field_validator("multiproc_dir")
+    @classmethod
+    def _own_multiproc_dir(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        # Stage 4 deletes files there, stages 2 and 3 fill the work and plugin folders.
+        if value is None:
+            return value
+        for name, other in (
+            ("LLM_SERVING_WORK_DIR", info.data.get("work_dir")),
+            ("LLM_SERVING_PLUGIN_DIR", info.data.get("plugin_dir")),
+        ):
+            if other is not None and _overlaps(value, other):
+                raise ValueError(
+                    f"{value} overlaps {name} {other} (the same folder, or one inside the "
+                    "other); point it at an emptyDir of its own"
+                )
+        return value
 
     def version_folder(self) -> Path | None:
         """The version folder: ``package_path``, else derived from the model id and version."""

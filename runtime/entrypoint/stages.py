@@ -17,9 +17,8 @@ from runtime.compat import (
     load_matrix,
 )
 from runtime.entrypoint.errors import StageFailed
-from runtime.entrypoint.folders import remove_entries
 from runtime.package.errors import PackageError
-from runtime.package.manifest import ARCHIVE_NAME, MANIFEST_NAME, Manifest, load_manifest
+from runtime.package.manifest import MANIFEST_NAME, Manifest, load_manifest
 from runtime.package.unpack import UnpackLimits, unpack_archive
 from runtime.package.verify import check_file
 
@@ -27,7 +26,6 @@ __all__ = [
     "check_compat",
     "download_version",
     "locate",
-    "read_manifest",
     "start_import_probe",
     "unpack",
     "wipe_multiproc_dir",
@@ -49,7 +47,7 @@ def download_version(uri: str, target: Path) -> Path:
     target.mkdir(parents=True, exist_ok=True)
     try:
         client.download_file(bucket, prefix + MANIFEST_NAME, str(target / MANIFEST_NAME))
-        manifest = read_manifest(target / MANIFEST_NAME)
+        manifest = load_manifest(target / MANIFEST_NAME)
         for entry in [manifest.archive, *manifest.weight_files]:
             (target / entry.path).parent.mkdir(parents=True, exist_ok=True)
             client.download_file(bucket, prefix + entry.path, str(target / entry.path))
@@ -61,17 +59,6 @@ def download_version(uri: str, target: Path) -> Path:
             "check the bucket, the prefix and the pod's S3 permissions",
         ) from exc
     return target
-
-
-def read_manifest(path: Path) -> Manifest:
-    """`load_manifest`, with a manifest that is not UTF-8 reported as a stage failure."""
-    try:
-        return load_manifest(path)
-    except UnicodeDecodeError as exc:
-        raise StageFailed(
-            f"manifest {path} is not UTF-8 ({exc.reason} at byte {exc.start})",
-            "republish the version: llm-serving package build writes the manifest as UTF-8 JSON",
-        ) from exc
 
 
 def locate(
@@ -103,7 +90,7 @@ def locate(
             "LLM_SERVING_PACKAGE_S3_URI fallback",
             "publish the version and wait for the model cache restore Job, or set the S3 URI",
         )
-    manifest = read_manifest(folder / MANIFEST_NAME)
+    manifest = load_manifest(folder / MANIFEST_NAME)
     want_id, want_version = expect
     if (want_id and want_id != manifest.model_id) or (
         want_version and want_version != manifest.model_version
@@ -123,11 +110,12 @@ def locate(
 def unpack(folder: Path, manifest: Manifest, dest: Path, max_bytes: int) -> Path:
     """Unpack the (already verified) archive to fresh local disk."""
     # The archive's sha256 was checked in stage 1 from the same read-only mount, so the member
-    # checks here are structural (names, types, sizes) and the copy stays in the kernel.
+    # checks here are structural (names, types, sizes) and the copy stays in the kernel. It is
+    # the file the manifest names, as there: a different file would be unpacked unverified.
     if dest.exists():
         shutil.rmtree(dest)
     unpack_archive(
-        folder / ARCHIVE_NAME,
+        folder / manifest.archive.path,
         manifest.archive_files,
         dest,
         UnpackLimits(max_total_bytes=max_bytes),
@@ -136,16 +124,32 @@ def unpack(folder: Path, manifest: Manifest, dest: Path, max_bytes: int) -> Path
 
 
 def wipe_multiproc_dir(path: Path | None) -> int:
-    """Delete every file in PROMETHEUS_MULTIPROC_DIR (keeping the folder, an emptyDir mount)."""
+    """Delete the ``*.db`` files prometheus_client left in PROMETHEUS_MULTIPROC_DIR; returns
+    how many.
+
+    Only those: they are all that its readers (and the metrics proxy) merge, so nothing else
+    there can skew a metric, and whatever else is there is not ours to delete.
+    """
     if path is None:
         raise StageFailed(
             "PROMETHEUS_MULTIPROC_DIR is not set",
             "set it to the emptyDir shared with the metrics proxy "
             "(/var/run/llm-serving/prometheus)",
         )
+    removed = 0
     try:
         path.mkdir(parents=True, exist_ok=True)
-        removed = remove_entries(path.iterdir())
+        for entry in path.iterdir():
+            if entry.suffix != ".db":
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                raise StageFailed(
+                    f"PROMETHEUS_MULTIPROC_DIR {path} holds a folder {entry.name}, which "
+                    "prometheus_client would read as a metrics file",
+                    "remove it, or point PROMETHEUS_MULTIPROC_DIR at an emptyDir of its own",
+                )
+            entry.unlink()
+            removed += 1
     except OSError as exc:
         raise StageFailed(
             f"cannot wipe PROMETHEUS_MULTIPROC_DIR {path}: {exc}",

@@ -24,6 +24,7 @@ from runtime.package.manifest import (
     ARCHIVE_NAME,
     FORMAT_VERSION,
     MANIFEST_NAME,
+    RECORDS_DIR,
     Catalog,
     FileEntry,
     Manifest,
@@ -106,6 +107,11 @@ def image_pins(triton: str | None, constraints: Path | None) -> ImagePins:
             lines += constraints.read_text(encoding="utf-8").splitlines()
         except OSError as exc:
             raise PackageError(f"cannot read constraints file {constraints}: {exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise PackageError(
+                f"constraints file {constraints} is not UTF-8 ({exc.reason} at byte "
+                f"{exc.start}); pass a pip constraints file (name==version lines)"
+            ) from exc
     pins = parse_pins(lines)
     requires = vllm_requirements(pair.vllm)
     ranges = vllm_ranges(requires, environment)
@@ -131,6 +137,10 @@ def _load_spec(source: Path) -> PackageSpec:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise PackageError(f"cannot read {path}: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise PackageError(
+            f"{path} is not UTF-8 ({exc.reason} at byte {exc.start}); save it as UTF-8 YAML"
+        ) from exc
     except yaml.YAMLError as exc:
         raise PackageError(f"{path} is not valid YAML: {exc}") from exc
     try:
@@ -232,6 +242,12 @@ def _weight_sources(source: Path, spec: PackageSpec) -> list[SourceFile]:
         raise PackageError(
             f"weights: {spec.weights} collides with the version folder's own {top}; "
             "rename it, e.g. put the weights in a folder named weights"
+        )
+    if top == RECORDS_DIR:
+        # Publish keeps its upload records there in the bucket and deletes them at the end.
+        raise PackageError(
+            f"weights: {spec.weights}: a version folder's {RECORDS_DIR}/ is reserved for "
+            "publish's upload records; rename it, e.g. put the weights in a folder named weights"
         )
     files = collect(source, spec.weights, "weights")
     if not files:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
@@ -14,6 +15,7 @@ __all__ = [
     "ARCHIVE_NAME",
     "FORMAT_VERSION",
     "MANIFEST_NAME",
+    "RECORDS_DIR",
     "Catalog",
     "FileEntry",
     "Manifest",
@@ -28,9 +30,13 @@ __all__ = [
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 ARCHIVE_NAME = "package.tar"
+RECORDS_DIR = ".publish"
+"""Top folder of a published version where ``llm-serving publish`` keeps its upload records."""
 
 _ID_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
 _SHA256_PATTERN = r"^[0-9a-f]{64}$"
+# vLLM loads a named processor with ``module, qualname = name.split(":")``: exactly one colon.
+_PROCESSOR_NAME = re.compile(r"(?!\d)\w+(\.(?!\d)\w+)*:(?!\d)\w+(\.(?!\d)\w+)*")
 TensorType = Literal[
     "TYPE_BOOL",
     "TYPE_UINT8",
@@ -171,6 +177,7 @@ class Manifest(_Strict):
                 f"engine_args must not set {', '.join(reserved)}: they are the package's "
                 "weights and tokenizer folders, filled in at deploy time"
             )
+        _check_processors(args.get("logits_processors"))
         if args.get("speculative_config") is not None:
             # vLLM's V1 runner drops entry-point processors under speculative decoding without
             # a word, so constrained requests would come back unconstrained.
@@ -193,6 +200,10 @@ class Manifest(_Strict):
                 if entry.path in seen:
                     raise ValueError(f"{field} lists {entry.path!r} twice")
                 seen.add(entry.path)
+        if self.archive.path == MANIFEST_NAME or any(
+            entry.path == self.archive.path for entry in self.weight_files
+        ):
+            raise ValueError(f"archive path {self.archive.path!r} is also another file's path")
         members = {entry.path for entry in self.archive_files}
         needed = [p.wheel for p in self.plugins] + [c.path for c in self.catalogs]
         if self.python_model is not None:
@@ -216,6 +227,23 @@ class Manifest(_Strict):
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
 
 
+def _check_processors(value: object) -> None:
+    """Refuse an ``engine_args.logits_processors`` that vLLM would not load as a list of names."""
+    if value is None:
+        return
+    if not isinstance(value, list):
+        raise ValueError(
+            f"engine_args.logits_processors must be a list of 'module:Class' names, not "
+            f"{type(value).__name__} {value!r}; write it as [{value!r}]"
+        )
+    for i, name in enumerate(value):
+        if not isinstance(name, str) or not _PROCESSOR_NAME.fullmatch(name):
+            raise ValueError(
+                f"engine_args.logits_processors.{i} is {name!r}, not a 'module:Class' name "
+                "(e.g. my_pkg.procs:BanWords), the form vLLM loads"
+            )
+
+
 def _under(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
@@ -226,6 +254,11 @@ def load_manifest(path: Path) -> Manifest:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise PackageError(f"cannot read manifest {path}: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise PackageError(
+            f"manifest {path} is not UTF-8 ({exc.reason} at byte {exc.start}); llm-serving "
+            "package build writes it as UTF-8 JSON: rebuild or republish the package"
+        ) from exc
     except json.JSONDecodeError as exc:
         raise PackageError(f"manifest {path} is not valid JSON: {exc}") from exc
     if isinstance(data, dict):

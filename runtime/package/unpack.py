@@ -11,7 +11,7 @@ from pathlib import Path
 from runtime.package.errors import PackageError
 from runtime.package.manifest import FileEntry, check_relative_path
 
-__all__ = ["UnpackLimits", "UnpackStats", "unpack_archive"]
+__all__ = ["UnpackLimits", "UnpackStats", "check_member", "unpack_archive"]
 
 
 @dataclass(frozen=True)
@@ -55,12 +55,14 @@ def unpack_archive(
     written: set[str] = set()
     total = 0
     made_dirs: set[str] = {""}
-    src_fd = os.open(archive, os.O_RDONLY)
+    try:
+        src_fd = os.open(archive, os.O_RDONLY)
+    except OSError as exc:
+        raise PackageError(f"cannot read archive {archive}: {exc.strerror}") from exc
     try:
         with tarfile.open(archive, "r:") as tar:
             for member in tar:
-                name = member.name.rstrip("/") if member.isdir() else member.name
-                _check_member(member, name, archive)
+                name = check_member(member, archive)
                 if member.isdir():
                     continue
                 if name in written:
@@ -91,7 +93,10 @@ def unpack_archive(
     return UnpackStats(files=len(written), bytes=total)
 
 
-def _check_member(member: tarfile.TarInfo, name: str, archive: Path) -> None:
+def check_member(member: tarfile.TarInfo, archive: Path) -> str:
+    """The member's name (a folder's without its trailing ``/``) if it is a regular file or
+    folder at a normalised relative path; else raises `PackageError`."""
+    name = member.name.rstrip("/") if member.isdir() else member.name
     kind = None
     if member.issym() or member.islnk():
         kind = f"a link (-> {member.linkname})"
@@ -105,6 +110,7 @@ def _check_member(member: tarfile.TarInfo, name: str, archive: Path) -> None:
         check_relative_path(name)
     except ValueError as exc:
         raise PackageError(f"archive {archive}: member {exc}") from exc
+    return name
 
 
 def _copy_range(src_fd: int, offset: int, size: int, target: Path) -> None:

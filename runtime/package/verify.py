@@ -10,9 +10,10 @@ from typing import Any
 
 from runtime.package.build import check_catalog, file_entry, image_pins
 from runtime.package.errors import PackageError
-from runtime.package.manifest import ARCHIVE_NAME, MANIFEST_NAME, FileEntry, Manifest, load_manifest
+from runtime.package.manifest import MANIFEST_NAME, FileEntry, Manifest, load_manifest
 from runtime.package.plugin_checks import check_plugin_entry_points, check_plugin_files, known_image
 from runtime.package.tensors import check_python_model
+from runtime.package.unpack import check_member
 from runtime.package.wheels import check_against_pins, read_wheel
 
 __all__ = ["check_file", "describe", "verify_archive_members", "verify_package"]
@@ -42,12 +43,14 @@ def check_file(folder: Path, entry: FileEntry, *, full: bool = True) -> None:
 
 
 def verify_archive_members(archive: Path, manifest: Manifest) -> None:
-    """Hash every archive member and compare names, sizes and sha256 with ``archive_files``."""
+    """Check every member as the entrypoint's unpack does, hash the files and compare names,
+    sizes and sha256 with ``archive_files``."""
     expected = {entry.path: entry for entry in manifest.archive_files}
     seen: set[str] = set()
     try:
-        with tarfile.open(archive, "r:") as tar:
+        with _open(archive) as tar:
             for member in tar:
+                check_member(member, archive)
                 if member.isdir():
                     continue
                 entry = expected.get(member.name)
@@ -87,6 +90,14 @@ def _member_bytes(tar: tarfile.TarFile, name: str, what: str) -> bytes:
     return handle.read()
 
 
+def _open(archive: Path) -> tarfile.TarFile:
+    """The archive opened for reading; one that cannot be opened raises `PackageError`."""
+    try:
+        return tarfile.open(archive, "r:")
+    except OSError as exc:
+        raise PackageError(f"cannot read archive {archive}: {exc.strerror or exc}") from exc
+
+
 def _corrupt(archive: Path, exc: tarfile.TarError) -> PackageError:
     return PackageError(
         f"archive {archive} is corrupt ({exc}); publish or restore it again, or rebuild the package"
@@ -98,7 +109,7 @@ def _check_plugins(archive: Path, manifest: Manifest, constraints: Path | None) 
     names = known_image(image.distributions)
     wheels = []
     try:
-        with tarfile.open(archive, "r:") as tar, tempfile.TemporaryDirectory() as tmp:
+        with _open(archive) as tar, tempfile.TemporaryDirectory() as tmp:
             for i, plugin in enumerate(manifest.plugins):
                 path = Path(tmp) / Path(plugin.wheel).name
                 path.write_bytes(_member_bytes(tar, plugin.wheel, f"plugins.{i}"))
@@ -118,7 +129,7 @@ def _check_plugins(archive: Path, manifest: Manifest, constraints: Path | None) 
 
 def _check_catalogs(archive: Path, manifest: Manifest) -> None:
     try:
-        with tarfile.open(archive, "r:") as tar, tempfile.TemporaryDirectory() as tmp:
+        with _open(archive) as tar, tempfile.TemporaryDirectory() as tmp:
             for i, catalog in enumerate(manifest.catalogs):
                 path = Path(tmp) / f"{i}.jsonl"
                 path.write_bytes(_member_bytes(tar, catalog.path, f"catalogs.{i}"))
@@ -133,7 +144,7 @@ def verify_package(folder: Path, *, full: bool = True, constraints: Path | None 
     check_file(folder, manifest.archive, full=full)
     for entry in manifest.weight_files:
         check_file(folder, entry, full=full)
-    archive = folder / ARCHIVE_NAME
+    archive = folder / manifest.archive.path  # the file whose checksum was just checked
     if full:
         verify_archive_members(archive, manifest)
     _check_plugins(archive, manifest, constraints)
