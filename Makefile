@@ -22,7 +22,7 @@ DEBS_STAMP := $(VENV)/.debian-packages
 
 help:
 	@echo "make setup   create $(VENV)/ with the package, its dev extras and the native engine"
-	@echo "make test    setup, then ruff check, ruff format --check and pytest"
+	@echo "make test    setup, then ruff check, ruff format --check, mypy and pytest"
 	@echo "make bench   run every benchmark under benchmarks/ (BENCH_FLAGS=--quick for a short run)"
 	@echo "make clean   remove $(VENV)/ and build outputs"
 	@echo "make plan STACK=prod-us-east-1   offline plan of a stack (no cloud, no Pulumi CLI)"
@@ -55,6 +55,7 @@ $(DEBS_STAMP): Makefile | $(VENV)/bin/python
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 test: lint
 	$(VENV)/bin/pytest
@@ -73,7 +74,7 @@ plan: setup
 	$(VENV)/bin/llm-serving plan --stack $(STACK)
 
 clean:
-	rm -rf $(VENV) $(POLICY_VENV) $(VLLM_NEXT_VENV) build dist *.egg-info .pytest_cache .ruff_cache plan-out bench-out
+	rm -rf $(VENV) $(POLICY_VENV) $(VLLM_NEXT_VENV) build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache plan-out bench-out
 
 # The CrossGuard policy pack's own virtualenv: pulumi-policy pins protobuf 5, which cannot share
 # .venv with tritonclient. Rebuilt only when policy/requirements.txt changes.

@@ -213,7 +213,7 @@ def _write_archive(files: list[SourceFile], target: Path) -> list[FileEntry]:
             info.size, info.mode, info.mtime = size, 0o644, 0
             with item.source.open("rb") as handle:
                 reader = _HashingReader(handle)
-                tar.addfile(info, reader)  # type: ignore[arg-type]
+                tar.addfile(info, reader)
             entries.append(
                 FileEntry(path=item.arcname, size=size, sha256=reader.digest.hexdigest())
             )

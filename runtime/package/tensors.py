@@ -28,10 +28,10 @@ def _compare(
 ) -> list[str]:
     problems = []
     by_name: dict[str, TensorSpec] = {}
-    for tensor in declared:
-        if tensor.name in by_name:
-            problems.append(f"{kind} {tensor.name} is declared twice")
-        by_name[tensor.name] = tensor
+    for spec in declared:
+        if spec.name in by_name:
+            problems.append(f"{kind} {spec.name} is declared twice")
+        by_name[spec.name] = spec
     for expected in frontend:
         tensor = by_name.get(expected.name)
         if tensor is None:
