@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,6 +18,44 @@
 #include "llm_serving/vocab_trie.h"
 
 namespace py = pybind11;
+
+// A Python integer (anything with __index__) as it crosses the boundary: int64, or its text
+// when it does not fit, so that the glue's range checks raise ValueError for every out-of-range
+// index instead of pybind11's TypeError for some of them.
+struct PyInt {
+  int64_t value = 0;
+  std::string overflow;  // the integer's text when it is beyond int64; empty otherwise
+};
+
+namespace pybind11::detail {
+template <>
+struct type_caster<PyInt> {
+  PYBIND11_TYPE_CASTER(PyInt, io_name("typing.SupportsInt | typing.SupportsIndex", "int"));
+
+  bool load(handle src, bool /*convert*/) {
+    if (!src || PyFloat_Check(src.ptr())) return false;
+    object index = reinterpret_steal<object>(PyNumber_Index(src.ptr()));
+    if (!index) {
+      PyErr_Clear();
+      return false;
+    }
+    int overflow = 0;
+    const long long number = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+    if (number == -1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+    value.value = overflow == 0 ? number : 0;
+    value.overflow = overflow == 0 ? std::string() : std::string(str(index));
+    return true;
+  }
+
+  static handle cast(const PyInt& src, return_value_policy /*policy*/, handle /*parent*/) {
+    return PyLong_FromLongLong(src.value);
+  }
+};
+}  // namespace pybind11::detail
+
 using llm_serving::BatchEngine;
 using llm_serving::CatalogTrie;
 using llm_serving::ConfigError;
@@ -36,6 +75,39 @@ struct VocabularyHandle {
 struct ConstraintHandle {
   std::shared_ptr<const Constraint> constraint;
 };
+
+std::string Text(const PyInt& number) {
+  return number.overflow.empty() ? std::to_string(number.value) : number.overflow;
+}
+
+// `number` as T when lo <= number <= hi; otherwise ConfigError "<what> <number> is not in
+// lo..hi".
+template <typename T>
+T InRange(const PyInt& number, const std::string& what, int64_t lo, int64_t hi) {
+  if (!number.overflow.empty() || number.value < lo || number.value > hi) {
+    throw ConfigError(what + " " + Text(number) + " is not in " + std::to_string(lo) + ".." +
+                      std::to_string(hi));
+  }
+  return static_cast<T>(number.value);
+}
+
+int32_t ToInt32(const PyInt& number, const std::string& what) {
+  return InRange<int32_t>(number, what, std::numeric_limits<int32_t>::min(),
+                          std::numeric_limits<int32_t>::max());
+}
+
+uint32_t ToUint32(const PyInt& number, const std::string& what) {
+  return InRange<uint32_t>(number, what, 0, std::numeric_limits<uint32_t>::max());
+}
+
+std::vector<int32_t> ToInt32s(const std::vector<PyInt>& numbers, const std::string& what) {
+  std::vector<int32_t> out;
+  out.reserve(numbers.size());
+  for (std::size_t i = 0; i < numbers.size(); ++i) {
+    out.push_back(ToInt32(numbers[i], what + "[" + std::to_string(i) + "]"));
+  }
+  return out;
+}
 
 template <typename T>
 const char* TypeName() {
@@ -65,7 +137,8 @@ py::buffer_info Checked(const py::buffer& buffer, const char* name, int ndim, bo
 }
 
 CatalogHandle Catalog_Init(const py::buffer& tokens, const py::buffer& offsets,
-                           int32_t vocab_size) {
+                           const PyInt& vocab_size_arg) {
+  const int32_t vocab_size = ToInt32(vocab_size_arg, "vocab_size");
   auto t = Checked<int32_t>(tokens, "tokens", 1, false);
   auto o = Checked<int64_t>(offsets, "offsets", 1, false);
   if (o.shape[0] < 2) throw ConfigError("offsets needs at least two entries (one item)");
@@ -77,14 +150,43 @@ CatalogHandle Catalog_Init(const py::buffer& tokens, const py::buffer& offsets,
   return {CatalogTrie::Build(token_ptr, num_tokens, offset_ptr, num_items, vocab_size)};
 }
 
-ConstraintHandle Constraint_ItemList(const CatalogHandle& catalog, std::vector<int32_t> prefix,
-                                     std::vector<int32_t> separator,
-                                     std::vector<int32_t> terminator, uint32_t min_items,
-                                     std::optional<uint32_t> max_items, bool unique,
+// The arguments every constraint builder takes, range-checked.
+struct CommonArgs {
+  int32_t eos_token_id;
+  std::vector<int32_t> banned;
+  int32_t vocab_size;
+};
+
+CommonArgs Common(const PyInt& eos_token_id, const std::vector<PyInt>& banned,
+                  const PyInt& vocab_size) {
+  return {ToInt32(eos_token_id, "eos_token_id"), ToInt32s(banned, "banned_tokens"),
+          ToInt32(vocab_size, "vocab_size")};
+}
+
+// min_items and max_items (None: no limit, passed on as 0).
+std::pair<uint32_t, uint32_t> ItemBounds(const PyInt& min_items,
+                                         const std::optional<PyInt>& max_items) {
+  const uint32_t low = ToUint32(min_items, "min_items");
+  if (!max_items.has_value()) return {low, 0};
+  const uint32_t high = ToUint32(*max_items, "max_items");
+  if (high == 0) throw ConfigError("max_items must be >= 1");
+  return {low, high};
+}
+
+ConstraintHandle Constraint_ItemList(const CatalogHandle& catalog,
+                                     const std::vector<PyInt>& prefix_arg,
+                                     const std::vector<PyInt>& separator_arg,
+                                     const std::vector<PyInt>& terminator_arg,
+                                     const PyInt& min_items_arg,
+                                     const std::optional<PyInt>& max_items_arg, bool unique,
                                      const std::optional<py::buffer>& allowed,
-                                     int32_t eos_token_id, const std::vector<int32_t>& banned,
-                                     int32_t vocab_size) {
-  if (max_items.has_value() && *max_items == 0) throw ConfigError("max_items must be >= 1");
+                                     const PyInt& eos_token_id, const std::vector<PyInt>& banned,
+                                     const PyInt& vocab_size) {
+  const auto [min_items, max_items] = ItemBounds(min_items_arg, max_items_arg);
+  std::vector<int32_t> prefix = ToInt32s(prefix_arg, "prefix");
+  std::vector<int32_t> separator = ToInt32s(separator_arg, "separator");
+  std::vector<int32_t> terminator = ToInt32s(terminator_arg, "terminator");
+  CommonArgs common = Common(eos_token_id, banned, vocab_size);
   std::optional<py::buffer_info> info;
   if (allowed.has_value()) info = Checked<int32_t>(*allowed, "allowed", 1, false);
   const auto* ptr = info ? static_cast<const int32_t*>(info->ptr) : nullptr;
@@ -92,8 +194,8 @@ ConstraintHandle Constraint_ItemList(const CatalogHandle& catalog, std::vector<i
   py::gil_scoped_release release;
   return {llm_serving::MakeItemListConstraint(
       catalog.trie, std::move(prefix), std::move(separator), std::move(terminator), min_items,
-      max_items.value_or(0), unique, ptr, count, !info.has_value(), eos_token_id, banned,
-      vocab_size)};
+      max_items, unique, ptr, count, !info.has_value(), common.eos_token_id, common.banned,
+      common.vocab_size)};
 }
 
 VocabularyHandle Vocabulary_Init(const py::buffer& bytes, const py::buffer& offsets) {
@@ -120,12 +222,14 @@ std::vector<int32_t> PieceBytes(const py::bytes& piece) {
 ConstraintHandle Constraint_DecodedList(const CatalogHandle& catalog,
                                         const VocabularyHandle& vocabulary,
                                         const py::bytes& prefix, const py::bytes& separator,
-                                        const py::bytes& terminator, uint32_t min_items,
-                                        std::optional<uint32_t> max_items, bool unique,
+                                        const py::bytes& terminator, const PyInt& min_items_arg,
+                                        const std::optional<PyInt>& max_items_arg, bool unique,
                                         const std::optional<py::buffer>& allowed,
-                                        int32_t eos_token_id, const std::vector<int32_t>& banned,
-                                        int32_t vocab_size) {
-  if (max_items.has_value() && *max_items == 0) throw ConfigError("max_items must be >= 1");
+                                        const PyInt& eos_token_id,
+                                        const std::vector<PyInt>& banned,
+                                        const PyInt& vocab_size) {
+  const auto [min_items, max_items] = ItemBounds(min_items_arg, max_items_arg);
+  CommonArgs common = Common(eos_token_id, banned, vocab_size);
   std::optional<py::buffer_info> info;
   if (allowed.has_value()) info = Checked<int32_t>(*allowed, "allowed", 1, false);
   const auto* ptr = info ? static_cast<const int32_t*>(info->ptr) : nullptr;
@@ -136,14 +240,22 @@ ConstraintHandle Constraint_DecodedList(const CatalogHandle& catalog,
   py::gil_scoped_release release;
   return {llm_serving::MakeDecodedListConstraint(
       catalog.trie, vocabulary.trie, std::move(prefix_bytes), std::move(separator_bytes),
-      std::move(terminator_bytes), min_items, max_items.value_or(0), unique, ptr, count,
-      !info.has_value(), eos_token_id, banned, vocab_size)};
+      std::move(terminator_bytes), min_items, max_items, unique, ptr, count, !info.has_value(),
+      common.eos_token_id, common.banned, common.vocab_size)};
 }
 
-ConstraintHandle Constraint_Machine(uint32_t num_states, uint32_t initial_state,
-                                    const std::vector<uint32_t>& accepting,
-                                    const py::buffer& transitions, int32_t eos_token_id,
-                                    const std::vector<int32_t>& banned, int32_t vocab_size) {
+ConstraintHandle Constraint_Machine(const PyInt& num_states, const PyInt& initial_state,
+                                    const std::vector<PyInt>& accepting_arg,
+                                    const py::buffer& transitions, const PyInt& eos_token_id,
+                                    const std::vector<PyInt>& banned, const PyInt& vocab_size) {
+  const uint32_t states = ToUint32(num_states, "num_states");
+  const uint32_t initial = ToUint32(initial_state, "initial_state");
+  std::vector<uint32_t> accepting;
+  accepting.reserve(accepting_arg.size());
+  for (const PyInt& state : accepting_arg) {
+    accepting.push_back(ToUint32(state, "accepting state"));
+  }
+  CommonArgs common = Common(eos_token_id, banned, vocab_size);
   auto info = Checked<int32_t>(transitions, "transitions", 2, false);
   if (info.shape[1] != 3 && info.shape[0] > 0) {
     throw ConfigError("transitions must have 3 columns (state, token, next_state)");
@@ -151,28 +263,40 @@ ConstraintHandle Constraint_Machine(uint32_t num_states, uint32_t initial_state,
   const auto* ptr = static_cast<const int32_t*>(info.ptr);
   const auto count = static_cast<std::size_t>(info.shape[0]);
   py::gil_scoped_release release;
-  return {llm_serving::MakeMachineConstraint(num_states, initial_state, accepting, ptr, count,
-                                             eos_token_id, banned, vocab_size)};
+  return {llm_serving::MakeMachineConstraint(states, initial, accepting, ptr, count,
+                                             common.eos_token_id, common.banned,
+                                             common.vocab_size)};
 }
 
-ConstraintHandle Constraint_Banned(int32_t eos_token_id, const std::vector<int32_t>& banned,
-                                   int32_t vocab_size) {
-  return {llm_serving::MakeBannedConstraint(eos_token_id, banned, vocab_size)};
+ConstraintHandle Constraint_Banned(const PyInt& eos_token_id, const std::vector<PyInt>& banned,
+                                   const PyInt& vocab_size) {
+  CommonArgs common = Common(eos_token_id, banned, vocab_size);
+  return {llm_serving::MakeBannedConstraint(common.eos_token_id, common.banned,
+                                            common.vocab_size)};
 }
 
-std::size_t CheckedSlot(py::ssize_t slot) {
-  if (slot < 0) throw ConfigError("slot " + std::to_string(slot) + " is negative");
-  return static_cast<std::size_t>(slot);
+// A slot index for the engine (negative or beyond int64 refused here, too large by the engine).
+std::size_t CheckedSlot(const BatchEngine& engine, const PyInt& slot) {
+  const bool negative = slot.overflow.empty() ? slot.value < 0 : slot.overflow[0] == '-';
+  if (negative) throw ConfigError("slot " + Text(slot) + " is negative");
+  if (!slot.overflow.empty()) {
+    throw ConfigError("slot " + Text(slot) + " is not in 0.." +
+                      std::to_string(engine.max_batch() - 1));
+  }
+  return static_cast<std::size_t>(slot.value);
 }
 
-void Engine_Add(BatchEngine& engine, py::ssize_t slot, const ConstraintHandle& constraint) {
+void Engine_Add(BatchEngine& engine, const PyInt& slot, const ConstraintHandle& constraint) {
+  const std::size_t index = CheckedSlot(engine, slot);
   py::gil_scoped_release release;
-  engine.Add(CheckedSlot(slot), constraint.constraint);
+  engine.Add(index, constraint.constraint);
 }
 
-void Engine_Advance(BatchEngine& engine, py::ssize_t slot, const std::vector<int32_t>& tokens) {
+void Engine_Advance(BatchEngine& engine, const PyInt& slot, const std::vector<PyInt>& tokens) {
+  const std::size_t index = CheckedSlot(engine, slot);
+  const std::vector<int32_t> ids = ToInt32s(tokens, "tokens");
   py::gil_scoped_release release;
-  engine.Advance(CheckedSlot(slot), tokens.data(), tokens.size());
+  engine.Advance(index, ids.data(), ids.size());
 }
 
 void Engine_AdvanceBatch(BatchEngine& engine, const py::buffer& slots, const py::buffer& tokens) {
@@ -200,53 +324,84 @@ void Engine_Fill(BatchEngine& engine, const py::buffer& bitmask, const py::buffe
   const auto num_rows = static_cast<std::size_t>(b.shape[0]);
   const auto* row_ptr = static_cast<const int32_t*>(r.ptr);
   const auto count = static_cast<std::size_t>(r.shape[0]);
-  py::gil_scoped_release release;
   if (wait) {
+    py::gil_scoped_release release;
     engine.Fill(ptr, num_rows, row_ptr, count);
-  } else {
-    engine.FillAsync(ptr, num_rows, row_ptr, count);
+    return;
+  }
+  // The engine keeps the bitmask's owner until the fill is waited for, so a buffer dropped
+  // early (by any thread) is never written after it is freed. Holders are created and released
+  // here, with the GIL held; the engine only moves them.
+  std::shared_ptr<void> keep = std::make_shared<py::object>(bitmask);
+  std::shared_ptr<void> finished;
+  {
+    py::gil_scoped_release release;
+    finished = engine.FillAsync(ptr, num_rows, row_ptr, count, keep);
   }
 }
 
 void Engine_Wait(BatchEngine& engine) {
+  std::shared_ptr<void> finished;
   py::gil_scoped_release release;
-  engine.Wait();
+  finished = engine.Wait();
 }
 
-py::dict Engine_SlotInfo(BatchEngine& engine, py::ssize_t slot) {
-  Engine_Wait(engine);
-  const auto& state = engine.state(CheckedSlot(slot));
+py::dict Engine_SlotInfo(BatchEngine& engine, const PyInt& slot) {
+  const std::size_t index = CheckedSlot(engine, slot);
+  llm_serving::SlotInfo state;
+  {
+    py::gil_scoped_release release;
+    state = engine.Info(index);
+  }
   py::dict info;
-  info["dead_ends"] = state.dead_ends();
-  info["rejected_tokens"] = state.rejected_tokens();
-  info["finished"] = state.phase() == llm_serving::Phase::kDone ||
-                     state.phase() == llm_serving::Phase::kFailed;
+  info["dead_ends"] = state.dead_ends;
+  info["rejected_tokens"] = state.rejected_tokens;
+  info["finished"] = state.finished;
   return info;
 }
 
 uint64_t Engine_TotalDeadEnds(BatchEngine& engine) {
-  Engine_Wait(engine);
+  py::gil_scoped_release release;
   return engine.total_dead_ends();
 }
 
-template <void (BatchEngine::*Method)(std::size_t)>
-void Engine_SlotCall(BatchEngine& engine, py::ssize_t slot) {
+bool Engine_Active(BatchEngine& engine, const PyInt& slot) {
+  const std::size_t index = CheckedSlot(engine, slot);
   py::gil_scoped_release release;
-  (engine.*Method)(CheckedSlot(slot));
+  return engine.active(index);
+}
+
+template <void (BatchEngine::*Method)(std::size_t)>
+void Engine_SlotCall(BatchEngine& engine, const PyInt& slot) {
+  const std::size_t index = CheckedSlot(engine, slot);
+  py::gil_scoped_release release;
+  (engine.*Method)(index);
 }
 
 template <void (BatchEngine::*Method)(std::size_t, std::size_t)>
-void Engine_PairCall(BatchEngine& engine, py::ssize_t a, py::ssize_t b) {
+void Engine_PairCall(BatchEngine& engine, const PyInt& a, const PyInt& b) {
+  const std::size_t first = CheckedSlot(engine, a);
+  const std::size_t second = CheckedSlot(engine, b);
   py::gil_scoped_release release;
-  (engine.*Method)(CheckedSlot(a), CheckedSlot(b));
+  (engine.*Method)(first, second);
 }
 
-std::unique_ptr<BatchEngine> Engine_Init(py::ssize_t max_batch, int32_t vocab_size,
-                                         py::ssize_t num_threads) {
-  if (max_batch <= 0) throw ConfigError("max_batch must be at least 1");
-  if (num_threads <= 0) throw ConfigError("num_threads must be at least 1");
-  return std::make_unique<BatchEngine>(static_cast<std::size_t>(max_batch), vocab_size,
-                                       static_cast<std::size_t>(num_threads));
+std::unique_ptr<BatchEngine> Engine_Init(const PyInt& max_batch, const PyInt& vocab_size,
+                                         const PyInt& num_threads) {
+  if (max_batch.overflow.empty() && max_batch.value <= 0) {
+    throw ConfigError("max_batch must be at least 1");
+  }
+  if (num_threads.overflow.empty() && num_threads.value <= 0) {
+    throw ConfigError("num_threads must be at least 1");
+  }
+  // Rows cross as int32, so a larger batch could never be filled.
+  const auto batch = InRange<std::size_t>(max_batch, "max_batch", 1,
+                                          std::numeric_limits<int32_t>::max());
+  const auto threads = InRange<std::size_t>(num_threads, "num_threads", 1,
+                                            std::numeric_limits<int32_t>::max());
+  const int32_t vocab = ToInt32(vocab_size, "vocab_size");
+  py::gil_scoped_release release;
+  return std::make_unique<BatchEngine>(batch, vocab, threads);
 }
 
 }  // namespace
@@ -316,7 +471,7 @@ PYBIND11_MODULE(_engine, m) {
       .def("advance_batch", &Engine_AdvanceBatch, py::arg("slots"), py::arg("tokens"))
       .def("fill", &Engine_Fill, py::arg("bitmask"), py::arg("rows"), py::arg("wait") = true)
       .def("wait", &Engine_Wait)
-      .def("active", &BatchEngine::active, py::arg("slot"))
+      .def("active", &Engine_Active, py::arg("slot"))
       .def("slot_info", &Engine_SlotInfo, py::arg("slot"))
       .def_property_readonly("total_dead_ends", &Engine_TotalDeadEnds);
 }

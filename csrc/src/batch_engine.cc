@@ -28,7 +28,10 @@ BatchEngine::BatchEngine(std::size_t max_batch, int32_t vocab_size, std::size_t 
   if (vocab_size <= 0) throw ConfigError("vocab_size must be positive");
 }
 
-BatchEngine::~BatchEngine() { pool_.Wait(); }
+BatchEngine::~BatchEngine() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pool_.Wait();
+}
 
 void BatchEngine::CheckSlot(std::size_t slot, const char* what) const {
   if (slot >= slots_.size()) {
@@ -54,47 +57,58 @@ void BatchEngine::Add(std::size_t slot, std::shared_ptr<const Constraint> constr
                       std::to_string(vocab_size_));
   }
   auto state = std::make_unique<SlotState>(std::move(constraint));
+  std::lock_guard<std::mutex> lock(mutex_);
   pool_.Wait();
-  Remove(slot);
+  RemoveLocked(slot);
   slots_[slot] = std::move(state);
+}
+
+void BatchEngine::RemoveLocked(std::size_t slot) {
+  if (slots_[slot]) removed_dead_ends_ += slots_[slot]->dead_ends();
+  slots_[slot].reset();
 }
 
 void BatchEngine::Remove(std::size_t slot) {
   CheckSlot(slot, "slot");
+  std::lock_guard<std::mutex> lock(mutex_);
   pool_.Wait();
-  if (slots_[slot]) removed_dead_ends_ += slots_[slot]->dead_ends();
-  slots_[slot].reset();
+  RemoveLocked(slot);
 }
 
 void BatchEngine::Move(std::size_t from, std::size_t to) {
   CheckSlot(from, "move source");
   CheckSlot(to, "move target");
+  std::lock_guard<std::mutex> lock(mutex_);
   pool_.Wait();
   if (from == to) return;
-  Remove(to);
+  RemoveLocked(to);
   slots_[to] = std::move(slots_[from]);
 }
 
 void BatchEngine::Swap(std::size_t a, std::size_t b) {
   CheckSlot(a, "swap slot");
   CheckSlot(b, "swap slot");
+  std::lock_guard<std::mutex> lock(mutex_);
   pool_.Wait();
   std::swap(slots_[a], slots_[b]);
 }
 
 void BatchEngine::Reset(std::size_t slot) {
+  std::lock_guard<std::mutex> lock(mutex_);
   SlotState& state = Active(slot);
   pool_.Wait();
   state.Reset();
 }
 
 void BatchEngine::Advance(std::size_t slot, const int32_t* tokens, std::size_t count) {
+  std::lock_guard<std::mutex> lock(mutex_);
   SlotState& state = Active(slot);
   pool_.Wait();
   for (std::size_t i = 0; i < count; ++i) state.Advance(tokens[i]);
 }
 
 void BatchEngine::AdvanceBatch(const int32_t* slots, const int32_t* tokens, std::size_t count) {
+  std::lock_guard<std::mutex> lock(mutex_);
   for (std::size_t i = 0; i < count; ++i) {
     if (slots[i] < 0) throw ConfigError("slot " + std::to_string(slots[i]) + " is negative");
     Active(static_cast<std::size_t>(slots[i]));
@@ -143,18 +157,27 @@ void BatchEngine::Launch(bool wake_workers) {
 
 void BatchEngine::Fill(int32_t* bitmask, std::size_t num_rows, const int32_t* rows,
                        std::size_t count) {
+  std::lock_guard<std::mutex> lock(mutex_);
   Stage(bitmask, num_rows, rows, count);
   Launch(/*wake_workers=*/false);
   pool_.Wait();
 }
 
-void BatchEngine::FillAsync(int32_t* bitmask, std::size_t num_rows, const int32_t* rows,
-                            std::size_t count) {
+std::shared_ptr<void> BatchEngine::FillAsync(int32_t* bitmask, std::size_t num_rows,
+                                             const int32_t* rows, std::size_t count,
+                                             std::shared_ptr<void> keep_alive) {
+  std::lock_guard<std::mutex> lock(mutex_);
   Stage(bitmask, num_rows, rows, count);
   Launch(/*wake_workers=*/true);
+  std::swap(keep_alive_, keep_alive);
+  return keep_alive;
 }
 
-void BatchEngine::Wait() { pool_.Wait(); }
+std::shared_ptr<void> BatchEngine::Wait() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pool_.Wait();
+  return std::move(keep_alive_);
+}
 
 void BatchEngine::RunChunk(std::size_t begin, std::size_t end) noexcept {
   for (std::size_t i = begin; i < end; ++i) {
@@ -163,18 +186,26 @@ void BatchEngine::RunChunk(std::size_t begin, std::size_t end) noexcept {
   }
 }
 
-bool BatchEngine::active(std::size_t slot) const {
+bool BatchEngine::active(std::size_t slot) {
   CheckSlot(slot, "slot");
+  std::lock_guard<std::mutex> lock(mutex_);
   return slots_[slot] != nullptr;
 }
 
-const SlotState& BatchEngine::state(std::size_t slot) const {
-  CheckSlot(slot, "slot");
-  if (!slots_[slot]) throw StateError("slot " + std::to_string(slot) + " holds no constraint");
-  return *slots_[slot];
+SlotInfo BatchEngine::Info(std::size_t slot) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pool_.Wait();
+  const SlotState& state = Active(slot);
+  SlotInfo info;
+  info.dead_ends = state.dead_ends();
+  info.rejected_tokens = state.rejected_tokens();
+  info.finished = state.phase() == Phase::kDone || state.phase() == Phase::kFailed;
+  return info;
 }
 
-uint64_t BatchEngine::total_dead_ends() const {
+uint64_t BatchEngine::total_dead_ends() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pool_.Wait();
   uint64_t total = removed_dead_ends_;
   for (const auto& slot : slots_) {
     if (slot) total += slot->dead_ends();

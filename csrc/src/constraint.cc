@@ -166,6 +166,14 @@ std::shared_ptr<const Constraint> MakeMachineConstraint(
     const std::vector<int32_t>& banned, int32_t vocab_size) {
   auto c = NewConstraint(RuleKind::kMachine, eos_token_id, banned, vocab_size);
   if (num_states == 0) throw ConfigError("num_states must be at least 1");
+  if (num_states > kMaxMachineStates) {
+    throw ConfigError("num_states " + std::to_string(num_states) + " exceeds the limit of " +
+                      std::to_string(kMaxMachineStates));
+  }
+  if (num_transitions > kMaxMachineTransitions) {
+    throw ConfigError(std::to_string(num_transitions) + " transitions exceed the limit of " +
+                      std::to_string(kMaxMachineTransitions));
+  }
   if (initial_state >= num_states) {
     throw ConfigError("initial_state " + std::to_string(initial_state) +
                       " is not below num_states " + std::to_string(num_states));
@@ -199,7 +207,7 @@ std::shared_ptr<const Constraint> MakeMachineConstraint(
     const int32_t* y = transitions + 3 * b;
     return x[0] != y[0] ? x[0] < y[0] : x[1] < y[1];
   });
-  m.offsets.assign(num_states + 1, 0);
+  m.offsets.assign(std::size_t{num_states} + 1, 0);
   m.tokens.reserve(num_transitions);
   m.next_states.reserve(num_transitions);
   for (std::size_t k = 0; k < num_transitions; ++k) {
@@ -212,7 +220,7 @@ std::shared_ptr<const Constraint> MakeMachineConstraint(
                           std::to_string(row[1]));
       }
     }
-    ++m.offsets[static_cast<uint32_t>(row[0]) + 1];
+    ++m.offsets[static_cast<std::size_t>(row[0]) + 1];
     m.tokens.push_back(row[1]);
     m.next_states.push_back(static_cast<uint32_t>(row[2]));
   }

@@ -1,17 +1,34 @@
 #include "llm_serving/worker_pool.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <system_error>
 
 namespace llm_serving {
 
 WorkerPool::WorkerPool(std::size_t num_threads) {
   const std::size_t workers = num_threads > 1 ? num_threads - 1 : 0;
   workers_.reserve(workers);
-  for (std::size_t i = 0; i < workers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  try {
+    for (std::size_t i = 0; i < workers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  } catch (const std::system_error& error) {
+    // No destructor runs for a half-built pool: the started workers would still wait on the
+    // condition variable being destroyed, and a joinable std::thread terminates the process.
+    const std::size_t started = workers_.size();
+    StopWorkers();
+    throw std::runtime_error("could not start worker thread " + std::to_string(started + 1) +
+                             " of " + std::to_string(workers) + " (" + error.what() +
+                             "); lower num_threads or LLM_SERVING_ENGINE_THREADS");
+  }
 }
 
 WorkerPool::~WorkerPool() {
   if (busy()) Wait();
+  StopWorkers();
+}
+
+void WorkerPool::StopWorkers() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;

@@ -124,12 +124,15 @@ def _as_int32(array: Any, name: str) -> np.ndarray:
 
 
 class ConstraintEngine:
-    """Slots ``0..max_batch-1`` of request constraints and the batched bitmask fill."""
+    """Slots ``0..max_batch-1`` of request constraints and the batched bitmask fill.
+
+    Safe to share between threads: the native engine runs one call at a time, and each call
+    first waits for a pending fill, whichever thread started it.
+    """
 
     def __init__(self, max_batch: int, vocab_size: int, num_threads: int | None = None) -> None:
         threads = _engine.default_num_threads() if num_threads is None else num_threads
         self._native = _engine.Engine(max_batch, vocab_size, threads)
-        self._pending: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def native(self) -> _engine.Engine:
@@ -178,17 +181,14 @@ class ConstraintEngine:
     def fill(self, bitmask: Any, rows: Any, *, wait: bool = True) -> None:
         """Write the rows' bitmasks into ``bitmask`` (int32 ``[n, words]``, CPU).
 
-        With ``wait=False`` the fill runs on the engine's threads; the arrays stay referenced
-        here until :meth:`wait`, which must be called before reading ``bitmask``.
+        With ``wait=False`` the fill runs on the engine's threads, which keep ``bitmask``
+        referenced until :meth:`wait`; call it before reading ``bitmask``.
         """
         mask = _as_int32(bitmask, "bitmask")
-        row_array = np.ascontiguousarray(_as_int32(rows, "rows"))
-        self._native.fill(mask, row_array, wait)
-        self._pending = None if wait else (mask, row_array)
+        self._native.fill(mask, np.ascontiguousarray(_as_int32(rows, "rows")), wait)
 
     def wait(self) -> None:
         self._native.wait()
-        self._pending = None
 
     def slot_info(self, slot: int) -> dict[str, Any]:
         return self._native.slot_info(slot)

@@ -31,6 +31,7 @@ __all__ = [
     "EXTRA_ARGS_KEY",
     "ConstraintLogitsProcessor",
     "LazyEncoder",
+    "TokenizerLoadError",
     "catalog_registry",
     "load_tokenizer",
     "model_eos_token_id",
@@ -40,16 +41,28 @@ __all__ = [
 EXTRA_ARGS_KEY = "constraints"
 
 
+class TokenizerLoadError(ValueError):
+    """The model's ``tokenizer.json`` is missing or unreadable; constrained requests fail."""
+
+
 def load_tokenizer(name_or_path: str) -> Tokenizer:
     """The model's fast tokenizer from ``tokenizer.json`` in its directory (no downloads)."""
     path = Path(name_or_path)
     candidate = path / "tokenizer.json" if path.is_dir() else path
     if not candidate.is_file():
-        raise ValueError(
+        raise TokenizerLoadError(
             f"constraints need the model's tokenizer.json; none found at {candidate} "
             "(model_config.tokenizer must be a local directory)"
         )
-    return Tokenizer.from_file(str(candidate))
+    try:
+        return Tokenizer.from_file(str(candidate))
+    except Exception as exc:
+        # tokenizers raises a plain Exception for a malformed file; as a ValueError it takes
+        # the batch's fail-closed path instead of escaping into vLLM's engine loop.
+        raise TokenizerLoadError(
+            f"the model's tokenizer {candidate} cannot be loaded: {exc} "
+            "(replace it with a valid tokenizer.json)"
+        ) from exc
 
 
 class LazyEncoder:

@@ -11,7 +11,14 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "MAX_ALLOW_ITEMS",
@@ -129,6 +136,14 @@ class ConstraintSpec(_Strict):
         default=None, description="Token ids never allowed, alone or intersected with the rule."
     )
 
+    @field_validator("version", mode="before")
+    @classmethod
+    def _exact_version(cls, value: object) -> object:
+        # Literal[1] compares with ==, so strict mode alone lets true and 1.0 through.
+        if type(value) is not int:
+            raise _FieldError((), f"Input should be 1 (an integer), got {type(value).__name__}")
+        return value
+
     @model_validator(mode="after")
     def _check_rules(self) -> ConstraintSpec:
         if self.item_list is not None and self.token_machine is not None:
@@ -180,6 +195,9 @@ def parse_constraints(value: object) -> ConstraintSpec:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
             raise ConstraintConfigError(_ROOT, f"not valid JSON: {exc}") from None
+        except RecursionError:
+            # vLLM turns only ValueError into a 400; a RecursionError would be a server error.
+            raise ConstraintConfigError(_ROOT, "not valid JSON: nested too deeply") from None
     if not isinstance(value, dict):
         raise ConstraintConfigError(_ROOT, f"expected a JSON object, got {type(value).__name__}")
     if "version" not in value:

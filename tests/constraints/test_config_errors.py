@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +21,15 @@ from runtime.constraints.catalog import (
 )
 from runtime.constraints.engine import ConstraintEngine, EngineConfigError, EngineStateError
 from runtime.constraints.plan import resolve_constraints
-from runtime.constraints.processor import ConstraintLogitsProcessor
+from runtime.constraints.processor import (
+    ConstraintLogitsProcessor,
+    TokenizerLoadError,
+    load_tokenizer,
+)
+from runtime.constraints.runner_v2 import ConstraintLogitsProcessorV2
 from runtime.constraints.schema import ConstraintConfigError, parse_constraints
 from tests.constraints.conftest import WORDS, vllm_config
+from tests.constraints.mrv2_standin import RequestStatesStandIn, logits_context
 from tests.constraints.toy import word_tokenizer, write_catalog
 
 VOCAB = 40
@@ -328,3 +335,128 @@ def test_engine_starts_without_a_tokenizer_and_fails_closed(
     assert proc.batch.rejected_requests == 1
     assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [0]
     assert torch.isinf(logits[1]).nonzero().flatten().tolist() == [3]
+
+
+def test_malformed_tokenizer_fails_closed_in_both_adapters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # tokenizers raises a plain Exception for a malformed file: it must end the constrained
+    # request (V1 update_state, V2 apply_staged_writes), never escape into vLLM's engine loop.
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    write_catalog(tmp_path, "films", [("f1", "red")])
+    monkeypatch.setenv("LLM_SERVING_CATALOG_DIR", str(tmp_path))
+    proc = ConstraintLogitsProcessor(vllm_config(tmp_path, VOCAB, 2), torch.device("cpu"), False)
+    added = [(0, _params(_item_list()), [1], [])]
+    proc.update_state(BatchUpdate(batch_size=1, removed=[], moved=[], added=added))
+    logits = torch.zeros((1, VOCAB))
+    proc.apply(logits)
+    assert proc.batch.rejected_requests == 1
+    assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [0]
+
+    states = RequestStatesStandIn(2, 16, VOCAB)
+    v2 = ConstraintLogitsProcessorV2(vllm_config(tmp_path, VOCAB, 2), states)
+    idx = states.add_request("r0", [1], [1])
+    assert v2.add_request(idx, _params(_item_list()))
+    v2.apply_staged_writes()
+    logits = torch.zeros((1, VOCAB))
+    v2.apply(logits, logits_context(np.asarray([idx], np.int64), states))
+    assert v2.batch.rejected_requests == 1
+    assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [0]
+    with pytest.raises(TokenizerLoadError, match="cannot be loaded"):
+        load_tokenizer(str(tmp_path))
+
+
+def test_token_machine_size_is_refused_before_allocating() -> None:
+    # num_states + 1 wrapped to 0 in uint32 and the first fill read past the offsets; the
+    # check comes before the per-state arrays (4 GiB here) are allocated.
+    no_rows = np.zeros((0, 3), np.int32)
+    with pytest.raises(EngineConfigError, match="num_states 4294967295 exceeds the limit of"):
+        _engine.Constraint.token_machine(2**32 - 1, 0, [0], no_rows, 0, [], VOCAB)
+    with pytest.raises(EngineConfigError, match=r"num_states 4294967296 is not in 0\.\."):
+        _engine.Constraint.token_machine(2**32, 0, [0], no_rows, 0, [], VOCAB)
+    machine = _engine.Constraint.token_machine(3, 0, [2], no_rows, 0, [], VOCAB)
+    engine = ConstraintEngine(1, VOCAB, 1)
+    engine.add(0, machine)
+    mask = np.zeros((1, 2), np.int32)
+    engine.fill(mask, np.asarray([0], np.int32))
+    assert mask.tolist() == [[1, 0]]  # state 0 has no transition and is not accepting: EOS
+
+
+def _out_of_range_calls() -> list[tuple[str, Callable[[], object]]]:
+    engine = ConstraintEngine(2, VOCAB, 1)
+    engine.add(0, _engine.Constraint.banned(0, [3], VOCAB))
+    native = engine.native
+    cat = _catalog([[1, 2], [3]])
+    no_rows = np.zeros((0, 3), np.int32)
+
+    def item_list(**change: object) -> object:
+        args = dict(
+            catalog=cat,
+            prefix=[],
+            separator=[5],
+            terminator=[6],
+            min_items=1,
+            max_items=None,
+            unique=False,
+            allowed=None,
+            eos_token_id=0,
+            banned=[],
+            vocab_size=VOCAB,
+        )
+        return _engine.Constraint.item_list(**{**args, **change})  # type: ignore[arg-type]
+
+    return [
+        ("active(-1)", lambda: native.active(-1)),
+        ("active(2**64)", lambda: native.active(2**64)),
+        ("remove(2**63)", lambda: native.remove(2**63)),
+        ("reset(-2**70)", lambda: native.reset(-(2**70))),
+        ("move(0, 2**64)", lambda: native.move(0, 2**64)),
+        ("swap(2**64, 0)", lambda: native.swap(2**64, 0)),
+        ("add(2**63)", lambda: native.add(2**63, _engine.Constraint.banned(0, [], VOCAB))),
+        ("advance(2**64)", lambda: native.advance(2**64, [1])),
+        ("advance tokens", lambda: native.advance(0, [2**40])),
+        ("slot_info(-1)", lambda: native.slot_info(-1)),
+        ("slot_info(2**64)", lambda: native.slot_info(2**64)),
+        ("min_items=-1", lambda: item_list(min_items=-1)),
+        ("max_items=2**40", lambda: item_list(max_items=2**40)),
+        ("banned=[2**64]", lambda: item_list(banned=[2**64])),
+        ("prefix=[-2**40]", lambda: item_list(prefix=[-(2**40)])),
+        ("eos_token_id=2**31", lambda: item_list(eos_token_id=2**31)),
+        (
+            "accepting=[-1]",
+            lambda: _engine.Constraint.token_machine(2, 0, [-1], no_rows, 0, [], VOCAB),
+        ),
+        (
+            "initial_state=-1",
+            lambda: _engine.Constraint.token_machine(2, -1, [0], no_rows, 0, [], VOCAB),
+        ),
+        (
+            "num_states=-1",
+            lambda: _engine.Constraint.token_machine(-1, 0, [0], no_rows, 0, [], VOCAB),
+        ),
+        ("banned vocab_size", lambda: _engine.Constraint.banned(0, [], 2**31)),
+        ("Engine(2**63)", lambda: _engine.Engine(2**63, VOCAB, 1)),
+        ("Engine threads", lambda: _engine.Engine(2, VOCAB, 2**64)),
+        (
+            "Catalog vocab_size",
+            lambda: _engine.Catalog(np.ones(1, np.int32), np.asarray([0, 1], np.int64), -(2**33)),
+        ),
+    ]
+
+
+def test_out_of_range_integers_are_value_errors() -> None:
+    # Negative or huge indices gave pybind11's TypeError on some calls and ValueError on others.
+    for name, call in _out_of_range_calls():
+        with pytest.raises(EngineConfigError) as info:
+            call()
+        assert "incompatible function arguments" not in str(info.value), name
+    engine = ConstraintEngine(2, VOCAB, 1)
+    with pytest.raises(EngineConfigError, match=r"^slot 18446744073709551616 is not in 0\.\.1$"):
+        engine.active(2**64)
+    with pytest.raises(EngineConfigError, match=r"^min_items -1 is not in 0\.\.4294967295$"):
+        _engine.Constraint.item_list(
+            _catalog([[1]]), [], [5], [], -1, None, False, None, 0, [], VOCAB
+        )
+    with pytest.raises(TypeError):
+        engine.active(1.0)  # type: ignore[arg-type]  # not an integer at all
+    assert engine.native.active(np.int64(1)) is False  # numpy integers pass through __index__

@@ -13,6 +13,7 @@ TESTS = [
     "tests/constraints/test_runner_v2_properties.py",
     "tests/constraints/test_config_errors.py",
     "tests/constraints/test_decoded_properties.py",
+    "tests/constraints/test_engine_threads.py",
 ]
 
 

@@ -45,6 +45,13 @@ def test_banned_tokens_alone() -> None:
         ("{not json", "constraints", "not valid JSON"),
         ({"item_list": {"catalog": "c"}}, "constraints.version", "the only version is 1"),
         ({"version": 2, "banned_tokens": [1]}, "constraints.version", "Input should be 1"),
+        ({"version": True, "banned_tokens": [1]}, "constraints.version", "got bool"),
+        ({"version": 1.0, "banned_tokens": [1]}, "constraints.version", "got float"),
+        (
+            '{"version": 1, "banned_tokens": ' + "[" * 50_000 + "]" * 50_000 + "}",
+            "constraints",
+            "not valid JSON: nested too deeply",
+        ),
         ({"version": 1}, "constraints", "at least one of item_list, token_machine"),
         ({"version": 1, "extra": 1}, "constraints.extra", "unknown field"),
         (

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "llm_serving/constraint.h"
@@ -12,6 +13,16 @@
 
 namespace llm_serving {
 
+// What slot_info reports about one slot, copied under the engine's lock.
+struct SlotInfo {
+  uint64_t dead_ends = 0;
+  uint64_t rejected_tokens = 0;
+  bool finished = false;
+};
+
+// Thread-safe: every method takes the engine's lock, so calls from several threads run one at
+// a time. A call first waits for a pending fill (FillAsync) to finish, whoever started it; it
+// never waits for that thread's Wait(), so a thread that never calls it cannot stall the others.
 class BatchEngine : private ChunkedTask {
  public:
   BatchEngine(std::size_t max_batch, int32_t vocab_size, std::size_t num_threads);
@@ -34,15 +45,18 @@ class BatchEngine : private ChunkedTask {
 
   // Writes row r of `bitmask` ([num_rows, words()] int32) for every r in `rows`; rows whose
   // slot holds no constraint are left untouched. FillAsync returns at once: the buffer must
-  // stay alive and unread until Wait().
+  // stay unread until Wait(). The engine holds `keep_alive` (the buffer's owner) until then,
+  // and FillAsync and Wait hand back the holder of the fill they finished, for the caller to
+  // release (a Python owner needs the GIL, which the engine never takes).
   void Fill(int32_t* bitmask, std::size_t num_rows, const int32_t* rows, std::size_t count);
-  void FillAsync(int32_t* bitmask, std::size_t num_rows, const int32_t* rows, std::size_t count);
-  void Wait();
-  bool pending() const { return pool_.busy(); }
+  std::shared_ptr<void> FillAsync(int32_t* bitmask, std::size_t num_rows, const int32_t* rows,
+                                  std::size_t count, std::shared_ptr<void> keep_alive);
+  std::shared_ptr<void> Wait();
 
-  bool active(std::size_t slot) const;
-  const SlotState& state(std::size_t slot) const;
-  uint64_t total_dead_ends() const;
+  bool active(std::size_t slot);
+  // These wait for a pending fill: the fill updates the counters.
+  SlotInfo Info(std::size_t slot);
+  uint64_t total_dead_ends();
 
  private:
   void RunChunk(std::size_t begin, std::size_t end) noexcept override;
@@ -50,7 +64,11 @@ class BatchEngine : private ChunkedTask {
   SlotState& Active(std::size_t slot);
   void Stage(int32_t* bitmask, std::size_t num_rows, const int32_t* rows, std::size_t count);
   void Launch(bool wake_workers);
+  void RemoveLocked(std::size_t slot);
 
+  // Guards the members below (the sizes never change). Workers read them only during a fill,
+  // and a holder waits for a pending fill before changing them.
+  std::mutex mutex_;
   int32_t vocab_size_;
   std::size_t words_;
   std::vector<std::unique_ptr<SlotState>> slots_;
@@ -58,6 +76,7 @@ class BatchEngine : private ChunkedTask {
   std::vector<uint8_t> seen_;  // duplicate-row check, preallocated
   std::size_t num_fill_rows_ = 0;
   uint32_t* bitmask_ = nullptr;
+  std::shared_ptr<void> keep_alive_;  // the last FillAsync's, until a Wait hands it back
   uint64_t removed_dead_ends_ = 0;
   WorkerPool pool_;
 };

@@ -30,6 +30,11 @@ struct ItemListRule {
   std::vector<uint32_t> root_mask;  // first tokens of the available items (canonical only)
 };
 
+// Bounds of a token machine: far above what a request may send, low enough that a state id
+// plus one and the uint32 offsets below never wrap.
+constexpr uint32_t kMaxMachineStates = uint32_t{1} << 24;
+constexpr std::size_t kMaxMachineTransitions = UINT32_MAX;
+
 // A deterministic automaton in compressed rows: state s owns [offsets[s], offsets[s+1]).
 struct MachineRule {
   uint32_t initial_state = 0;

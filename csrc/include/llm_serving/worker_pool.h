@@ -19,7 +19,8 @@ class ChunkedTask {
 
 class WorkerPool {
  public:
-  // Starts num_threads - 1 workers: the thread that waits runs chunks too.
+  // Starts num_threads - 1 workers: the thread that waits runs chunks too. Throws
+  // std::runtime_error, with no thread left running, when a worker cannot be started.
   explicit WorkerPool(std::size_t num_threads);
   ~WorkerPool();
   WorkerPool(const WorkerPool&) = delete;
@@ -36,6 +37,7 @@ class WorkerPool {
 
  private:
   void WorkerLoop();
+  void StopWorkers();  // stops and joins every started worker
   // Runs chunks until none is left; returns how many this thread finished.
   std::size_t Drain();
 
