@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -217,25 +218,29 @@ def test_native_catalog_errors(seqs: list[list[int]], fragment: str) -> None:
         _catalog(seqs)
 
 
+def _item_list_args(catalog: _engine.Catalog) -> dict[str, Any]:
+    """Arguments of a valid ``Constraint.item_list`` over ``catalog``, for one to be broken."""
+    return {
+        "catalog": catalog,
+        "prefix": [],
+        "separator": [5],
+        "terminator": [6],
+        "min_items": 1,
+        "max_items": None,
+        "unique": False,
+        "allowed": None,
+        "eos_token_id": 0,
+        "banned": [],
+        "vocab_size": VOCAB,
+    }
+
+
 def test_native_buffer_and_constraint_errors() -> None:
     with pytest.raises(ValueError, match="offsets must be int64"):
         _engine.Catalog(np.ones(2, np.int32), np.asarray([0, 2], np.int32), VOCAB)
     with pytest.raises(ValueError, match="offsets must start at 0"):
         _engine.Catalog(np.ones(2, np.int32), np.asarray([0, 3], np.int64), VOCAB)
-    cat = _catalog([[1, 2], [3]])
-    args = dict(
-        catalog=cat,
-        prefix=[],
-        separator=[5],
-        terminator=[6],
-        min_items=1,
-        max_items=None,
-        unique=False,
-        allowed=None,
-        eos_token_id=0,
-        banned=[],
-        vocab_size=VOCAB,
-    )
+    args = _item_list_args(_catalog([[1, 2], [3]]))
     cases = [
         ({"allowed": np.asarray([7], np.int32)}, "allowed item index 7 is not in the catalog"),
         ({"min_items": 3, "max_items": 2}, r"min_items \(3\) must not exceed max_items \(2\)"),
@@ -390,20 +395,7 @@ def _out_of_range_calls() -> list[tuple[str, Callable[[], object]]]:
     no_rows = np.zeros((0, 3), np.int32)
 
     def item_list(**change: object) -> object:
-        args = dict(
-            catalog=cat,
-            prefix=[],
-            separator=[5],
-            terminator=[6],
-            min_items=1,
-            max_items=None,
-            unique=False,
-            allowed=None,
-            eos_token_id=0,
-            banned=[],
-            vocab_size=VOCAB,
-        )
-        return _engine.Constraint.item_list(**{**args, **change})  # type: ignore[arg-type]
+        return _engine.Constraint.item_list(**{**_item_list_args(cat), **change})
 
     return [
         ("active(-1)", lambda: native.active(-1)),

@@ -18,7 +18,7 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
 from runtime.frontend import FrontendSettings, create_app
-from runtime.frontend.engine import Engine
+from runtime.frontend.engine import Engine, ScoredCandidate
 from tests.support.kserve_server import KServeStandIn, StandInModel
 from tests.support.toy_model import VOCAB, ToyModel
 
@@ -61,6 +61,25 @@ def write_tokenizer(directory: Path, template: str = CHAT_TEMPLATE) -> Path:
     # The toy model's embedding width (tests.support.toy_model.ToyModel.embedding_dim).
     (directory / "config.json").write_text(json.dumps({"hidden_size": 8}))
     return directory
+
+
+class InProcessEngine(Engine):
+    """An engine with nothing to connect to, for tests whose subclass writes ``generate``."""
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def ready(self) -> bool:
+        return True
+
+    async def embed(self, text: str, dimensions: int | None) -> tuple[list[float], int]:
+        raise NotImplementedError
+
+    async def score(self, prompt: str, candidates: list[str]) -> list[ScoredCandidate]:
+        raise NotImplementedError
 
 
 @dataclass

@@ -15,13 +15,11 @@ from runtime.frontend import FrontendSettings
 from runtime.frontend.coalesce import coalesced, merge_outputs
 from runtime.frontend.engine import (
     ChoiceOutput,
-    Engine,
     EngineOutput,
     GenerateParams,
-    ScoredCandidate,
     TokenLogprob,
 )
-from tests.frontend.conftest import serve
+from tests.frontend.conftest import InProcessEngine, serve
 
 
 def _out(*choices: tuple[int, str, str | None], prompt: int | None = 3) -> EngineOutput:
@@ -92,20 +90,11 @@ async def test_closing_the_stream_closes_the_engine_iterator() -> None:
     assert closed.is_set()
 
 
-class BurstEngine(Engine):
+class BurstEngine(InProcessEngine):
     """Sends every token of a generation at once, as a backend ahead of the frontend would."""
 
     def __init__(self, tokens: int) -> None:
         self.tokens = tokens
-
-    async def start(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
-
-    async def ready(self) -> bool:
-        return True
 
     async def generate(self, params: GenerateParams) -> AsyncIterator[EngineOutput]:
         for i in range(self.tokens):
@@ -115,12 +104,6 @@ class BurstEngine(Engine):
             yield EngineOutput(
                 (ChoiceOutput(0, f" w{i}", reason, 1, lp),), prompt_tokens=2, finished=last
             )
-
-    async def embed(self, text: str, dimensions: int | None) -> tuple[list[float], int]:
-        raise NotImplementedError
-
-    async def score(self, prompt: str, candidates: list[str]) -> list[ScoredCandidate]:
-        raise NotImplementedError
 
 
 @pytest.fixture(scope="module")

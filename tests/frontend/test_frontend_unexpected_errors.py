@@ -15,30 +15,19 @@ import pytest
 from runtime.frontend import FrontendSettings
 from runtime.frontend.engine import (
     ChoiceOutput,
-    Engine,
     EngineOutput,
     GenerateParams,
-    ScoredCandidate,
 )
-from tests.frontend.conftest import serve
+from tests.frontend.conftest import InProcessEngine, serve
 
 SECRET = "internal detail /srv/secret"
 
 
-class BrokenEngine(Engine):
+class BrokenEngine(InProcessEngine):
     """Yields ``before`` outputs, then raises an exception that is not a FrontendError."""
 
     def __init__(self, before: int) -> None:
         self.before = before
-
-    async def start(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
-
-    async def ready(self) -> bool:
-        return True
 
     async def generate(self, params: GenerateParams) -> AsyncGenerator[EngineOutput, None]:
         for i in range(self.before):
@@ -47,9 +36,6 @@ class BrokenEngine(Engine):
 
     async def embed(self, text: str, dimensions: int | None) -> tuple[list[float], int]:
         raise ZeroDivisionError(SECRET)
-
-    async def score(self, prompt: str, candidates: list[str]) -> list[ScoredCandidate]:
-        raise NotImplementedError
 
 
 def _url(tokenizer_dir: Path, before: int) -> Iterator[str]:

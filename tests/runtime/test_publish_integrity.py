@@ -3,7 +3,6 @@ sends are the bytes the manifest's sha256 describes."""
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ import runtime.publish as publish_module
 from runtime.package import MANIFEST_NAME, PackageError, build_package, load_manifest
 from runtime.package.build import file_entry
 from runtime.publish import PublishError, publish
-from tests.runtime.wheelmaker import make_source
+from tests.runtime.wheelmaker import build_multipart_version, make_source
 
 PART = 5 << 20
 PREFIX = "models/toy/v1/"
@@ -27,11 +26,7 @@ def keys(client: Any, bucket: str) -> set[str]:
 
 @pytest.fixture
 def version(tmp_path: Path) -> Path:
-    source = make_source(tmp_path / "src")
-    # 12 MiB: three 5 MiB parts, so this file goes up as a multipart upload.
-    (source / "weights" / "model.safetensors").write_bytes(os.urandom(12 << 20))
-    build_package(source, tmp_path / "out")
-    return tmp_path / "out"
+    return build_multipart_version(tmp_path)
 
 
 def test_build_refuses_weights_in_the_records_folder(tmp_path: Path) -> None:

@@ -7,7 +7,6 @@ moto keeps replication rules but never replicates, so these tests talk to it thr
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,6 @@ import pytest
 from typer.testing import CliRunner
 
 from runtime.cli import app
-from runtime.package import build_package
 from runtime.publish import (
     Backoff,
     PublishError,
@@ -26,7 +24,7 @@ from runtime.publish import (
     format_plan,
     publish,
 )
-from tests.runtime.wheelmaker import make_source
+from tests.runtime.wheelmaker import build_multipart_version
 from tests.support.s3_replication import ReplicationStandIn
 
 PART = 5 << 20
@@ -61,11 +59,8 @@ def bucket(client: Any, bucket: str) -> str:
 
 @pytest.fixture
 def version(tmp_path: Path) -> Path:
-    source = make_source(tmp_path / "src")
     # Two 5 MiB parts: the weights reach S3 through CompleteMultipartUpload.
-    (source / "weights" / "model.safetensors").write_bytes(os.urandom(6 << 20))
-    build_package(source, tmp_path / "out")
-    return tmp_path / "out"
+    return build_multipart_version(tmp_path, 6 << 20)
 
 
 def replicate(client: Any, bucket: str, prefix: str = "models/", status: str = "Enabled") -> None:

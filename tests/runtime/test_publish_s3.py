@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from runtime.cli import app
 from runtime.package import build_package
 from runtime.publish import DEFAULT_PART_SIZE, PublishError, format_plan, part_layout, publish
-from tests.runtime.wheelmaker import make_source
+from tests.runtime.wheelmaker import build_multipart_version, make_source
 
 PART = 5 << 20
 PREFIX = "models/toy/v1/"
@@ -51,11 +51,7 @@ class CountingClient:
 
 @pytest.fixture
 def version(tmp_path: Path) -> Path:
-    source = make_source(tmp_path / "src")
-    # 12 MiB of distinct bytes: three 5 MiB parts (the last one short).
-    (source / "weights" / "model.safetensors").write_bytes(os.urandom(12 << 20))
-    build_package(source, tmp_path / "out")
-    return tmp_path / "out"
+    return build_multipart_version(tmp_path)
 
 
 def keys(client: Any, bucket: str) -> set[str]:

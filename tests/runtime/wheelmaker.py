@@ -5,11 +5,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import zipfile
 from pathlib import Path
 
 import yaml
 from tokenizers import Tokenizer, models, pre_tokenizers
+
+from runtime.package import build_package
 
 #: The toy plugin's entry point: every plugin wheel a package builds with needs one.
 TOY_ENTRY_POINTS = {"vllm.logits_processors": {"toy": "toy_plugin:Processor"}}
@@ -100,3 +103,12 @@ def make_source(root: Path, **spec_overrides: object) -> Path:
     spec.update(spec_overrides)
     (root / "package.yaml").write_text(yaml.safe_dump(spec))
     return root
+
+
+def build_multipart_version(root: Path, weight_bytes: int = 12 << 20) -> Path:
+    """A built package whose distinct weight bytes (12 MiB: three 5 MiB parts, the last one
+    short) go up as a multipart upload."""
+    source = make_source(root / "src")
+    (source / "weights" / "model.safetensors").write_bytes(os.urandom(weight_bytes))
+    build_package(source, root / "out")
+    return root / "out"
