@@ -502,30 +502,38 @@ struct ScrapeServer::Impl {
     }
   }
 
-  // Parses and answers the requests in `in`, one at a time; false once closed.
-  bool Serve(Connection& c) {
-    while (!c.waiting && !c.closing) {
-      size_t end = c.in.find("\r\n\r\n");
-      if (end == std::string::npos || end > options.max_request_bytes) {
-        if (end != std::string::npos || c.in.size() > options.max_request_bytes) {
-          c.keep_alive = false;
-          Respond(c, 431, "Request Header Fields Too Large", "text/plain",
-                  "request head over " + std::to_string(options.max_request_bytes) + " bytes\n",
-                  false);
-        }
-        break;
-      }
-      Request r = ParseHead(std::string_view(c.in).substr(0, end));
-      if (r.bad || r.body > options.max_request_bytes) {
-        c.keep_alive = false;
-        Respond(c, 400, "Bad Request", "text/plain", "bad request\n", false);
-        break;
-      }
-      if (c.in.size() < end + 4 + r.body) break;  // the body (discarded) is still coming
-      c.in.erase(0, end + 4 + r.body);
-      Handle(c, r);
+  // Parses and answers one request of `in`; false if no whole request is there yet.
+  bool ServeOne(Connection& c) {
+    size_t end = c.in.find("\r\n\r\n");
+    if (end == std::string::npos || end > options.max_request_bytes) {
+      if (end == std::string::npos && c.in.size() <= options.max_request_bytes) return false;
+      c.keep_alive = false;
+      Respond(c, 431, "Request Header Fields Too Large", "text/plain",
+              "request head over " + std::to_string(options.max_request_bytes) + " bytes\n",
+              false);
+      return true;
     }
-    return Flush(c);
+    Request r = ParseHead(std::string_view(c.in).substr(0, end));
+    if (r.bad || r.body > options.max_request_bytes) {
+      c.keep_alive = false;
+      Respond(c, 400, "Bad Request", "text/plain", "bad request\n", false);
+      return true;
+    }
+    if (c.in.size() < end + 4 + r.body) return false;  // the body (discarded) is still coming
+    c.in.erase(0, end + 4 + r.body);
+    Handle(c, r);
+    return true;
+  }
+
+  // Answers the requests in `in` in order, the next one only once the answer before it is
+  // written: pipelined scrapes would otherwise queue a body each (a 30 KB burst of GETs
+  // queued 150 MB). False once closed.
+  bool Serve(Connection& c) {
+    for (;;) {
+      if (!c.waiting && !c.closing && c.out.empty() && !ServeOne(c)) return Flush(c);
+      if (!Flush(c)) return false;
+      if (!c.out.empty() || c.waiting || c.closing) return true;
+    }
   }
 
   // The most input a connection holds: one whole request (head, blank line, body).
@@ -645,7 +653,8 @@ struct ScrapeServer::Impl {
           if (events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
             Read(c);
           } else if (events[i].events & EPOLLOUT) {
-            Flush(c);
+            // Written out: the requests it held back are next.
+            if (Flush(c) && c.out.empty()) Serve(c);
           }
         }
       }

@@ -170,6 +170,39 @@ def test_input_behind_a_scrape_waiting_for_its_merge_is_bounded(vllm_dir: Path) 
             app.stop()
 
 
+def _rss_mib() -> int:
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) >> 10
+
+
+def test_pipelined_scrapes_are_answered_one_at_a_time(vllm_dir: Path, triton) -> None:
+    """Unread answers to a burst of pipelined GETs do not pile up: each waits for the one
+    before it to be written, and every one still arrives, in order."""
+    settings = make_settings(vllm_dir, triton.url, host="127.0.0.1", port=0, reuse_s=30)
+    app = create_app(settings)
+    port = app.start()
+    try:
+        with _connect(port) as sock:
+            buffer = bytearray()
+            sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+            status, _, body = _read_response(sock, buffer)
+            assert status == 200
+            request = b"GET /metrics HTTP/1.1\r\n\r\n"
+            count = 30_000 // len(request)  # one burst, under the input bound
+            before = _rss_mib()
+            sock.sendall(request * count)
+            time.sleep(1)  # the server's chance to queue what it would
+            # Queued answers would take count * len(body) (here over 100 MiB).
+            assert count * len(body) > 100 << 20
+            assert _rss_mib() - before < 50
+            for _ in range(count):
+                assert _read_response(sock, buffer)[:1] == (200,)
+            assert not buffer
+    finally:
+        app.stop()
+
+
 def test_idle_connections_are_closed_after_the_idle_timeout(vllm_dir: Path, triton) -> None:
     settings = make_settings(vllm_dir, triton.url, host="127.0.0.1", port=0, idle_timeout_s=0.3)
     app = create_app(settings)
