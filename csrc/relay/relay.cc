@@ -295,13 +295,20 @@ int Relay::Open(const std::string& host, int port, int backlog) {
   Resolve(host, port, true, found);
   std::vector<Fd> bound;
   int bound_port = port;
+  // An IPv6 listener takes IPv4 clients too (the bare "::" wildcard), unless the host also
+  // resolved to IPv4 addresses, which then get listeners of their own.
+  bool has_ipv4 = false;
+  for (addrinfo* ai = found.list; ai != nullptr; ai = ai->ai_next) {
+    has_ipv4 = has_ipv4 || ai->ai_family == AF_INET;
+  }
   for (addrinfo* ai = found.list; ai != nullptr; ai = ai->ai_next) {
     Fd fd(socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     if (!fd) ThrowErrno("socket");
     int one = 1;
     setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (ai->ai_family == AF_INET6) {
-      setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+      const int v6_only = has_ipv4 ? 1 : 0;
+      setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &v6_only, sizeof(v6_only));
     }
     // Every address of the host gets the same port, the one chosen for the first.
     SetPort(ai->ai_addr, bound_port);
@@ -422,6 +429,10 @@ void Relay::Loop() {
         if (!conn->closed) Dispatch(*conn, static_cast<int>(tag & 1), events[i].events);
       }
     }
+    if (starved_ && !dropped_.empty()) {
+      starved_ = false;  // set again if descriptors are still short
+      for (auto& listener : listeners_) Accept(listener->socket.get());
+    }
     // Closed objects live until the end of the batch: later events may still point at them.
     dropped_.clear();
     dropped_listeners_.clear();
@@ -436,8 +447,12 @@ void Relay::Accept(int listener) {
     Fd client(accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (!client) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
-      // EAGAIN: the backlog is empty. EMFILE and the like: the connection waits in the
-      // backlog until the next one arrives (edge-triggered), rather than spinning here.
+      // EAGAIN: the backlog is empty. Out of descriptors or memory: the connection waits in
+      // the backlog, and the loop accepts again once a relayed connection has closed (the
+      // edge that announced it has passed), rather than spinning here.
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        starved_ = true;
+      }
       return;
     }
     NoDelay(client.get());
@@ -473,14 +488,14 @@ void Relay::Dispatch(Connection& conn, int side, std::uint32_t events) {
       socklen_t length = sizeof(error);
       getsockopt(conn.sockets[1].get(), SOL_SOCKET, SO_ERROR, &error, &length);
       if (error != 0) {
-        Drop(conn);  // upstream refused: the client's connection closes now
+        Drop(conn, /*abort=*/true);  // upstream refused: the client's connection is reset now
         return;
       }
       conn.connecting = false;
       // Bytes the client sent meanwhile were signalled (edge-triggered) but not read yet.
       Finish(conn, true, true);
     } else if (events & (EPOLLERR | EPOLLHUP)) {
-      Drop(conn);
+      Drop(conn, /*abort=*/true);
     }
     return;
   }
@@ -489,21 +504,30 @@ void Relay::Dispatch(Connection& conn, int side, std::uint32_t events) {
   const bool writable =
       (events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) && conn.directions[1 - side].blocked;
   Finish(conn, side == 0 ? readable : writable, side == 0 ? writable : readable);
-  if (!conn.closed && (events & EPOLLERR)) Drop(conn);  // a socket error ends both sides
+  if (!conn.closed && (events & EPOLLERR)) Drop(conn, /*abort=*/true);  // ends both sides
 }
 
 void Relay::Finish(Connection& conn, bool pump_up, bool pump_down) {
   using State = Direction::State;
   State up = pump_up ? conn.directions[0].Pump(scratch_) : State::kWaiting;
   State down = pump_down ? conn.directions[1].Pump(scratch_) : State::kWaiting;
-  if (up == State::kFailed || down == State::kFailed ||
-      (conn.directions[0].shut && conn.directions[1].shut)) {
+  if (up == State::kFailed || down == State::kFailed) {
+    Drop(conn, /*abort=*/true);
+  } else if (conn.directions[0].shut && conn.directions[1].shut) {
     Drop(conn);
   }
 }
 
-void Relay::Drop(Connection& conn) {
+void Relay::Drop(Connection& conn, bool abort) {
   conn.closed = true;
+  if (abort) {
+    // A reset or a failed write on one side reaches the other as a reset too: a clean FIN
+    // would make a cut stream look complete.
+    const linger reset{1, 0};
+    for (Fd& side : conn.sockets) {
+      if (side) setsockopt(side.get(), SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+    }
+  }
   auto found = connections_.find(&conn);
   if (found != connections_.end()) {
     // Counted down before the close, so a peer that saw the close also sees the count.

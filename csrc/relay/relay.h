@@ -84,7 +84,8 @@ class Relay {
   void Dispatch(Connection& conn, int side, std::uint32_t events);
   // Pumps the chosen directions, then drops the connection if one failed or both finished.
   void Finish(Connection& conn, bool pump_up, bool pump_down);
-  void Drop(Connection& conn);
+  // Closes both sockets; with abort they are reset (SO_LINGER 0) rather than closed cleanly.
+  void Drop(Connection& conn, bool abort = false);
 
   Address upstream_;
   bool use_splice_;
@@ -96,6 +97,7 @@ class Relay {
   std::vector<std::unique_ptr<Listener>> dropped_listeners_;
   std::unordered_map<Connection*, std::unique_ptr<Connection>> connections_;
   std::vector<std::unique_ptr<Connection>> dropped_;
+  bool starved_ = false;  // an accept ran out of descriptors: retry once a connection closes
   bool quit_ = false;  // set by Close's task, on the relay thread
   std::atomic<bool> accepting_{false};
   std::atomic<std::size_t> connections_count_{0};

@@ -524,7 +524,11 @@ def exit_timeout_secs(settings: EntrypointSettings) -> int:
 
 def _how_it_ended(code: int | None) -> str:
     if code is not None and code < 0:
-        return f"was killed by {signal.Signals(-code).name}"
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:  # real-time signals between SIGRTMIN and SIGRTMAX have no name
+            name = f"signal {-code}"
+        return f"was killed by {name}"
     return f"exited with {code}"
 
 

@@ -48,13 +48,14 @@ def test_gate_with_nothing_behind_closes_the_client(standin: KServeStandIn) -> N
     async def scenario() -> bytes:
         gate = PortGate("127.0.0.1", 0, "127.0.0.1", free_port())
         await gate.open()
-        reader, writer = await asyncio.open_connection("127.0.0.1", gate.port)
-        writer.write(b"PRI * HTTP/2.0\r\n\r\n")
+        # The client is reset, as the upstream refused it: during the connect, or after.
         try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", gate.port)
+            writer.write(b"PRI * HTTP/2.0\r\n\r\n")
             data = await asyncio.wait_for(reader.read(), timeout=5)
-        except ConnectionResetError:
+            writer.close()
+        except (ConnectionResetError, BrokenPipeError):
             data = b""
-        writer.close()
         await gate.stop_accepting()
         return data
 

@@ -305,16 +305,17 @@ def test_upstream_half_close_leaves_the_client_sending(relays: list[_relay.Relay
         upstream.close()
 
 
-def test_refused_upstream_closes_the_client(relays: list[_relay.Relay]) -> None:
+def test_refused_upstream_resets_the_client(relays: list[_relay.Relay]) -> None:
     relay, port = open_relay(relays, free_port())
     for _ in range(3):
-        sock = connect(port)
-        sock.sendall(b"PRI * HTTP/2.0\r\n\r\n")
+        # The relay resets the client, as the upstream refused it: the reset may end the
+        # connect, the write, or come as the answer to it.
         try:
-            data = sock.recv(100)  # the guard timeout raises TimeoutError, failing the test
-        except ConnectionResetError:
+            with connect(port) as sock:
+                sock.sendall(b"PRI * HTTP/2.0\r\n\r\n")
+                data = sock.recv(100)  # the guard timeout raises TimeoutError, failing the test
+        except (ConnectionResetError, BrokenPipeError):
             data = b""
-        sock.close()
         assert data == b""
     assert relay.connections == 0
     assert relay.accepting  # one refused upstream does not stop the gate
@@ -426,3 +427,118 @@ def test_port_gate_wraps_the_relay(echo_upstream: Upstream) -> None:
         assert gate.connections == 0
 
     asyncio.run(scenario())
+
+
+_RESET = b"\x01\x00\x00\x00\x00\x00\x00\x00"  # struct linger {1, 0}: close() sends RST
+
+
+@pytest.mark.parametrize("splice", MODES)
+def test_an_upstream_reset_reaches_the_client_as_a_reset(
+    relays: list[_relay.Relay], splice: bool
+) -> None:
+    """A stream the upstream aborts must not look complete to the client (a clean EOF)."""
+
+    def abort_mid_reply(conn: socket.socket) -> None:
+        conn.recv(4)
+        conn.sendall(b"x" * (1 << 20))
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+        conn.close()
+
+    upstream = Upstream(abort_mid_reply)
+    try:
+        _, port = open_relay(relays, upstream.port, splice)
+        sock = connect(port)
+        sock.sendall(b"ping")
+        with pytest.raises(ConnectionResetError):
+            read_all(sock)
+        sock.close()
+    finally:
+        upstream.close()
+
+
+def test_a_client_reset_reaches_the_upstream_as_a_reset(relays: list[_relay.Relay]) -> None:
+    seen: list[BaseException | bytes] = []
+
+    def read_to_end(conn: socket.socket) -> None:
+        try:
+            seen.append(read_all(conn))
+        except ConnectionResetError as exc:
+            seen.append(exc)
+
+    upstream = Upstream(read_to_end)
+    try:
+        relay, port = open_relay(relays, upstream.port)
+        sock = connect(port)
+        sock.sendall(b"half a request")
+        assert wait_until(lambda: len(upstream.accepted) == 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+        sock.close()
+        assert wait_until(lambda: bool(seen))
+        assert isinstance(seen[0], ConnectionResetError), seen
+        assert wait_until(lambda: relay.connections == 0)
+    finally:
+        upstream.close()
+
+
+def test_the_ipv6_wildcard_takes_ipv4_clients_too(
+    relays: list[_relay.Relay], echo_upstream: Upstream
+) -> None:
+    """``::`` is every address, as for a server that binds it itself (dual-stack)."""
+    relay = _relay.Relay("127.0.0.1", echo_upstream.port)
+    relays.append(relay)
+    port = relay.open("::", 0)
+    for host in ("127.0.0.1", "::1"):
+        with socket.create_connection((host, port), timeout=GUARD_SECONDS) as sock:
+            sock.sendall(b"ping")
+            assert sock.recv(4) == b"ping", host
+
+
+_STARVED_GATE = """
+import sys, time
+from runtime.entrypoint import _relay
+relay = _relay.Relay("127.0.0.1", int(sys.argv[1]))
+print(relay.open("127.0.0.1", 0), flush=True)
+for line in sys.stdin:
+    print(relay.connections, flush=True)
+"""
+
+
+def test_clients_left_waiting_for_descriptors_are_relayed_once_some_free(
+    echo_upstream: Upstream,
+) -> None:
+    """Out of descriptors, accepted clients wait in the backlog; each connection that closes
+    lets the next ones in (the listener's edge has long passed by then)."""
+    gate = subprocess.Popen(
+        ["bash", "-c", f'ulimit -n 64; exec "{sys.executable}" -c "$0" {echo_upstream.port}',
+         _STARVED_GATE],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert gate.stdin is not None and gate.stdout is not None
+    try:
+        port = int(gate.stdout.readline())
+        clients = [connect(port) for _ in range(40)]  # more than 64 descriptors can relay
+
+        def relayed() -> int:
+            gate.stdin.write("?\n")
+            gate.stdin.flush()
+            return int(gate.stdout.readline())
+
+        assert wait_until(lambda: relayed() > 0)
+        first = relayed()
+        assert first < len(clients)
+        for sock in clients:
+            sock.sendall(b"ping")
+        assert wait_until(lambda: len(select.select(clients, [], [], 0)[0]) >= first)
+        served = select.select(clients, [], [], 0)[0]
+        waiting = [s for s in clients if s not in served]
+        assert len(served) == first and waiting
+        for sock in served:
+            assert sock.recv(4) == b"ping"
+            sock.close()
+        for sock in waiting:
+            ready, _, _ = select.select([sock], [], [], GUARD_SECONDS)
+            assert ready and sock.recv(4) == b"ping"
+            sock.close()
+    finally:
+        gate.kill()
+        gate.wait()
