@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from policy.findings import GPU_RESOURCE, Props
@@ -38,6 +38,7 @@ PUBLIC_CIDRS = frozenset({"0.0.0.0/0", "::/0"})
 BUCKET_CONFIGURATION_READS = frozenset(
     {"s3:GetBucketLocation", "s3:GetBucketVersioning", "s3:GetReplicationConfiguration"}
 )
+WEB_IDENTITY_ASSUME = "sts:AssumeRoleWithWebIdentity"
 _GPU_INSTANCE = re.compile(r"^(p\d|g\d|gr\d)[a-z0-9-]*\.", re.IGNORECASE)
 
 
@@ -126,6 +127,7 @@ def check_lustre_not_public(resource_type: str, props: Props) -> list[str]:
 
 
 def _document(value: Any) -> Mapping[str, Any] | None:
+    # pulumi-aws takes a policy as a JSON string or as an object (under the engine a Mapping proxy).
     if isinstance(value, Mapping):
         return value
     if isinstance(value, str):
@@ -138,13 +140,44 @@ def _document(value: Any) -> Mapping[str, Any] | None:
 
 
 def _as_list(value: Any) -> list[Any]:
+    # Any Sequence, so that pulumi-policy's list proxy counts as a list.
     if value is None:
         return []
-    return list(value) if isinstance(value, list | tuple) else [value]
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return list(value)
+    return [value]
 
 
 def _statements(document: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [s for s in _as_list(document.get("Statement")) if isinstance(s, Mapping)]
+
+
+def _iam_pattern(pattern: str) -> re.Pattern[str]:
+    # IAM patterns know only * and ?, and action names are case-insensitive.
+    parts = (".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+    return re.compile("".join(parts), re.IGNORECASE | re.DOTALL)
+
+
+def _matches_any(patterns: Iterable[Any], name: str) -> bool:
+    return any(_iam_pattern(str(p)).fullmatch(name) for p in patterns)
+
+
+def _has_wildcard(text: str) -> bool:
+    return "*" in text or "?" in text
+
+
+def _may_grant_web_identity(statement: Mapping[str, Any]) -> bool:
+    if statement.get("Effect") != "Allow":
+        return False
+    principal = statement.get("Principal")
+    # Only an OIDC provider (or everyone) can call AssumeRoleWithWebIdentity.
+    if isinstance(principal, Mapping) and "Federated" not in principal:
+        named = {str(p) for values in principal.values() for p in _as_list(values)}
+        if "*" not in named:
+            return False
+    if "NotAction" in statement:
+        return not _matches_any(_as_list(statement.get("NotAction")), WEB_IDENTITY_ASSUME)
+    return _matches_any(_as_list(statement.get("Action")), WEB_IDENTITY_ASSUME)
 
 
 def check_irsa_trust_scoped(resource_type: str, props: Props) -> list[str]:
@@ -155,24 +188,30 @@ def check_irsa_trust_scoped(resource_type: str, props: Props) -> list[str]:
     if document is None:
         return []
     messages = []
+    trusted: set[str] = set()
     for statement in _statements(document):
-        actions = [str(a) for a in _as_list(statement.get("Action"))]
-        if "sts:AssumeRoleWithWebIdentity" not in actions:
+        if not _may_grant_web_identity(statement):
             continue
         equals = (statement.get("Condition") or {}).get("StringEquals") or {}
         subjects = [
             str(v)
             for key, value in equals.items()
-            if str(key).endswith(":sub")
+            if str(key).lower().endswith(":sub")
             for v in _as_list(value)
         ]
+        trusted.update(subjects)
         if not subjects or any(
-            "*" in s or not s.startswith("system:serviceaccount:") for s in subjects
+            _has_wildcard(s) or not s.startswith("system:serviceaccount:") for s in subjects
         ):
             messages.append(
                 "IRSA trust policy must pin '<issuer>:sub' with StringEquals to "
                 "'system:serviceaccount:<namespace>:<name>' (no wildcards)"
             )
+    if len(trusted) > 1:
+        messages.append(
+            f"IRSA trust policy trusts {len(trusted)} service accounts {sorted(trusted)}; "
+            "trust exactly one (one role per service account)"
+        )
     return messages
 
 
@@ -183,37 +222,95 @@ def _object_arn_scoped(arn: str) -> bool:
     if "/" not in bucket_and_key:
         return False
     bucket, key = bucket_and_key.split("/", 1)
-    prefix = key.split("*", 1)[0]
-    return "*" not in bucket and prefix.rstrip("/") != "" and prefix.endswith("/")
+    prefix = re.split(r"[*?]", key, maxsplit=1)[0]
+    return not _has_wildcard(bucket) and prefix.rstrip("/") != "" and prefix.endswith("/")
+
+
+def _literal_key_prefix(value: Any) -> bool:
+    prefix = str(value)
+    if prefix.endswith("/*"):
+        prefix = prefix[:-1]
+    return prefix.endswith("/") and prefix.rstrip("/") != "" and not _has_wildcard(prefix)
+
+
+def _listing_scoped(statement: Mapping[str, Any]) -> bool:
+    prefixes = [
+        value
+        for condition in (statement.get("Condition") or {}).values()
+        if isinstance(condition, Mapping)
+        for key, values in condition.items()
+        if str(key).lower() == "s3:prefix"
+        for value in _as_list(values)
+    ]
+    return bool(prefixes) and all(_literal_key_prefix(p) for p in prefixes)
+
+
+def _names_s3(action: str) -> bool:
+    head = re.split(r"[*?]", action.lower(), maxsplit=1)[0]
+    return head.startswith("s3:") or (_has_wildcard(action) and "s3:".startswith(head))
+
+
+def _policy_documents(resource_type: str, props: Props) -> list[Mapping[str, Any]]:
+    if resource_type in POLICY_DOCUMENT_TYPES:
+        values = [props.get("policy")]
+    elif resource_type == ROLE:
+        values = [
+            inline.get("policy")
+            for inline in _as_list(props.get("inlinePolicies"))
+            if isinstance(inline, Mapping)
+        ]
+    else:
+        return []
+    return [d for d in (_document(v) for v in values) if d is not None]
+
+
+def _unscoped(actions: str, resources: str) -> str:
+    return (
+        f"S3 access {actions} on {resources} is not scoped to a key prefix; use "
+        "'arn:aws:s3:::<bucket>/models/<model_id>/*' (and s3:ListBucket with an s3:prefix "
+        "condition naming that prefix)"
+    )
+
+
+def _statement_problems(statement: Mapping[str, Any]) -> list[str]:
+    if statement.get("Effect") != "Allow":
+        return []
+    if "NotAction" in statement:
+        # Every action but the listed ones: S3 is granted unless all of it is excluded.
+        excluded = [str(a) for a in _as_list(statement.get("NotAction"))]
+        if _matches_any(excluded, "s3:*"):
+            return []
+        shown, actions = f"every action but {excluded}", {"s3:*"}
+    else:
+        listed = [str(a) for a in _as_list(statement.get("Action"))]
+        if not any(_names_s3(a) for a in listed):
+            return []
+        shown, actions = str(listed), {a.lower() for a in listed}
+    if "NotResource" in statement:
+        others = [str(r) for r in _as_list(statement.get("NotResource"))]
+        return [_unscoped(shown, f"every resource but {others}")]
+    problems = []
+    for resource in (str(r) for r in _as_list(statement.get("Resource"))):
+        if _object_arn_scoped(resource):
+            continue
+        bucket = resource.removeprefix("arn:aws:s3:::")
+        bucket_only = resource != bucket and "/" not in bucket and not _has_wildcard(bucket)
+        if bucket_only and actions == {"s3:listbucket"} and _listing_scoped(statement):
+            continue
+        if bucket_only and actions <= {a.lower() for a in BUCKET_CONFIGURATION_READS}:
+            continue
+        problems.append(_unscoped(shown, repr(resource)))
+    return problems
 
 
 def check_s3_access_scoped_to_prefix(resource_type: str, props: Props) -> list[str]:
-    """S3 permissions name object ARNs under a key prefix; ListBucket needs s3:prefix."""
-    if resource_type not in POLICY_DOCUMENT_TYPES:
-        return []
-    document = _document(props.get("policy"))
-    if document is None:
-        return []
-    messages = []
-    for statement in _statements(document):
-        if statement.get("Effect") != "Allow":
-            continue
-        actions = [str(a) for a in _as_list(statement.get("Action"))]
-        if not any(a == "*" or a.lower().startswith("s3:") for a in actions):
-            continue
-        for resource in (str(r) for r in _as_list(statement.get("Resource"))):
-            if _object_arn_scoped(resource):
-                continue
-            bucket_only = resource.startswith("arn:aws:s3:::") and "/" not in resource
-            conditions = statement.get("Condition") or {}
-            has_prefix = any("s3:prefix" in (c or {}) for c in conditions.values())
-            if bucket_only and actions == ["s3:ListBucket"] and has_prefix:
-                continue
-            if bucket_only and set(actions) <= BUCKET_CONFIGURATION_READS:
-                continue
-            messages.append(
-                f"S3 access {actions} on {resource!r} is not scoped to a key prefix; use "
-                "'arn:aws:s3:::<bucket>/models/<model_id>/*' (and s3:ListBucket with an "
-                "s3:prefix condition)"
-            )
-    return messages
+    """S3 permissions name object ARNs under a key prefix; ListBucket needs a literal s3:prefix.
+
+    Policies and role policies are checked, and so are a role's inline policies.
+    """
+    return [
+        problem
+        for document in _policy_documents(resource_type, props)
+        for statement in _statements(document)
+        for problem in _statement_problems(statement)
+    ]

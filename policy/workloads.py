@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping
+from typing import Any
 
 from policy.findings import (
     GPU_RESOURCE,
@@ -36,16 +37,22 @@ _TRITON_TAG = re.compile(r":[^/@]*triton(\d{2}\.\d{2})(?![\d.])")
 _RELEASE_TAG = re.compile(r"^v?\d+(\.\d+)*([.-][A-Za-z0-9_.-]+)?$")
 
 
+def _quantity(value: Any) -> int:
+    # The engine hands numbers as floats (0.0), manifests may give strings ("1"); what cannot be
+    # read as a number still asks for a GPU.
+    try:
+        return int(float(value))
+    except (TypeError, ValueError, OverflowError):
+        return 1
+
+
 def _gpu_count(container: Props) -> int:
     resources = container.get("resources") or {}
     best = 0
     for key in ("limits", "requests"):
         value = (resources.get(key) or {}).get(GPU_RESOURCE)
         if value is not None:
-            try:
-                best = max(best, int(str(value)))
-            except ValueError:
-                best = max(best, 1)
+            best = max(best, _quantity(value))
     return best
 
 
@@ -53,18 +60,27 @@ def _gpu_containers(template: Props) -> list[Props]:
     return [c for c in containers_of(template) if _gpu_count(c) > 0]
 
 
+def _tolerates_gpu_taint(toleration: Props) -> bool:
+    # Kubernetes' matching against the platform's taint {key: nvidia.com/gpu, effect: NoSchedule}
+    # (no value): an empty effect matches every effect, the operator defaults to Equal, Exists
+    # without a key tolerates every taint, Equal matches only the taint's (empty) value.
+    if toleration.get("effect") not in (None, "", "NoSchedule"):
+        return False
+    key = toleration.get("key") or ""
+    operator = toleration.get("operator") or "Equal"
+    if operator == "Exists":
+        return key in ("", GPU_RESOURCE)
+    return operator == "Equal" and key == GPU_RESOURCE and not toleration.get("value")
+
+
 def check_gpu_pods_tolerate_taint(resource_type: str, props: Props) -> list[str]:
     """Pods requesting ``nvidia.com/gpu`` must tolerate the GPU nodes' NoSchedule taint."""
     template = pod_template_of(resource_type, props)
     if template is None or not _gpu_containers(template):
         return []
-    for toleration in (template.get("spec") or {}).get("tolerations") or []:
-        if toleration.get("key") != GPU_RESOURCE:
-            continue
-        if toleration.get("effect") not in (None, "", "NoSchedule"):
-            continue
-        if toleration.get("operator") == "Exists" or toleration.get("value") is not None:
-            return []
+    tolerations = (template.get("spec") or {}).get("tolerations") or []
+    if any(isinstance(t, Mapping) and _tolerates_gpu_taint(t) for t in tolerations):
+        return []
     return [
         f"{resource_label(resource_type, props)} requests {GPU_RESOURCE} but does not tolerate "
         f"the GPU taint; add spec.tolerations: [{{key: {GPU_RESOURCE}, operator: Exists, "

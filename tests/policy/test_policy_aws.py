@@ -233,3 +233,101 @@ def test_bucket_configuration_reads_need_no_prefix() -> None:
         }
     )
     assert check_s3_access_scoped_to_prefix("aws:iam/rolePolicy:RolePolicy", props) == []
+
+
+WIDE_SUB = {"StringLike": {"oidc.eks/id/X:sub": "system:serviceaccount:*:*"}}
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        "sts:*",
+        "*",
+        "sts:assumerolewithwebidentity",
+        "sts:AssumeRole*",
+        "sts:AssumeRoleWith?ebIdentity",
+    ],
+)
+def test_irsa_trust_checked_for_every_action_spelling(action: str) -> None:
+    document = json.loads(trust(WIDE_SUB))
+    document["Statement"][0]["Action"] = [action]
+    props = {"assumeRolePolicy": json.dumps(document)}
+    assert check_irsa_trust_scoped("aws:iam/role:Role", props)
+
+
+def test_irsa_trust_checked_for_not_action() -> None:
+    document = json.loads(trust(WIDE_SUB))
+    del document["Statement"][0]["Action"]
+    document["Statement"][0]["NotAction"] = "sts:TagSession"
+    props = {"assumeRolePolicy": json.dumps(document)}
+    assert check_irsa_trust_scoped("aws:iam/role:Role", props)
+
+
+def test_irsa_trust_of_two_service_accounts_fails() -> None:
+    pinned = {
+        "StringEquals": {
+            "oidc.eks/id/X:sub": ["system:serviceaccount:a:one", "system:serviceaccount:b:two"]
+        }
+    }
+    messages = check_irsa_trust_scoped("aws:iam/role:Role", {"assumeRolePolicy": trust(pinned)})
+    assert len(messages) == 1 and "2 service accounts" in messages[0]
+
+
+def test_service_principal_with_wide_sts_action_is_not_irsa() -> None:
+    node = json.dumps(
+        {
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Action": "sts:*",
+                    "Principal": {"Service": "ec2.amazonaws.com"},
+                }
+            ]
+        }
+    )
+    assert check_irsa_trust_scoped("aws:iam/role:Role", {"assumeRolePolicy": node}) == []
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        {"Effect": "Allow", "NotAction": "iam:*", "Resource": "*"},
+        {"Effect": "Allow", "Action": "s3:*", "NotResource": "arn:aws:s3:::models-use1/x/*"},
+        {
+            "Effect": "Allow",
+            "Action": "s3:ListBucket",
+            "Resource": "arn:aws:s3:::models-use1",
+            "Condition": {"StringLike": {"s3:prefix": "*"}},
+        },
+        {
+            "Effect": "Allow",
+            "Action": "s3:ListBucket",
+            "Resource": "arn:aws:s3:::models-use1",
+            "Condition": {"StringLike": {"s3:prefix": ["models/llama/*", "*/llama/"]}},
+        },
+        {
+            "Effect": "Allow",
+            "Action": "s3:GetObject",
+            "Resource": "arn:aws:s3:::models-use1/??????/*",
+        },
+        {"Effect": "Allow", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::models-us??/m/x/*"},
+    ],
+)
+def test_s3_wildcards_and_negations_fail(statement: dict[str, object]) -> None:
+    messages = check_s3_access_scoped_to_prefix("aws:iam/policy:Policy", s3_policy(statement))
+    assert len(messages) == 1 and "prefix" in messages[0]
+
+
+def test_s3_not_action_excluding_all_of_s3_passes() -> None:
+    props = s3_policy({"Effect": "Allow", "NotAction": ["s3:*", "iam:*"], "Resource": "*"})
+    assert check_s3_access_scoped_to_prefix("aws:iam/policy:Policy", props) == []
+
+
+def test_role_inline_policies_are_checked() -> None:
+    scoped = s3_policy(
+        {"Effect": "Allow", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::m/models/x/*"}
+    )
+    wide = s3_policy({"Effect": "Allow", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::m/*"})
+    props = {"inlinePolicies": [{"name": "ok", **scoped}, {"name": "wide", **wide}]}
+    messages = check_s3_access_scoped_to_prefix("aws:iam/role:Role", props)
+    assert len(messages) == 1 and "'arn:aws:s3:::m/*'" in messages[0]

@@ -186,3 +186,34 @@ def test_pair_taken_from_the_image_tag_without_annotations() -> None:
     pod["spec"]["containers"][0]["image"] = image.replace("26.08", "25.01")
     messages = check_serving_pair_supported(DEPLOYMENT, deployment(pod), PAIRS)
     assert len(messages) == 1 and "Triton 25.01 is not a release listed" in messages[0]
+
+
+@pytest.mark.parametrize(
+    "toleration",
+    [
+        {"key": "nvidia.com/gpu", "effect": "NoSchedule"},
+        {"key": "nvidia.com/gpu", "operator": "Equal", "effect": "NoSchedule"},
+        {"key": "nvidia.com/gpu", "operator": "Equal", "value": ""},
+        {"operator": "Exists"},
+        {"operator": "Exists", "effect": "NoSchedule"},
+    ],
+)
+def test_kubernetes_matching_tolerations_pass(toleration: dict[str, str]) -> None:
+    pod = serving_pod()
+    pod["spec"]["tolerations"] = [toleration]
+    assert check_gpu_pods_tolerate_taint(DEPLOYMENT, deployment(pod)) == []
+
+
+@pytest.mark.parametrize(
+    "toleration",
+    [
+        # The platform's taint has no value, so Equal with a value does not match it.
+        {"key": "nvidia.com/gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"},
+        {"operator": "Exists", "effect": "NoExecute"},
+        {"operator": "Equal", "effect": "NoSchedule"},
+    ],
+)
+def test_kubernetes_non_matching_tolerations_fail(toleration: dict[str, str]) -> None:
+    pod = serving_pod()
+    pod["spec"]["tolerations"] = [toleration]
+    assert check_gpu_pods_tolerate_taint(DEPLOYMENT, deployment(pod)) != []

@@ -1,0 +1,111 @@
+"""Validators on properties shaped as the CrossGuard engine hands them, in ``.venv-policy``.
+
+The engine sends a protobuf Struct; pulumi-policy deserializes it (numbers become floats) and
+wraps lists and dicts in its unknown-checking proxies, which are Sequences and Mappings but not
+``list`` or ``dict``. This test runs that same path on each case and returns the messages.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+from pathlib import Path
+
+from tests.policy.samples import DEPLOYMENT, deployment, serving_pod
+
+ROOT = Path(__file__).resolve().parents[2]
+POLICY_PYTHON = ROOT / ".venv-policy" / "bin" / "python"
+ROLE = "aws:iam/role:Role"
+ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, sys.argv[1])
+    from google.protobuf import json_format, struct_pb2
+    from pulumi_policy.deserialize import deserialize_properties
+    from pulumi_policy.proxy import unknown_checking_proxy
+    from policy import aws, workloads
+
+    out = []
+    for case in json.loads(sys.stdin.read()):
+        struct = struct_pb2.Struct()
+        struct.update(case["props"])
+        props = unknown_checking_proxy(deserialize_properties(json_format.MessageToDict(struct)))
+        module = aws if hasattr(aws, case["check"]) else workloads
+        out.append(getattr(module, case["check"])(case["type"], props))
+    print(json.dumps(out))
+    """
+)
+
+
+def run_engine_path(cases: list[dict]) -> list[list[str]]:
+    assert POLICY_PYTHON.exists(), "run `make setup` to build .venv-policy for the policy pack"
+    done = subprocess.run(
+        [str(POLICY_PYTHON), "-c", SCRIPT, str(ROOT)],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return json.loads(done.stdout)
+
+
+def trust(sub_condition: dict[str, object]) -> dict[str, object]:
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"Federated": "arn:aws:iam::1:oidc-provider/oidc.eks/id/X"},
+                "Action": ["sts:AssumeRoleWithWebIdentity"],
+                "Condition": sub_condition,
+            }
+        ],
+    }
+
+
+def test_policy_documents_given_as_objects_are_checked() -> None:
+    wide_s3 = {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": ["arn:aws:s3:::m/*"]}
+    scoped_s3 = {**wide_s3, "Resource": ["arn:aws:s3:::m/models/llama/*"]}
+    pinned = {"StringEquals": {"oidc.eks/id/X:sub": "system:serviceaccount:serving:llama"}}
+    wide = {"StringLike": {"oidc.eks/id/X:sub": "system:serviceaccount:*:*"}}
+    irsa, s3 = "check_irsa_trust_scoped", "check_s3_access_scoped_to_prefix"
+    cases = [
+        {"check": irsa, "type": ROLE, "props": {"assumeRolePolicy": trust(pinned)}},
+        {"check": irsa, "type": ROLE, "props": {"assumeRolePolicy": trust(wide)}},
+        {"check": s3, "type": ROLE_POLICY, "props": {"policy": {"Statement": [scoped_s3]}}},
+        {"check": s3, "type": ROLE_POLICY, "props": {"policy": {"Statement": [wide_s3]}}},
+        {
+            "check": s3,
+            "type": ROLE,
+            "props": {
+                "inlinePolicies": [{"name": "r", "policy": json.dumps({"Statement": [wide_s3]})}]
+            },
+        },
+    ]
+    ok_trust, wide_trust, ok_s3, wide_s3_doc, inline = run_engine_path(cases)
+    assert ok_trust == [] and ok_s3 == []
+    assert len(wide_trust) == 1 and "StringEquals" in wide_trust[0]
+    assert len(wide_s3_doc) == 1 and "'arn:aws:s3:::m/*'" in wide_s3_doc[0]
+    assert len(inline) == 1 and "'arn:aws:s3:::m/*'" in inline[0]
+
+
+def test_zero_gpus_from_the_engine_is_not_a_gpu_container() -> None:
+    cpu_pod = serving_pod()
+    cpu_pod["spec"]["tolerations"] = []
+    container = cpu_pod["spec"]["containers"][0]
+    container["resources"] = {"limits": {"nvidia.com/gpu": 0}, "requests": {"nvidia.com/gpu": "0"}}
+    gpu_pod = serving_pod()
+    gpu_pod["spec"]["tolerations"] = []
+    gpu_pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": 2}}
+    tolerate = "check_gpu_pods_tolerate_taint"
+    cases = [
+        {"check": tolerate, "type": DEPLOYMENT, "props": deployment(cpu_pod)},
+        {"check": tolerate, "type": DEPLOYMENT, "props": deployment(gpu_pod)},
+    ]
+    cpu, gpu = run_engine_path(cases)
+    assert cpu == []
+    assert len(gpu) == 1 and "does not tolerate" in gpu[0]
