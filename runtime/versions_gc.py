@@ -1,31 +1,37 @@
 """``llm-serving versions gc``: retire Versioned model versions that served no requests.
 
-The decision (:func:`decide`) is a pure function of the stack's models and the request counts
-Prometheus reports for the idle window; :func:`run_gc` queries Prometheus and, with
-``apply=True``, removes the chosen versions from ``stacks/Pulumi.<stack>.yaml`` in place,
-keeping its comments and key order.
+The decision (:func:`decide`) is a pure function of the stack's models, the request counts
+Prometheus reports for the idle window and which versions it watched for the whole window;
+:func:`run_gc` queries Prometheus and, with ``apply=True``, removes the chosen versions from
+``stacks/Pulumi.<stack>.yaml`` in place, keeping its comments and key order.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 import os
 import re
+import stat
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from datetime import timedelta
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
 
 __all__ = [
+    "COVERAGE_SLACK",
     "MODELS_KEY",
     "GcDecision",
     "GcError",
     "ModelVersions",
+    "coverage_query",
     "decide",
     "format_decisions",
     "models_from_config",
@@ -35,8 +41,12 @@ __all__ = [
 ]
 
 MODELS_KEY = "llm-serving:models"
+# The serving metrics are scraped every 15-60 s: a version without a sample this close to both
+# ends of the window was not watched for all of it (deployed since, scrape broken, other cluster).
+COVERAGE_SLACK = "15m"
 _DURATION = re.compile(r"^(\d+)([smhdw])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+_COUNTERS = "nv_inference_request_success|nv_inference_request_failure"
 
 VersionKey = tuple[str, str]
 
@@ -55,6 +65,8 @@ class ModelVersions:
     """Listed versions, oldest first."""
     route_weights: Mapping[str, int | None]
     """``route_weight`` by version (``None`` when unset)."""
+    created_at: Mapping[str, date | None] = field(default_factory=dict)
+    """``created_at`` by version (``None`` when unset)."""
 
 
 @dataclass(frozen=True)
@@ -77,28 +89,54 @@ def parse_idle(value: str) -> tuple[str, timedelta]:
 
 
 def decide(
-    models: Sequence[ModelVersions], requests: Mapping[VersionKey, float], idle: str
+    models: Sequence[ModelVersions],
+    requests: Mapping[VersionKey, float],
+    covered: Collection[VersionKey],
+    idle: str,
+    *,
+    window_start: datetime,
 ) -> list[GcDecision]:
-    """Which versions to remove: Versioned ones with no request in the window, never the newest
-    listed version and never one that still has a route weight. Red-Black models are skipped."""
+    """Which versions to remove: Versioned ones that Prometheus watched for the whole window
+    (``covered``) without a request, never the newest listed version, never one that still has
+    a route weight and never one created after ``window_start``. Red-Black models are skipped."""
+    # created_at is a day: the version may have been deployed in its last second.
+    youngest_old_day = window_start.astimezone(UTC).date() - timedelta(days=1)
     decisions = []
     for model in models:
         if model.strategy != "versioned":
             continue
         newest = model.versions[-1] if model.versions else None
         for version in model.versions:
-            served = requests.get((model.model_id, version), 0.0)
+            key = (model.model_id, version)
+            served = requests.get(key)
             weight = model.route_weights.get(version)
+            created = model.created_at.get(version)
             if version == newest:
                 remove, reason = False, "newest version"
             elif weight is not None:
                 remove, reason = False, f"route_weight {weight}"
-            elif served > 0:
+            elif created is not None and created > youngest_old_day:
+                remove, reason = False, f"younger than the window (created {created})"
+            elif served is not None and served > 0:
                 remove, reason = False, f"{served:.0f} requests in {idle}"
+            elif served is None or math.isnan(served) or key not in covered:
+                # No series, a NaN or a series that starts or stops inside the window: unknown.
+                remove, reason = False, "no data for the window"
             else:
                 remove, reason = True, f"no requests in {idle}"
             decisions.append(GcDecision(model.model_id, version, remove, reason))
     return decisions
+
+
+def _created_at(value: Any, where: str) -> date | None:
+    if value is None or (isinstance(value, date) and not isinstance(value, datetime)):
+        return value
+    if isinstance(value, datetime):
+        return value.date()
+    try:
+        return date.fromisoformat(str(value))
+    except ValueError:
+        raise GcError(f"{where}.created_at: {value!r} is not a date like 2026-11-02") from None
 
 
 def models_from_config(models: Any, source: Path) -> list[ModelVersions]:
@@ -110,6 +148,12 @@ def models_from_config(models: Any, source: Path) -> list[ModelVersions]:
         versions = model.get("versions") if isinstance(model, Mapping) else None
         if not isinstance(versions, list) or not model.get("id"):
             raise GcError(f"{source}: {MODELS_KEY}[{index}] needs an id and a versions list")
+        where = f"{source}: {MODELS_KEY}[{index}].versions"
+        for number, entry in enumerate(versions):
+            if not isinstance(entry, Mapping) or entry.get("version") is None:
+                raise GcError(
+                    f"{where}[{number}]: expected a mapping like {{version: v1}}, got {entry!r}"
+                )
         names = tuple(str(v["version"]) for v in versions)
         found.append(
             ModelVersions(
@@ -117,23 +161,36 @@ def models_from_config(models: Any, source: Path) -> list[ModelVersions]:
                 strategy=str(model.get("strategy", "red-black")),
                 versions=names,
                 route_weights={str(v["version"]): v.get("route_weight") for v in versions},
+                created_at={
+                    str(v["version"]): _created_at(v.get("created_at"), f"{where}[{n}]")
+                    for n, v in enumerate(versions)
+                },
             )
         )
     return found
 
 
-def requests_query(model_ids: Sequence[str], window: str) -> str:
-    """PromQL: requests (successes and failures) per model version over ``window``."""
+def _selector(model_ids: Sequence[str]) -> str:
     # Regex escapes must survive PromQL's own string escaping, hence the doubled backslashes.
     ids = "|".join(re.escape(m).replace("\\", "\\\\") for m in sorted(model_ids))
-    selector = (
-        '{__name__=~"nv_inference_request_success|nv_inference_request_failure", '
-        f'model_id=~"{ids}"}}'
+    return f'{{__name__=~"{_COUNTERS}", model_id=~"{ids}"}}'
+
+
+def requests_query(model_ids: Sequence[str], window: str) -> str:
+    """PromQL: requests (successes and failures) per model version over ``window``."""
+    return f"sum by (model_id, model_version) (increase({_selector(model_ids)}[{window}]))"
+
+
+def coverage_query(model_ids: Sequence[str], window: str) -> str:
+    """PromQL: the model versions with a request counter sample near both ends of ``window``."""
+    selector, by = _selector(model_ids), "group by (model_id, model_version)"
+    return (
+        f"{by} (last_over_time({selector}[{COVERAGE_SLACK}] offset {window}))"
+        f" and {by} (last_over_time({selector}[{COVERAGE_SLACK}]))"
     )
-    return f"sum by (model_id, model_version) (increase({selector}[{window}]))"
 
 
-def _query_requests(url: str, query: str, at: float) -> dict[VersionKey, float]:
+def _query_vector(url: str, query: str, at: float) -> dict[VersionKey, float]:
     try:
         response = httpx.get(
             f"{url.rstrip('/')}/api/v1/query", params={"query": query, "time": at}, timeout=30
@@ -141,14 +198,21 @@ def _query_requests(url: str, query: str, at: float) -> dict[VersionKey, float]:
         body = response.json()
     except (httpx.HTTPError, ValueError) as error:
         raise GcError(f"cannot query Prometheus at {url}: {error}") from error
-    if body.get("status") != "success":
-        raise GcError(f"Prometheus at {url} rejected the query: {body.get('error')}")
-    return {
-        (s["metric"].get("model_id", ""), s["metric"].get("model_version", "")): float(
-            s["value"][1]
-        )
-        for s in body["data"]["result"]
-    }
+    if not isinstance(body, dict) or body.get("status") != "success":
+        reason = body.get("error") if isinstance(body, dict) else body
+        raise GcError(f"Prometheus at {url} rejected the query: {reason}")
+    try:
+        return {
+            (s["metric"].get("model_id", ""), s["metric"].get("model_version", "")): float(
+                s["value"][1]
+            )
+            for s in body["data"]["result"]
+        }
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+        raise GcError(
+            f"{url} answered without a Prometheus instant vector (data.result); "
+            "check that --prometheus is a Prometheus base URL"
+        ) from None
 
 
 def _yaml() -> YAML:
@@ -159,13 +223,38 @@ def _yaml() -> YAML:
     return yaml
 
 
-def _write_atomically(path: Path, document: Any) -> None:
+def _read_stack(path: Path) -> tuple[Any, str]:
+    """The stack file's round-trip document and the SHA-256 of the bytes it was parsed from."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError as error:
+        raise GcError(f"stack file {path} not found; check --stack and --stacks-dir") from error
+    try:
+        document = _yaml().load(raw.decode("utf-8"))
+    except (YAMLError, UnicodeDecodeError) as error:
+        problem = getattr(error, "problem", None) or str(error).strip().split("\n")[0]
+        mark = getattr(error, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise GcError(f"{path} is not valid YAML: {problem}{where}") from None
+    return document, hashlib.sha256(raw).hexdigest()
+
+
+def _write_atomically(path: Path, document: Any, read_digest: str) -> None:
     # Write beside the target and rename, so a crash never leaves half a stack file.
     with tempfile.NamedTemporaryFile(
         "w", dir=path.parent, prefix=f".{path.name}.", delete=False, encoding="utf-8"
     ) as handle:
         _yaml().dump(document, handle)
-    os.replace(handle.name, path)
+    try:
+        os.chmod(handle.name, stat.S_IMODE(path.stat().st_mode))
+        # Someone may have edited the file while Prometheus answered; never overwrite that. Editors
+        # take no lock, so a write between this check and the rename (microseconds) still wins.
+        if hashlib.sha256(path.read_bytes()).hexdigest() != read_digest:
+            raise GcError(f"{path} changed while the gc ran; nothing written, run the gc again")
+        os.replace(handle.name, path)
+    except BaseException:
+        Path(handle.name).unlink(missing_ok=True)
+        raise
 
 
 def run_gc(
@@ -178,23 +267,28 @@ def run_gc(
     now: float | None = None,
 ) -> list[GcDecision]:
     """Decide for every Versioned model of ``stack``; with ``apply``, edit its stack file."""
-    window, _ = parse_idle(idle)
+    window, delta = parse_idle(idle)
     path = stacks_dir / f"Pulumi.{stack}.yaml"
-    try:
-        document = _yaml().load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as error:
-        raise GcError(f"stack file {path} not found; check --stack and --stacks-dir") from error
-    config = (document or {}).get("config") or {}
-    if MODELS_KEY not in config:
+    document, digest = _read_stack(path)
+    config = document.get("config") if isinstance(document, Mapping) else None
+    if not isinstance(config, Mapping) or MODELS_KEY not in config:
         raise GcError(f"{path}: config has no {MODELS_KEY}")
     models = models_from_config(config[MODELS_KEY], path)
     versioned = [m.model_id for m in models if m.strategy == "versioned"]
-    requests = (
-        _query_requests(prometheus_url, requests_query(versioned, window), now or time.time())
-        if versioned
-        else {}
-    )
-    decisions = decide(models, requests, window)
+    at = now if now is not None else time.time()
+    requests: dict[VersionKey, float] = {}
+    covered: dict[VersionKey, float] = {}
+    if versioned:
+        requests = _query_vector(prometheus_url, requests_query(versioned, window), at)
+        covered = _query_vector(prometheus_url, coverage_query(versioned, window), at)
+        if apply and not requests and not covered:
+            raise GcError(
+                f"Prometheus at {prometheus_url} has no request counters for "
+                f"{', '.join(sorted(versioned))} in {window}; check --prometheus and the "
+                "scrape of the serving metrics; the stack file was not changed"
+            )
+    window_start = datetime.fromtimestamp(at, UTC) - delta
+    decisions = decide(models, requests, covered, window, window_start=window_start)
     doomed = {(d.model_id, d.version) for d in decisions if d.remove}
     if apply and doomed:
         for model in config[MODELS_KEY]:
@@ -202,7 +296,7 @@ def run_gc(
             for index in reversed(range(len(versions))):
                 if (str(model["id"]), str(versions[index]["version"])) in doomed:
                     del versions[index]
-        _write_atomically(path, document)
+        _write_atomically(path, document, digest)
     return decisions
 
 

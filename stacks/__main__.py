@@ -29,7 +29,13 @@ def _get(key: str) -> str | None:
     return (aws_settings if namespace == "aws" else settings).get(name)
 
 
-config = load_stack_config(stack, get=_get)
+def _configured_keys() -> set[str]:
+    # pulumi.Config cannot list keys. The language host passes the whole stack configuration as
+    # JSON in PULUMI_CONFIG; the Automation API and the mock engine set it in-process instead.
+    return set(pulumi.runtime.get_config_env()) | set(pulumi.runtime.config.CONFIG.get())
+
+
+config = load_stack_config(stack, get=_get, configured=_configured_keys())
 
 if isinstance(config, GlobalStackConfig):
     shared = SharedArtifacts(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import date
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -293,11 +293,13 @@ def load_stack_config(
     stack: str,
     get: Callable[[str], Any] | None = None,
     stacks_dir: Path = STACKS_DIR,
+    configured: Collection[str] | None = None,
 ) -> RegionStackConfig | GlobalStackConfig:
     """Validate a stack's configuration; ``get(key)`` reads a key (default: the stack file).
 
-    In a Pulumi run ``get`` reads ``pulumi.Config`` (values arrive as JSON strings); the
-    offline plan and tests read the file directly.
+    In a Pulumi run ``get`` reads ``pulumi.Config`` (values arrive as JSON strings) and
+    ``configured`` names every key the engine passed, so that a mistyped key fails instead of
+    reading as unset; the offline plan and tests read the file directly.
     """
     path = stack_file(stack, stacks_dir)
     model: type[RegionStackConfig] | type[GlobalStackConfig]
@@ -308,17 +310,13 @@ def load_stack_config(
         model, keys = RegionStackConfig, _REGION_KEYS
     if get is None:
         values = read_stack_file(path)
-        unknown = sorted(
-            k for k in values if k.startswith(f"{NAMESPACE}:") and k not in keys.values()
-        )
-        if unknown:
-            allowed = ", ".join(sorted(keys.values()))
-            raise StackConfigError(unknown[0], path, f"unknown key; expected one of: {allowed}")
+        configured = values.keys()
         get = values.get
+    _check_keys(configured or (), keys, path)
     raw: dict[str, Any] = {}
     for field, key in keys.items():
         value = get(key)
-        if isinstance(value, str) and value[:1] in "[{":
+        if isinstance(value, str) and value[:1] in ("[", "{"):
             try:
                 value = json.loads(value)
             except json.JSONDecodeError as exc:
@@ -329,6 +327,17 @@ def load_stack_config(
         return model.model_validate(raw)
     except ValidationError as exc:
         raise _config_error(exc, keys, path) from None
+
+
+def _check_keys(configured: Collection[str], keys: Mapping[str, str], path: Path) -> None:
+    """Refuse a key of this project that no field reads: unset, it would drop what it holds."""
+    for key in sorted(configured):
+        if ":" not in key:
+            # Pulumi files a bare key under the project; the offline plan would not see it.
+            raise StackConfigError(key, path, f"keys need a namespace; write {NAMESPACE}:{key}")
+        if key.startswith(f"{NAMESPACE}:") and key not in keys.values():
+            allowed = ", ".join(sorted(keys.values()))
+            raise StackConfigError(key, path, f"unknown key; expected one of: {allowed}")
 
 
 def _config_error(exc: ValidationError, keys: Mapping[str, str], path: Path) -> StackConfigError:

@@ -1,5 +1,5 @@
 """``llm-serving versions gc`` against a real Prometheus holding 26 hours of recorded request
-counters, editing a stack file whose comments and order must survive."""
+counters, editing a stack file whose comments, order and mode must survive."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ from typer.testing import CliRunner
 from runtime.cli import app
 from tests.rollouts.prometheus import PrometheusServer, Recording, serve
 
-END = float(int(time.time()) - 60)
-START = END - 26 * 3600
 STEP = 300.0
 
 STACK = """\
@@ -33,6 +31,9 @@ config:
       versions:
         - version: v0   # never served here
         - version: v1
+        - version: v1-hotfix   # scraped for the last 2 hours only
+        - version: v1-gone     # its scrape broke 20 hours ago
+        - version: v1-unseen   # no series at all
         - version: v2
           route_weight: 10
         - version: v2-beta
@@ -44,34 +45,47 @@ config:
 """
 
 
-def flat(recording: Recording, model_id: str, version: str, value: float) -> None:
-    labels = {"model": model_id, "version": "1", "model_id": model_id, "model_version": version}
+def labels(model_id: str, version: str) -> dict[str, str]:
+    return {"model": model_id, "version": "1", "model_id": model_id, "model_version": version}
+
+
+def flat(
+    recording: Recording, model_id: str, version: str, value: float, start: float, end: float
+) -> None:
     samples = []
-    t = START
-    while t <= END:
+    t = start
+    while t <= end:
         samples.append((t, value))
         t += STEP
-    recording.add("nv_inference_request_success", labels, samples)
+    recording.add("nv_inference_request_success", labels(model_id, version), samples)
 
 
-def busy(recording: Recording, model_id: str, version: str, per_second: float) -> None:
-    labels = {"model": model_id, "version": "1", "model_id": model_id, "model_version": version}
-    recording.counter("nv_inference_request_success", labels, per_second, START, END, STEP)
+def busy(
+    recording: Recording, model_id: str, version: str, per_second: float, start: float, end: float
+) -> None:
+    series = labels(model_id, version)
+    recording.counter("nv_inference_request_success", series, per_second, start, end, STEP)
     recording.counter(
-        "nv_inference_request_failure", labels | {"reason": "OTHER"}, 0.0, START, END, STEP
+        "nv_inference_request_failure", series | {"reason": "OTHER"}, 0.0, start, end, STEP
     )
 
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory):
+    # Timed here, not at import: the gc wants a sample from the last minutes.
+    end = float(int(time.time()) - 60)
+    start = end - 26 * 3600
     recording = Recording()
     ranker = "catalog-ranker-8b"
-    flat(recording, ranker, "v1", 1234.0)  # served before the window, idle within it
-    flat(recording, ranker, "v2", 99.0)  # idle but still weighted
-    busy(recording, ranker, "v2-beta", 0.01)  # a consumer still pins it
-    busy(recording, ranker, "v3", 5.0)
-    flat(recording, ranker, "v4", 0.0)  # newest, not adopted yet
-    flat(recording, "llama-3-1-70b-instruct", "2026-10-01", 10.0)
+    flat(recording, ranker, "v0", 0.0, start, end)  # deployed, never served
+    flat(recording, ranker, "v1", 1234.0, start, end)  # served before the window, idle within it
+    flat(recording, ranker, "v1-hotfix", 0.0, end - 2 * 3600, end)
+    flat(recording, ranker, "v1-gone", 7.0, start, end - 20 * 3600)
+    flat(recording, ranker, "v2", 99.0, start, end)  # idle but still weighted
+    busy(recording, ranker, "v2-beta", 0.01, start, end)  # a consumer still pins it
+    busy(recording, ranker, "v3", 5.0, start, end)
+    flat(recording, ranker, "v4", 0.0, start, end)  # newest, not adopted yet
+    flat(recording, "llama-3-1-70b-instruct", "2026-10-01", 10.0, start, end)
     with serve(recording, Path(tmp_path_factory.mktemp("prometheus"))) as server:
         yield server
 
@@ -108,23 +122,31 @@ def test_lists_without_touching_the_stack(prometheus: PrometheusServer, stacks: 
     assert rows == {
         "catalog-ranker-8b v0 remove",
         "catalog-ranker-8b v1 remove",
+        "catalog-ranker-8b v1-hotfix keep",
+        "catalog-ranker-8b v1-gone keep",
+        "catalog-ranker-8b v1-unseen keep",
         "catalog-ranker-8b v2 keep",
         "catalog-ranker-8b v2-beta keep",
         "catalog-ranker-8b v3 keep",
         "catalog-ranker-8b v4 keep",
     }
     assert "2 version(s) would be removed" in result.output
+    unwatched = [line for line in result.output.splitlines() if "v1-" in line]
+    assert all(line.endswith("no data for the window") for line in unwatched), unwatched
     assert (stacks / "Pulumi.prod-us-east-1.yaml").read_text(encoding="utf-8") == STACK
 
 
 def test_apply_removes_exactly_the_idle_versions(prometheus, stacks: Path) -> None:
+    path = stacks / "Pulumi.prod-us-east-1.yaml"
+    path.chmod(0o644)
     result = gc(prometheus, stacks, "--apply")
     assert result.exit_code == 0, result.output
     assert "removed 2 version(s)" in result.output
     expected = STACK.replace("        - version: v0   # never served here\n", "").replace(
         "        - version: v1\n", ""
     )
-    assert (stacks / "Pulumi.prod-us-east-1.yaml").read_text(encoding="utf-8") == expected
+    assert path.read_text(encoding="utf-8") == expected
+    assert oct(path.stat().st_mode & 0o777) == oct(0o644)
     again = gc(prometheus, stacks, "--apply")
     assert "nothing to remove" in again.output
 
@@ -151,3 +173,19 @@ def test_missing_stack_file_names_it(prometheus, tmp_path: Path) -> None:
     result = gc(prometheus, tmp_path)
     assert result.exit_code == 1
     assert "Pulumi.prod-us-east-1.yaml not found" in result.output
+
+
+def test_apply_refuses_when_prometheus_has_no_series_for_any_version(prometheus, tmp_path) -> None:
+    # A fresh Prometheus or another cluster's: no answer is not "no requests".
+    stack = STACK.replace("catalog-ranker-8b", "catalog-ranker-70b")
+    (tmp_path / "Pulumi.prod-us-east-1.yaml").write_text(stack, encoding="utf-8")
+    listed = gc(prometheus, tmp_path)
+    assert listed.exit_code == 0, listed.output
+    assert "nothing to remove" in listed.output
+    result = gc(prometheus, tmp_path, "--apply")
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        f"Prometheus at {prometheus.url} has no request counters for catalog-ranker-70b in 24h; "
+        "check --prometheus and the scrape of the serving metrics; the stack file was not changed"
+    ]
+    assert (tmp_path / "Pulumi.prod-us-east-1.yaml").read_text(encoding="utf-8") == stack

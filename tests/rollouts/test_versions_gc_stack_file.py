@@ -1,0 +1,163 @@
+"""``llm-serving versions gc`` against a stand-in Prometheus on a real port: a stack file that
+changes while the gc waits for Prometheus is never overwritten, and odd answers or odd stack
+files fail with one line."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from runtime.cli import app
+
+STACK = """\
+config:
+  llm-serving:models:
+    - id: ranker
+      strategy: versioned
+      versions:
+        - version: v1
+        - version: v2
+"""
+
+IDLE_V1 = {
+    "status": "success",
+    "data": {
+        "resultType": "vector",
+        "result": [{"metric": {"model_id": "ranker", "model_version": "v1"}, "value": [0, "0"]}],
+    },
+}
+"""v1 with no request in the window; as the coverage answer, v1 watched for all of it."""
+
+
+@contextmanager
+def stand_in(body: Any, on_query: Callable[[], None] = lambda: None) -> Iterator[str]:
+    """Serve ``body`` for every ``/api/v1/query``, calling ``on_query`` before each answer."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            on_query()
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def gc(url: str, stacks: Path, *extra: str):
+    return CliRunner().invoke(
+        app,
+        [
+            "versions",
+            "gc",
+            "--stack",
+            "s",
+            "--prometheus",
+            url,
+            "--stacks-dir",
+            str(stacks),
+            *extra,
+        ],
+    )
+
+
+def one_line(result) -> str:
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+def test_the_stand_in_lets_apply_remove_an_idle_version(tmp_path: Path) -> None:
+    path = tmp_path / "Pulumi.s.yaml"
+    path.write_text(STACK, encoding="utf-8")
+    with stand_in(IDLE_V1) as url:
+        result = gc(url, tmp_path, "--apply")
+    assert result.exit_code == 0, result.output
+    assert path.read_text(encoding="utf-8") == STACK.replace("        - version: v1\n", "")
+
+
+def test_an_edit_made_while_the_gc_runs_is_not_overwritten(tmp_path: Path) -> None:
+    path = tmp_path / "Pulumi.s.yaml"
+    path.write_text(STACK, encoding="utf-8")
+    added = "        - version: v3\n"
+
+    def someone_edits() -> None:
+        if added not in path.read_text(encoding="utf-8"):
+            with path.open("a", encoding="utf-8") as handle:
+                handle.write(added)
+
+    with stand_in(IDLE_V1, someone_edits) as url:
+        line = one_line(gc(url, tmp_path, "--apply"))
+    assert line == f"{path} changed while the gc ran; nothing written, run the gc again"
+    assert path.read_text(encoding="utf-8") == STACK + added
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["Pulumi.s.yaml"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param({"status": "success"}, id="no data"),
+        pytest.param({"status": "success", "data": {"result": [{"metric": {}}]}}, id="no value"),
+        pytest.param({"status": "success", "data": {"result": "x"}}, id="result not a list"),
+        pytest.param([1, 2], id="not an object"),
+    ],
+)
+def test_an_answer_that_is_no_prometheus_vector_fails_with_one_line(
+    tmp_path: Path, body: Any
+) -> None:
+    (tmp_path / "Pulumi.s.yaml").write_text(STACK, encoding="utf-8")
+    with stand_in(body) as url:
+        line = one_line(gc(url, tmp_path))
+    assert url in line
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        pytest.param(
+            STACK.replace(
+                "versions:\n        - version: v1\n        - version: v2", "versions: [v1, v2]"
+            ),
+            "llm-serving:models[0].versions[0]: expected a mapping like {version: v1}, got 'v1'",
+            id="versions as strings",
+        ),
+        pytest.param("config: [\n", "is not valid YAML: expected the node content", id="not YAML"),
+        pytest.param("- a\n", "config has no llm-serving:models", id="a list"),
+        pytest.param(
+            STACK + '          created_at: "last week"\n',
+            "versions[1].created_at: 'last week' is not a date like 2026-11-02",
+            id="created_at not a date",
+        ),
+    ],
+)
+def test_a_malformed_stack_file_fails_with_one_line(
+    tmp_path: Path, text: str, problem: str
+) -> None:
+    path = tmp_path / "Pulumi.s.yaml"
+    path.write_text(text, encoding="utf-8")
+    line = one_line(gc("http://127.0.0.1:9", tmp_path))
+    assert line.startswith(str(path))
+    assert problem in line
