@@ -561,7 +561,7 @@ class _Uploader:
         try:
             body = path.read_bytes()
         except OSError as exc:
-            raise PublishError(f"cannot read {path}: {exc.strerror}; run publish again") from exc
+            raise _unreadable(path, exc) from exc
         digest = hashlib.sha256(body)
         if digest.hexdigest() != item.entry.sha256:
             raise _changed(item.entry, digest.hexdigest(), len(body), "it was not uploaded")
@@ -627,7 +627,7 @@ class _Uploader:
                     )
                     futures[number].add_done_callback(done)
         except OSError as exc:
-            raise PublishError(f"cannot read {path}: {exc.strerror}; run publish again") from exc
+            raise _unreadable(path, exc) from exc
         finally:
             wait(futures.values())
         parts = [{"PartNumber": n, "ETag": f.result()} for n, f in futures.items()]
@@ -652,6 +652,10 @@ class _Uploader:
         )
         self.sent(len(data))
         return response["ETag"]
+
+
+def _unreadable(path: Path, exc: OSError) -> PublishError:
+    return PublishError(f"cannot read {path}: {exc.strerror}; run publish again")
 
 
 def _changed(entry: FileEntry, sha256: str, size: int, what: str) -> PublishError:

@@ -42,11 +42,15 @@ SeriesCache = dict[str, tuple[str, LabelSet]]
 _SERIES_CACHE_LIMIT = 50_000
 
 
+def _check_name(name: str, line: str, lineno: int) -> None:
+    if not _METRIC_NAME.fullmatch(name):
+        raise TritonScrapeError("parse", f"line {lineno}: bad metric name in {line!r}")
+
+
 def _parse_series(line: str, lineno: int) -> tuple[str, LabelSet, int]:
     brace = line.find("{")
     name = line[:brace]
-    if not _METRIC_NAME.fullmatch(name):
-        raise TritonScrapeError("parse", f"line {lineno}: bad metric name in {line!r}")
+    _check_name(name, line, lineno)
     labels: list[tuple[str, str]] = []
     pos = brace + 1
     if line[pos : pos + 1] == "}":
@@ -87,8 +91,7 @@ def _parse_sample(line: str, lineno: int, cache: SeriesCache) -> Sample:
     else:
         name, *rest = line.split()
         labels = ()
-        if not _METRIC_NAME.fullmatch(name):
-            raise TritonScrapeError("parse", f"line {lineno}: bad metric name in {line!r}")
+        _check_name(name, line, lineno)
     if not rest:
         raise TritonScrapeError("parse", f"line {lineno}: no value in {line!r}")
     try:

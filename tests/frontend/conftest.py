@@ -119,6 +119,20 @@ def serve(
     return Served(f"http://127.0.0.1:{port}", standin, app, server, thread)
 
 
+def serve_engine(tokenizer_dir: Path, engine: Engine) -> Iterator[str]:
+    """The frontend in front of an in-process ``engine`` (no Triton): its URL while it runs."""
+    settings = FrontendSettings(
+        model_name="llm",
+        served_model_id="toy-llm",
+        tokenizer_dir=tokenizer_dir,
+        structured_outputs_key="structured_outputs",
+        max_model_len=256,
+    )
+    served = serve(settings, None, engine)
+    yield served.url
+    served.stop()
+
+
 @pytest.fixture(scope="session")
 def standin() -> Iterator[KServeStandIn]:
     server = KServeStandIn(

@@ -11,7 +11,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from runtime.frontend import FrontendSettings
 from runtime.frontend.coalesce import coalesced, merge_outputs
 from runtime.frontend.engine import (
     ChoiceOutput,
@@ -19,7 +18,7 @@ from runtime.frontend.engine import (
     GenerateParams,
     TokenLogprob,
 )
-from tests.frontend.conftest import InProcessEngine, serve
+from tests.frontend.conftest import InProcessEngine, serve_engine
 
 
 def _out(*choices: tuple[int, str, str | None], prompt: int | None = 3) -> EngineOutput:
@@ -108,16 +107,7 @@ class BurstEngine(InProcessEngine):
 
 @pytest.fixture(scope="module")
 def burst_url(tokenizer_dir: Path) -> Iterator[str]:
-    settings = FrontendSettings(
-        model_name="llm",
-        served_model_id="toy-llm",
-        tokenizer_dir=tokenizer_dir,
-        structured_outputs_key="structured_outputs",
-        max_model_len=256,
-    )
-    served = serve(settings, None, BurstEngine(12))
-    yield served.url
-    served.stop()
+    yield from serve_engine(tokenizer_dir, BurstEngine(12))
 
 
 def _events(url: str, route: str, body: dict) -> list[dict]:

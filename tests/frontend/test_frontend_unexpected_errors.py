@@ -12,13 +12,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from runtime.frontend import FrontendSettings
 from runtime.frontend.engine import (
     ChoiceOutput,
     EngineOutput,
     GenerateParams,
 )
-from tests.frontend.conftest import InProcessEngine, serve
+from tests.frontend.conftest import InProcessEngine, serve_engine
 
 SECRET = "internal detail /srv/secret"
 
@@ -38,27 +37,14 @@ class BrokenEngine(InProcessEngine):
         raise ZeroDivisionError(SECRET)
 
 
-def _url(tokenizer_dir: Path, before: int) -> Iterator[str]:
-    settings = FrontendSettings(
-        model_name="llm",
-        served_model_id="toy-llm",
-        tokenizer_dir=tokenizer_dir,
-        structured_outputs_key="structured_outputs",
-        max_model_len=256,
-    )
-    served = serve(settings, None, BrokenEngine(before))
-    yield served.url
-    served.stop()
-
-
 @pytest.fixture(scope="module")
 def broken_at_once(tokenizer_dir: Path) -> Iterator[str]:
-    yield from _url(tokenizer_dir, 0)
+    yield from serve_engine(tokenizer_dir, BrokenEngine(0))
 
 
 @pytest.fixture(scope="module")
 def broken_mid_stream(tokenizer_dir: Path) -> Iterator[str]:
-    yield from _url(tokenizer_dir, 2)
+    yield from serve_engine(tokenizer_dir, BrokenEngine(2))
 
 
 def _internal(body: dict) -> None:

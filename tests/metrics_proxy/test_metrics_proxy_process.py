@@ -16,15 +16,19 @@ from tests.support.metrics_harness import ProxyProcess
 from tests.support.triton_metrics_server import TritonMetricsServer
 
 
-def test_missing_multiproc_dir_exits_1_naming_the_variable() -> None:
-    env = {k: v for k, v in os.environ.items() if "MULTIPROC" not in k}
-    out = subprocess.run(
+def _run_proxy(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``python -m runtime.metrics_proxy`` under ``env``, for one that should exit at once."""
+    return subprocess.run(
         [sys.executable, "-m", "runtime.metrics_proxy"],
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def test_missing_multiproc_dir_exits_1_naming_the_variable() -> None:
+    out = _run_proxy({k: v for k, v in os.environ.items() if "MULTIPROC" not in k})
     assert out.returncode == 1
     assert "PROMETHEUS_MULTIPROC_DIR is not set" in out.stderr
 
@@ -42,14 +46,7 @@ def test_missing_multiproc_dir_exits_1_naming_the_variable() -> None:
 def test_a_bad_variable_exits_1_with_one_line_naming_it(
     tmp_path: Path, variable: str, value: str
 ) -> None:
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path), variable: value}
-    out = subprocess.run(
-        [sys.executable, "-m", "runtime.metrics_proxy"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = _run_proxy({**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path), variable: value})
     assert out.returncode == 1
     lines = out.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"metrics proxy: {variable}: "), out.stderr

@@ -8,14 +8,11 @@ wraps lists and dicts in its unknown-checking proxies, which are Sequences and M
 from __future__ import annotations
 
 import json
-import subprocess
 import textwrap
-from pathlib import Path
 
+from tests.policy.policy_venv import run_in_policy_venv
 from tests.policy.samples import DEPLOYMENT, deployment, serving_pod
 
-ROOT = Path(__file__).resolve().parents[2]
-POLICY_PYTHON = ROOT / ".venv-policy" / "bin" / "python"
 ROLE = "aws:iam/role:Role"
 ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
 
@@ -41,16 +38,7 @@ SCRIPT = textwrap.dedent(
 
 
 def run_engine_path(cases: list[dict]) -> list[list[str]]:
-    assert POLICY_PYTHON.exists(), "run `make setup` to build .venv-policy for the policy pack"
-    done = subprocess.run(
-        [str(POLICY_PYTHON), "-c", SCRIPT, str(ROOT)],
-        input=json.dumps(cases),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return json.loads(done.stdout)
+    return run_in_policy_venv(SCRIPT, cases)
 
 
 def trust(sub_condition: dict[str, object]) -> dict[str, object]:

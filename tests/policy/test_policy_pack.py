@@ -7,15 +7,11 @@ small script there: it builds every policy with a temporary compat matrix and ca
 
 from __future__ import annotations
 
-import json
-import subprocess
 import textwrap
 from pathlib import Path
 
+from tests.policy.policy_venv import run_in_policy_venv
 from tests.policy.samples import DEPLOYMENT, ROLLOUT, analysis, deployment, rollout, serving_pod
-
-ROOT = Path(__file__).resolve().parents[2]
-POLICY_PYTHON = ROOT / ".venv-policy" / "bin" / "python"
 
 SCRIPT = textwrap.dedent(
     """
@@ -44,18 +40,9 @@ SCRIPT = textwrap.dedent(
 
 
 def run_pack(cases: list[dict], tmp_path: Path) -> dict:
-    assert POLICY_PYTHON.exists(), "run `make setup` to build .venv-policy for the policy pack"
     compat = tmp_path / "compat.toml"
     compat.write_text('[[pair]]\ntriton = "26.08"\nvllm = "0.27.1"\n', encoding="utf-8")
-    done = subprocess.run(
-        [str(POLICY_PYTHON), "-c", SCRIPT, str(ROOT), str(compat)],
-        input=json.dumps(cases),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return json.loads(done.stdout)
+    return run_in_policy_venv(SCRIPT, cases, str(compat))
 
 
 def test_pack_reports_each_failing_resource_under_its_policy(tmp_path: Path) -> None:
