@@ -39,25 +39,45 @@ BUCKET_CONFIGURATION_READS = frozenset(
     {"s3:GetBucketLocation", "s3:GetBucketVersioning", "s3:GetReplicationConfiguration"}
 )
 WEB_IDENTITY_ASSUME = "sts:AssumeRoleWithWebIdentity"
+GPU_ACCELERATOR_LABEL = "k8s.amazonaws.com/accelerator"
 _GPU_INSTANCE = re.compile(r"^(p\d|g\d|gr\d)[a-z0-9-]*\.", re.IGNORECASE)
 
 
-def _is_gpu_node_group(props: Props) -> bool:
-    if "NVIDIA" in str(props.get("amiType") or "").upper():
-        return True
-    return any(_GPU_INSTANCE.match(str(t)) for t in props.get("instanceTypes") or [])
+def _gpu_evidence(props: Props) -> str | None:
+    # What in the node group's own properties says its nodes have NVIDIA GPUs, or None. A CUSTOM
+    # AMI whose launch template alone names GPU instance types says nothing here.
+    ami_type = str(props.get("amiType") or "")
+    if "NVIDIA" in ami_type.upper() or ami_type.upper().endswith("_GPU"):
+        return f"amiType {ami_type}"
+    gpu_types = [str(t) for t in props.get("instanceTypes") or [] if _GPU_INSTANCE.match(str(t))]
+    if gpu_types:
+        return f"instanceTypes {gpu_types}"
+    labels = props.get("labels") or {}
+    for key in labels:
+        # The accelerator label is the one cluster-autoscaler reads as "this node has a GPU".
+        gpu_label = key.startswith(GPU_RESOURCE) or key == GPU_ACCELERATOR_LABEL
+        if gpu_label and str(labels[key]).lower() != "false":
+            return f"label {key}"
+    for taint in props.get("taints") or []:
+        if isinstance(taint, Mapping) and taint.get("key") == GPU_RESOURCE:
+            return f"taint {GPU_RESOURCE} with effect {taint.get('effect')}"
+    return None
 
 
 def check_gpu_node_group_tainted(resource_type: str, props: Props) -> list[str]:
-    """GPU node groups carry the ``nvidia.com/gpu`` NoSchedule taint so only GPU pods land there."""
-    if resource_type != NODE_GROUP or not _is_gpu_node_group(props):
+    """GPU node groups carry the ``nvidia.com/gpu`` NoSchedule taint so only GPU pods land there.
+
+    A node group is a GPU one by its amiType, instanceTypes, an ``nvidia.com/gpu*`` or
+    accelerator label, or an ``nvidia.com/gpu`` taint of any effect.
+    """
+    evidence = _gpu_evidence(props) if resource_type == NODE_GROUP else None
+    if evidence is None:
         return []
     for taint in props.get("taints") or []:
         if taint.get("key") == GPU_RESOURCE and taint.get("effect") == "NO_SCHEDULE":
             return []
     return [
-        f"GPU node group (amiType {props.get('amiType')}, instanceTypes "
-        f"{list(props.get('instanceTypes') or [])}) has no taint {{key: {GPU_RESOURCE}, "
+        f"GPU node group ({evidence}) has no taint {{key: {GPU_RESOURCE}, "
         "effect: NO_SCHEDULE}; add it to taints"
     ]
 
@@ -92,13 +112,16 @@ def check_fsx_encrypted(resource_type: str, props: Props) -> list[str]:
     return messages
 
 
-def _opens_lustre(from_port: Any, to_port: Any, protocol: Any) -> bool:
+def _lustre_exposure(from_port: Any, to_port: Any, protocol: Any) -> str | None:
+    # The ports a rule opens that reach Lustre, as the message shows them, or None.
     if str(protocol) in ("-1", "all"):
-        return True
+        return f"every port and protocol (protocol {protocol})"  # fromPort/toPort do not apply
     if str(protocol).lower() not in ("tcp", "6"):
-        return False
+        return None
     low, high = int(from_port or 0), int(to_port if to_port is not None else from_port or 0)
-    return any(low <= end and start <= high for start, end in LUSTRE_PORTS)
+    if not any(low <= end and start <= high for start, end in LUSTRE_PORTS):
+        return None
+    return f"TCP port {low}" if low == high else f"TCP ports {low}-{high}"
 
 
 def _public(cidrs: Iterable[Any]) -> list[str]:
@@ -119,10 +142,10 @@ def check_lustre_not_public(resource_type: str, props: Props) -> list[str]:
         cidrs = [c for c in (props.get("cidrIpv4"), props.get("cidrIpv6")) if c]
         rules.append((props.get("fromPort"), props.get("toPort"), props.get("ipProtocol"), cidrs))
     return [
-        f"ingress on ports {low}-{high} ({protocol}) from {', '.join(public)} exposes the Lustre "
-        "ports; allow only the node groups' security group"
+        f"ingress on {opened} from {', '.join(public)} exposes the Lustre ports; allow only the "
+        "node groups' security group"
         for low, high, protocol, cidrs in rules
-        if (public := _public(cidrs)) and _opens_lustre(low, high, protocol)
+        if (public := _public(cidrs)) and (opened := _lustre_exposure(low, high, protocol))
     ]
 
 
@@ -295,9 +318,11 @@ def _statement_problems(statement: Mapping[str, Any]) -> list[str]:
             continue
         bucket = resource.removeprefix("arn:aws:s3:::")
         bucket_only = resource != bucket and "/" not in bucket and not _has_wildcard(bucket)
-        if bucket_only and actions == {"s3:listbucket"} and _listing_scoped(statement):
-            continue
-        if bucket_only and actions <= {a.lower() for a in BUCKET_CONFIGURATION_READS}:
+        # Configuration reads need no prefix, so only the rest (a ListBucket, say) is scoped.
+        remaining = actions - {a.lower() for a in BUCKET_CONFIGURATION_READS}
+        if bucket_only and (
+            not remaining or (remaining == {"s3:listbucket"} and _listing_scoped(statement))
+        ):
             continue
         problems.append(_unscoped(shown, repr(resource)))
     return problems

@@ -184,8 +184,20 @@ def _step_kind(step: Mapping) -> str:
     return next(iter(step), "empty")
 
 
+def _integer_weight(value: Any) -> int | None:
+    # Argo Rollouts types setWeight as an int32, so the API server rejects a string, even "50".
+    # The engine hands every number as a float (50.0); only a whole one is an integer.
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
 def check_red_black_steps(resource_type: str, props: Props) -> list[str]:
-    """A Rollout's canary steps must end at weight 100, each weight followed by an analysis."""
+    """A Rollout's canary steps set integer weights ending at 100, each followed by an analysis."""
     if resource_type != ROLLOUT_TYPE:
         return []
     label = resource_label(resource_type, props)
@@ -198,11 +210,15 @@ def check_red_black_steps(resource_type: str, props: Props) -> list[str]:
         return [
             f"{label}: spec.strategy.canary.steps has no setWeight step; end with setWeight 100"
         ]
-    messages = []
-    if int(weights[-1][1]) != 100:
-        messages.append(
-            f"{label}: the last setWeight is {weights[-1][1]}; Red-Black steps must end at 100"
-        )
+    messages = [
+        f"{label}: steps[{index}].setWeight is {weight!r}, not an integer; write a whole "
+        "number from 0 to 100, unquoted (setWeight: 50)"
+        for index, weight in weights
+        if _integer_weight(weight) is None
+    ]
+    last = _integer_weight(weights[-1][1])
+    if last is not None and last != 100:
+        messages.append(f"{label}: the last setWeight is {last}; Red-Black steps must end at 100")
     for n, (index, weight) in enumerate(weights):
         end = weights[n + 1][0] if n + 1 < len(weights) else len(steps)
         following = [_step_kind(s) for s in steps[index + 1 : end]]

@@ -50,6 +50,54 @@ def test_cpu_node_group_needs_no_taint() -> None:
     assert check_gpu_node_group_tainted(NODE_GROUP, props) == []
 
 
+CUSTOM_AMI = {
+    "clusterName": "prod",
+    "amiType": "CUSTOM",
+    "launchTemplate": {"id": "lt-1", "version": "3"},
+}
+
+
+@pytest.mark.parametrize(
+    ("extra", "evidence"),
+    [
+        ({"amiType": "AL2_x86_64_GPU"}, "amiType AL2_x86_64_GPU"),
+        ({"amiType": "BOTTLEROCKET_ARM_64_NVIDIA_FIPS"}, "amiType BOTTLEROCKET_ARM_64_NVIDIA_FIPS"),
+        ({"labels": {"nvidia.com/gpu.present": "true"}}, "label nvidia.com/gpu.present"),
+        (
+            {"labels": {"k8s.amazonaws.com/accelerator": "nvidia-h100"}},
+            "label k8s.amazonaws.com/accelerator",
+        ),
+        (
+            {"taints": [{**GPU_TAINT, "effect": "PREFER_NO_SCHEDULE"}]},
+            "taint nvidia.com/gpu with effect PREFER_NO_SCHEDULE",
+        ),
+    ],
+)
+def test_gpu_detected_without_gpu_instance_types(extra: dict[str, object], evidence: str) -> None:
+    # A CUSTOM AMI's launch template holds the instance types; the node group's own props tell.
+    messages = check_gpu_node_group_tainted(NODE_GROUP, {**CUSTOM_AMI, **extra})
+    assert messages == [
+        f"GPU node group ({evidence}) has no taint {{key: nvidia.com/gpu, effect: NO_SCHEDULE}}; "
+        "add it to taints"
+    ]
+    tainted = {**CUSTOM_AMI, **extra, "taints": [GPU_TAINT]}
+    assert check_gpu_node_group_tainted(NODE_GROUP, tainted) == []
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"amiType": "AL2023_x86_64_NEURON", "instanceTypes": ["inf2.xlarge"]},
+        {"amiType": "BOTTLEROCKET_x86_64_FIPS", "labels": {"workload": "cpu"}},
+        {"labels": {"nvidia.com/gpu.present": "false"}},
+        {"taints": [{"key": "dedicated", "value": "batch", "effect": "NO_SCHEDULE"}]},
+    ],
+)
+def test_cpu_node_groups_are_not_taken_for_gpu_ones(extra: dict[str, object]) -> None:
+    assert check_gpu_node_group_tainted(NODE_GROUP, {**CUSTOM_AMI, **extra}) == []
+
+
 @pytest.mark.parametrize(
     "rtype", ["aws:ec2/launchTemplate:LaunchTemplate", "aws:ec2/instance:Instance"]
 )
@@ -121,6 +169,23 @@ def test_lustre_ports_from_node_security_group_pass() -> None:
 def test_public_lustre_ports_fail(rtype: str, props: dict[str, object]) -> None:
     messages = check_lustre_not_public(rtype, props)
     assert len(messages) == 1 and "Lustre" in messages[0]
+
+
+@pytest.mark.parametrize(
+    ("rule", "opened"),
+    [
+        ({"protocol": "-1"}, "every port and protocol (protocol -1)"),
+        ({"protocol": "-1", "fromPort": 0, "toPort": 0}, "every port and protocol (protocol -1)"),
+        ({"protocol": "tcp", "fromPort": 988}, "TCP port 988"),
+        ({"protocol": "6", "fromPort": 1000, "toPort": 1020}, "TCP ports 1000-1020"),
+    ],
+)
+def test_public_lustre_message_names_the_opened_range(rule: dict[str, object], opened: str) -> None:
+    props = {"ingress": [{**rule, "cidrBlocks": ["0.0.0.0/0"]}]}
+    assert check_lustre_not_public("aws:ec2/securityGroup:SecurityGroup", props) == [
+        f"ingress on {opened} from 0.0.0.0/0 exposes the Lustre ports; allow only the node "
+        "groups' security group"
+    ]
 
 
 def trust(condition: dict[str, object]) -> str:
@@ -233,6 +298,31 @@ def test_bucket_configuration_reads_need_no_prefix() -> None:
         }
     )
     assert check_s3_access_scoped_to_prefix("aws:iam/rolePolicy:RolePolicy", props) == []
+
+
+LIST_WITH_LOCATION = {
+    "Effect": "Allow",
+    "Action": ["s3:ListBucket", "s3:GetBucketLocation"],
+    "Resource": "arn:aws:s3:::models-use1",
+}
+
+
+def test_scoped_listing_with_bucket_location_passes() -> None:
+    scoped = {**LIST_WITH_LOCATION, "Condition": {"StringLike": {"s3:prefix": ["models/llama/*"]}}}
+    props = s3_policy(scoped)
+    assert check_s3_access_scoped_to_prefix("aws:iam/rolePolicy:RolePolicy", props) == []
+
+
+@pytest.mark.parametrize(
+    "condition",
+    [None, {"StringLike": {"s3:prefix": ["*"]}}, {"StringEquals": {"s3:delimiter": "/"}}],
+)
+def test_unscoped_listing_with_bucket_location_fails(condition: dict[str, object] | None) -> None:
+    statement = dict(LIST_WITH_LOCATION)
+    if condition is not None:
+        statement["Condition"] = condition
+    messages = check_s3_access_scoped_to_prefix("aws:iam/policy:Policy", s3_policy(statement))
+    assert len(messages) == 1 and "'arn:aws:s3:::models-use1'" in messages[0]
 
 
 WIDE_SUB = {"StringLike": {"oidc.eks/id/X:sub": "system:serviceaccount:*:*"}}

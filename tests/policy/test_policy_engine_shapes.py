@@ -11,7 +11,7 @@ import json
 import textwrap
 
 from tests.policy.policy_venv import run_in_policy_venv
-from tests.policy.samples import DEPLOYMENT, deployment, serving_pod
+from tests.policy.samples import DEPLOYMENT, ROLLOUT, deployment, serving_pod
 
 ROLE = "aws:iam/role:Role"
 ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
@@ -97,3 +97,25 @@ def test_zero_gpus_from_the_engine_is_not_a_gpu_container() -> None:
     cpu, gpu = run_engine_path(cases)
     assert cpu == []
     assert len(gpu) == 1 and "does not tolerate" in gpu[0]
+
+
+def test_weights_and_node_group_labels_from_the_engine() -> None:
+    # The engine turns setWeight 100 into 100.0 and hands labels as a Mapping proxy.
+    steps = [{"setWeight": 100}, {"analysis": {"templates": [{"templateName": "a"}]}}]
+    quoted = [{**steps[0], "setWeight": "100"}, steps[1]]
+    body = {"metadata": {"name": "llama"}, "spec": {"strategy": {"canary": {"steps": steps}}}}
+    quoted_body = {**body, "spec": {"strategy": {"canary": {"steps": quoted}}}}
+    node_group = {"amiType": "CUSTOM", "labels": {"nvidia.com/gpu.present": "true"}}
+    red_black, tainted = "check_red_black_steps", "check_gpu_node_group_tainted"
+    cases = [
+        {"check": red_black, "type": ROLLOUT, "props": body},
+        {"check": red_black, "type": ROLLOUT, "props": quoted_body},
+        {"check": tainted, "type": "aws:eks/nodeGroup:NodeGroup", "props": node_group},
+    ]
+    integer, string, labelled = run_engine_path(cases)
+    assert integer == []
+    assert len(string) == 1 and "steps[0].setWeight is '100', not an integer" in string[0]
+    assert labelled == [
+        "GPU node group (label nvidia.com/gpu.present) has no taint {key: nvidia.com/gpu, "
+        "effect: NO_SCHEDULE}; add it to taints"
+    ]

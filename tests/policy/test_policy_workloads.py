@@ -217,3 +217,23 @@ def test_kubernetes_non_matching_tolerations_fail(toleration: dict[str, str]) ->
     pod = serving_pod()
     pod["spec"]["tolerations"] = [toleration]
     assert check_gpu_pods_tolerate_taint(DEPLOYMENT, deployment(pod)) != []
+
+
+@pytest.mark.parametrize("weight", ["100", "50", "abc", 50.5, True])
+def test_weight_that_is_not_an_integer_is_a_finding(weight: object) -> None:
+    # setWeight is an int32 in the Rollout CRD: the API server refuses even "50".
+    steps = [{"setWeight": 10}, analysis(), {"setWeight": weight}, analysis()]
+    messages = check_red_black_steps(ROLLOUT, rollout(steps))
+    assert messages == [
+        f"Rollout llama: steps[2].setWeight is {weight!r}, not an integer; write a whole "
+        "number from 0 to 100, unquoted (setWeight: 50)"
+    ]
+
+
+def test_whole_float_weight_from_the_engine_is_an_integer() -> None:
+    steps = [{"setWeight": 25.0}, analysis(), {"setWeight": 100.0}, analysis()]
+    assert check_red_black_steps(ROLLOUT, rollout(steps)) == []
+    steps[-2] = {"setWeight": 50.0}
+    assert check_red_black_steps(ROLLOUT, rollout(steps)) == [
+        "Rollout llama: the last setWeight is 50; Red-Black steps must end at 100"
+    ]
