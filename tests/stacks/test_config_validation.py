@@ -198,3 +198,14 @@ def test_a_known_release_gives_its_vllm() -> None:
     config = load_stack_config("prod-us-east-1")
     assert isinstance(config, RegionStackConfig)
     assert vllm_version_for(config, "prod-us-east-1") == "0.27.1"
+
+
+def test_the_rollouts_guide_example_is_a_valid_models_list(tmp_path: Path) -> None:
+    # The first YAML block of docs/rollouts.md is what users paste into a stack file.
+    guide = (STACKS_DIR.parent / "docs" / "rollouts.md").read_text()
+    example = yaml.safe_load(guide.split("```yaml\n", 1)[1].split("```", 1)[0])
+    config = yaml.safe_load((STACKS_DIR / "Pulumi.prod-us-east-1.yaml").read_text())["config"]
+    config["llm-serving:models"] = example["llm-serving:models"]
+    _write(tmp_path, "prod-us-east-1", config)
+    loaded = load_stack_config("prod-us-east-1", stacks_dir=tmp_path)
+    assert [m.id for m in loaded.models] == ["llama-3-1-70b-instruct", "catalog-ranker-8b"]
