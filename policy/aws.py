@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from policy.findings import GPU_RESOURCE, Props
@@ -13,7 +14,9 @@ from policy.findings import GPU_RESOURCE, Props
 __all__ = [
     "BUCKET_CONFIGURATION_READS",
     "LUSTRE_PORTS",
+    "StackResource",
     "check_fsx_encrypted",
+    "check_gpu_launch_template_tainted",
     "check_gpu_node_group_tainted",
     "check_imdsv2_required",
     "check_irsa_trust_scoped",
@@ -45,7 +48,8 @@ _GPU_INSTANCE = re.compile(r"^(p\d|g\d|gr\d)[a-z0-9-]*\.", re.IGNORECASE)
 
 def _gpu_evidence(props: Props) -> str | None:
     # What in the node group's own properties says its nodes have NVIDIA GPUs, or None. A CUSTOM
-    # AMI whose launch template alone names GPU instance types says nothing here.
+    # AMI whose launch template alone names GPU instance types says nothing here: that takes the
+    # stack view (check_gpu_launch_template_tainted).
     ami_type = str(props.get("amiType") or "")
     if "NVIDIA" in ami_type.upper() or ami_type.upper().endswith("_GPU"):
         return f"amiType {ami_type}"
@@ -79,6 +83,57 @@ def check_gpu_node_group_tainted(resource_type: str, props: Props) -> list[str]:
     return [
         f"GPU node group ({evidence}) has no taint {{key: {GPU_RESOURCE}, "
         "effect: NO_SCHEDULE}; add it to taints"
+    ]
+
+
+@dataclass(frozen=True)
+class StackResource:
+    """One resource of a stack as a stack policy sees it."""
+
+    urn: str
+    type: str
+    name: str
+    """The resource's logical name in the program."""
+    props: Props
+    property_dependencies: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    """Per property, the URNs of the resources its value depends on."""
+
+
+def _launch_templates_of(
+    node_group: StackResource, resources: Sequence[StackResource]
+) -> list[StackResource]:
+    templates = [r for r in resources if r.type == LAUNCH_TEMPLATE]
+    # In a preview launchTemplate.id is the template's unknown output: only the dependency joins
+    # them then. The id and name are read only without one, as reading an unknown value raises.
+    linked = set(node_group.property_dependencies.get("launchTemplate") or ())
+    if by_dependency := [t for t in templates if t.urn in linked]:
+        return by_dependency
+    reference = node_group.props.get("launchTemplate") or {}
+    wanted = {key: reference.get(key) for key in ("id", "name")}
+    return [
+        t
+        for t in templates
+        if any(value is not None and t.props.get(key) == value for key, value in wanted.items())
+    ]
+
+
+def check_gpu_launch_template_tainted(
+    node_group: StackResource, resources: Sequence[StackResource]
+) -> list[str]:
+    """A node group whose launch template's instanceType is a GPU type is tainted like any other.
+
+    Only node groups without GPU evidence of their own are checked (``check_gpu_node_group_tainted``
+    reports the rest); the template is the one ``launchTemplate`` depends on, or else the one its
+    ``id`` or ``name`` names among ``resources``.
+    """
+    if node_group.type != NODE_GROUP or _gpu_evidence(node_group.props) is not None:
+        return []  # any nvidia.com/gpu taint is evidence, so from here the group has none
+    return [
+        f"GPU node group {node_group.name} (instanceType {instance_type} in launch template "
+        f"{template.name}) has no taint {{key: {GPU_RESOURCE}, effect: NO_SCHEDULE}}; add it "
+        "to taints"
+        for template in _launch_templates_of(node_group, resources)
+        if _GPU_INSTANCE.match(instance_type := str(template.props.get("instanceType") or ""))
     ]
 
 

@@ -11,11 +11,16 @@ from pathlib import Path
 
 from pulumi_policy import (
     EnforcementLevel,
+    Policy,
     PolicyConfigSchema,
+    PolicyResource,
     ReportViolation,
     ResourceValidationArgs,
     ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
 )
+from pulumi_policy.proxy import UnknownValueError
 
 from policy import aws, versions, workloads
 from policy.compat_pairs import load_pairs
@@ -64,7 +69,41 @@ def _versioned_age_policy() -> ResourceValidationPolicy:
     )
 
 
-def build_policies(compat_path: Path | None = None) -> list[ResourceValidationPolicy]:
+def _stack_resource(resource: PolicyResource) -> aws.StackResource:
+    return aws.StackResource(
+        urn=resource.urn,
+        type=resource.resource_type,
+        name=resource.name,
+        props=resource.props,
+        property_dependencies={
+            key: [r.urn for r in deps] for key, deps in resource.property_dependencies.items()
+        },
+    )
+
+
+def _gpu_launch_templates_policy() -> StackValidationPolicy:
+    def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+        resources = [_stack_resource(r) for r in args.resources]
+        for resource in resources:
+            try:
+                messages = aws.check_gpu_launch_template_tainted(resource, resources)
+            except UnknownValueError:
+                # Not known until the update, when the stack is analysed again; one node group's
+                # unknown values must not skip the others.
+                continue
+            for message in messages:
+                report_violation(message, resource.urn)
+
+    return StackValidationPolicy(
+        name="gpu-launch-template-node-groups-tainted",
+        description="Node groups whose launch template has a GPU instance type carry the "
+        "nvidia.com/gpu NoSchedule taint.",
+        validate=validate,
+        enforcement_level=EnforcementLevel.MANDATORY,
+    )
+
+
+def build_policies(compat_path: Path | None = None) -> list[Policy]:
     """Every policy of the pack; ``compat_path`` overrides ``images/compat.toml``."""
     pairs = load_pairs(compat_path)
 
@@ -77,6 +116,7 @@ def build_policies(compat_path: Path | None = None) -> list[ResourceValidationPo
             "GPU node groups carry the nvidia.com/gpu NoSchedule taint.",
             aws.check_gpu_node_group_tainted,
         ),
+        _gpu_launch_templates_policy(),
         _mandatory(
             "gpu-pods-tolerate-taint",
             "Pods requesting nvidia.com/gpu tolerate the GPU taint.",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Sequence
 
 from tests.policy.policy_venv import run_in_policy_venv
 from tests.policy.samples import DEPLOYMENT, ROLLOUT, deployment, serving_pod
@@ -119,3 +120,79 @@ def test_weights_and_node_group_labels_from_the_engine() -> None:
         "GPU node group (label nvidia.com/gpu.present) has no taint {key: nvidia.com/gpu, "
         "effect: NO_SCHEDULE}; add it to taints"
     ]
+
+
+UNKNOWN_STRING = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"  # pulumi-policy's unknown-string sentinel
+UNKNOWN_ARRAY = "6a19a0b0-7e62-4c92-b797-7f8e31da9cc2"
+
+STACK_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, sys.argv[1])
+    from google.protobuf import struct_pb2
+    from pulumi.runtime.proto import analyzer_pb2
+    from pulumi_policy import EnforcementLevel
+    from pulumi_policy.policy import _PolicyAnalyzerServicer
+    from policy.pack import PACK_NAME, build_policies
+
+    request = analyzer_pb2.AnalyzeStackRequest()
+    for case in json.loads(sys.stdin.read()):
+        properties = struct_pb2.Struct()
+        properties.update(case["props"])
+        resource = request.resources.add(
+            type=case["type"], urn=case["urn"], name=case["name"], properties=properties
+        )
+        for key, urns in case.get("propertyDependencies", {}).items():
+            resource.propertyDependencies[key].urns.extend(urns)
+            resource.dependencies.extend(urns)
+    servicer = _PolicyAnalyzerServicer(
+        PACK_NAME, "0.0.1", build_policies(), EnforcementLevel.MANDATORY
+    )
+    response = servicer.AnalyzeStack(request, None)
+    level = analyzer_pb2.EnforcementLevel.Name
+    print(json.dumps([
+        {"policy": d.policyName, "urn": d.urn, "message": d.message,
+         "level": level(d.enforcementLevel)}
+        for d in response.diagnostics
+    ]))
+    """
+)
+
+
+def stack_resource(kind: str, name: str, props: dict, depends_on: Sequence[str] = ()) -> dict:
+    resource = {"type": kind, "urn": f"urn:pulumi:prod::llm-serving::{kind}::{name}"}
+    resource.update(name=name, props=props)
+    if depends_on:
+        resource["propertyDependencies"] = {"launchTemplate": list(depends_on)}
+    return resource
+
+
+def test_custom_ami_node_group_with_a_gpu_launch_template_in_a_preview() -> None:
+    # A preview: the node groups' launchTemplate.id is the LaunchTemplate's unknown output.
+    lt, node_group = "aws:ec2/launchTemplate:LaunchTemplate", "aws:eks/nodeGroup:NodeGroup"
+    gpu_lt = stack_resource(lt, "gpu-lt", {"name": "gpu-lt-1", "instanceType": "p5.48xlarge"})
+    cpu_lt = stack_resource(lt, "cpu-lt", {"name": "cpu-lt-1", "instanceType": "m7i.4xlarge"})
+    custom = {"amiType": "CUSTOM", "launchTemplate": {"id": UNKNOWN_STRING, "version": "1"}}
+    resources = [
+        gpu_lt,
+        cpu_lt,
+        stack_resource(node_group, "gpu-nodes", custom, [gpu_lt["urn"]]),
+        stack_resource(node_group, "cpu-nodes", custom, [cpu_lt["urn"]]),
+        # Taints not known yet: skipped, and the other node groups are still checked.
+        stack_resource(node_group, "later", {**custom, "taints": UNKNOWN_ARRAY}, [gpu_lt["urn"]]),
+        stack_resource(
+            node_group,
+            "tainted",
+            {**custom, "taints": [{"key": "nvidia.com/gpu", "effect": "NO_SCHEDULE"}]},
+            [gpu_lt["urn"]],
+        ),
+    ]
+    found = run_in_policy_venv(STACK_SCRIPT, resources)
+    assert [(d["policy"], d["urn"]) for d in found] == [
+        ("gpu-launch-template-node-groups-tainted", resources[2]["urn"])
+    ]
+    assert found[0]["level"] == "MANDATORY"
+    assert (
+        "GPU node group gpu-nodes (instanceType p5.48xlarge in launch template gpu-lt) has no "
+        "taint {key: nvidia.com/gpu, effect: NO_SCHEDULE}; add it to taints" in found[0]["message"]
+    )

@@ -10,6 +10,7 @@ cluster's OIDC provider) are checked too.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from functools import cache
 
@@ -61,12 +62,32 @@ def _run(stack: str) -> ProgramRun:
     )
 
 
+def _stack_resources(run: ProgramRun) -> list[aws.StackResource]:
+    # The mock monitor keeps a resource's dependencies, not each property's: a node group's
+    # launch template is the one LaunchTemplate among them, so they stand for launchTemplate's.
+    return [
+        aws.StackResource(
+            urn=r.urn,
+            type=r.type,
+            name=r.name,
+            props=r.inputs,
+            property_dependencies={"launchTemplate": r.dependencies},
+        )
+        for r in run.resources
+    ]
+
+
 def _violations(run: ProgramRun) -> list[str]:
+    stack = _stack_resources(run)
     return [
         f"{policy}: {resource.type} {resource.name}: {message}"
         for resource in run.resources
         for policy, validate in _mandatory().items()
         for message in validate(resource.type, resource.inputs)
+    ] + [
+        f"gpu-launch-template-node-groups-tainted: {resource.type} {resource.name}: {message}"
+        for resource in stack
+        for message in aws.check_gpu_launch_template_tainted(resource, stack)
     ]
 
 
@@ -125,6 +146,25 @@ def test_a_broken_rollout_in_a_plan_is_caught() -> None:
     }
     assert workloads.check_images_pinned(ROLLOUT, unpinned)
     assert _mandatory()["serving-pair-in-compat-matrix"](ROLLOUT, unpinned)
+
+
+def test_a_custom_ami_node_group_with_a_gpu_launch_template_in_a_plan_is_caught() -> None:
+    # The plan's own node group, turned into a CUSTOM AMI whose GPU type only its template names.
+    stack = _stack_resources(_run("prod-us-east-1"))
+    group = next(r for r in stack if r.type == "aws:eks/nodeGroup:NodeGroup")
+    own = {k: v for k, v in group.props.items() if k not in ("instanceTypes", "labels", "taints")}
+    custom = replace(group, props={**own, "amiType": "CUSTOM"})
+    depends_on = set(group.property_dependencies["launchTemplate"])
+    gpu_stack = [
+        replace(r, props={**r.props, "instanceType": "p5.48xlarge"})
+        if r.type == "aws:ec2/launchTemplate:LaunchTemplate" and r.urn in depends_on
+        else r
+        for r in stack
+    ]
+    assert aws.check_gpu_launch_template_tainted(custom, stack) == []
+    messages = aws.check_gpu_launch_template_tainted(custom, gpu_stack)
+    assert len(messages) == 1
+    assert messages[0].startswith(f"GPU node group {group.name} (instanceType p5.48xlarge in ")
 
 
 def test_advisory_age_policy_flags_old_versioned_services_from_created_at() -> None:

@@ -2,7 +2,8 @@
 
 pulumi-policy pins protobuf 5 and cannot be imported in the main venv, so this test runs a
 small script there: it builds every policy with a temporary compat matrix and calls each one's
-``validate`` with pulumi-policy's own ``ResourceValidationArgs`` on passing and failing resources.
+``validate`` with pulumi-policy's own ``ResourceValidationArgs`` (or, for stack policies,
+``StackValidationArgs`` over all the cases) on passing and failing resources.
 """
 
 from __future__ import annotations
@@ -13,12 +14,17 @@ from pathlib import Path
 from tests.policy.policy_venv import run_in_policy_venv
 from tests.policy.samples import DEPLOYMENT, ROLLOUT, analysis, deployment, rollout, serving_pod
 
+NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+
 SCRIPT = textwrap.dedent(
     """
     import json, sys
     sys.path.insert(0, sys.argv[1])
     from pathlib import Path
-    from pulumi_policy import EnforcementLevel, ResourceValidationArgs
+    from pulumi_policy import (
+        EnforcementLevel, PolicyResource, ResourceValidationArgs, ResourceValidationPolicy,
+        StackValidationArgs,
+    )
     from policy.pack import PACK_NAME, build_policies
 
     cases = json.loads(sys.stdin.read())
@@ -26,14 +32,26 @@ SCRIPT = textwrap.dedent(
     out = {"pack": PACK_NAME, "levels": {}, "violations": []}
     for policy in policies:
         out["levels"][policy.name] = policy.enforcement_level.value
-    for case in cases:
-        found = []
-        for policy in policies:
+    found = [set() for _ in cases]
+    stack = [
+        PolicyResource(case["type"], case["props"], f"urn:{i}", f"r{i}", None, None, None, [], {})
+        for i, case in enumerate(cases)
+    ]
+    for resource, case in zip(stack, cases):
+        for key, indices in case.get("dependsOn", {}).items():
+            resource.property_dependencies[key] = [stack[i] for i in indices]
+    for policy in policies:
+        if not isinstance(policy, ResourceValidationPolicy):
+            def report(message, urn=None, p=policy.name):
+                found[int(urn.removeprefix("urn:"))].add(p)
+            policy.validate(StackValidationArgs(stack), report)
+            continue
+        for i, case in enumerate(cases):
             args = ResourceValidationArgs(
                 case["type"], case["props"], "urn:x", "r", None, None, {"idleWindowHours": 24}
             )
-            policy.validate(args, lambda message, urn=None, p=policy.name: found.append(p))
-        out["violations"].append(sorted(set(found)))
+            policy.validate(args, lambda message, urn=None, p=policy.name, i=i: found[i].add(p))
+    out["violations"] = [sorted(f) for f in found]
     print(json.dumps(out))
     """
 )
@@ -58,6 +76,11 @@ def test_pack_reports_each_failing_resource_under_its_policy(tmp_path: Path) -> 
             "props": {"metadataOptions": {"httpTokens": "optional"}},
         },
         {"type": "aws:fsx/lustreFileSystem:LustreFileSystem", "props": {}},
+        {
+            "type": "aws:ec2/launchTemplate:LaunchTemplate",
+            "props": {"instanceType": "g6e.xlarge", "metadataOptions": {"httpTokens": "required"}},
+        },
+        {"type": NODE_GROUP, "props": {"amiType": "CUSTOM"}, "dependsOn": {"launchTemplate": [5]}},
     ]
     out = run_pack(cases, tmp_path)
     assert out["pack"] == "llm-serving-platform"
@@ -67,7 +90,9 @@ def test_pack_reports_each_failing_resource_under_its_policy(tmp_path: Path) -> 
         ["red-black-steps-end-at-100-with-analysis"],
         ["imdsv2-required"],
         ["fsx-encrypted"],
+        [],
+        ["gpu-launch-template-node-groups-tainted"],
     ]
     assert out["levels"]["versioned-older-than-idle-window"] == "advisory"
     mandatory = [name for name, level in out["levels"].items() if level == "mandatory"]
-    assert len(mandatory) == 11
+    assert len(mandatory) == 12
