@@ -1,4 +1,6 @@
 // Triton's text exposition parsed, and the merged body written (text or OpenMetrics, gzip).
+#include <charconv>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <unordered_map>
@@ -11,33 +13,38 @@ namespace {
 
 constexpr const char* kSuffixes[] = {"_total", "_bucket", "_sum", "_count", "_created"};
 
-// What Python's str.split() and the label regex's \s take for whitespace (ASCII part).
-bool IsSpace(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f' ||
-         (c >= '\x1c' && c <= '\x1f');
-}
+// Only spaces and tabs separate tokens, as in Prometheus's own parsers: any other character,
+// Unicode whitespace too, belongs to a token (and no name, value or timestamp holds one).
+bool IsBlank(char c) { return c == ' ' || c == '\t'; }
 
 bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
-// The first whitespace-separated word of `s` (empty if none); `s` is left after it.
-std::string_view NextWord(std::string_view* s) {
-  size_t i = 0;
-  while (i < s->size() && IsSpace((*s)[i])) ++i;
-  size_t start = i;
-  while (i < s->size() && !IsSpace((*s)[i])) ++i;
-  std::string_view word = s->substr(start, i - start);
-  s->remove_prefix(i);
-  return word;
+size_t SkipBlanks(std::string_view s, size_t pos) {
+  while (pos < s.size() && IsBlank(s[pos])) ++pos;
+  return pos;
 }
 
-std::vector<std::string_view> SplitWhitespace(std::string_view s) {
-  std::vector<std::string_view> out;
-  for (std::string_view word = NextWord(&s); !word.empty(); word = NextWord(&s)) {
-    out.push_back(word);
-  }
-  return out;
+size_t SkipToken(std::string_view s, size_t pos) {
+  while (pos < s.size() && !IsBlank(s[pos])) ++pos;
+  return pos;
+}
+
+// The first blank-separated token of `s` (empty if none); `s` is left after it.
+std::string_view NextToken(std::string_view* s) {
+  size_t start = SkipBlanks(*s, 0);
+  size_t stop = SkipToken(*s, start);
+  std::string_view token = s->substr(start, stop - start);
+  s->remove_prefix(stop);
+  return token;
+}
+
+// `s` without leading blanks, nor trailing blanks and "\r" (which ends a CRLF line).
+std::string_view TrimBlanks(std::string_view s) {
+  s.remove_prefix(SkipBlanks(s, 0));
+  while (!s.empty() && (IsBlank(s.back()) || s.back() == '\r')) s.remove_suffix(1);
+  return s;
 }
 
 std::string Unescape(std::string_view value) {
@@ -83,6 +90,19 @@ bool KnownType(std::string_view type) {
          type == "untyped";
 }
 
+// An optionally signed integer in int64's range: Go's strconv.ParseInt, as prometheus/common's
+// TextParser reads a timestamp.
+bool ValidTimestamp(std::string_view text) {
+  size_t sign = !text.empty() && (text[0] == '+' || text[0] == '-') ? 1 : 0;
+  if (text.size() == sign) return false;
+  for (char c : text.substr(sign)) {
+    if (c < '0' || c > '9') return false;
+  }
+  if (text[0] == '+') text.remove_prefix(1);  // from_chars takes a '-', not a '+'
+  int64_t value = 0;
+  return std::from_chars(text.data(), text.data() + text.size(), value).ec == std::errc();
+}
+
 // name{labels}: returns the position after the closing brace.
 size_t ParseSeries(std::string_view line, size_t brace, size_t lineno, Series* sample) {
   sample->name = std::string(line.substr(0, brace));
@@ -90,10 +110,8 @@ size_t ParseSeries(std::string_view line, size_t brace, size_t lineno, Series* s
   size_t pos = brace + 1;
   if (pos < line.size() && line[pos] == '}') return pos + 1;
   while (true) {
-    // \s*NAME\s*=\s*"VALUE"\s*(,|})
-    auto skip = [&] {
-      while (pos < line.size() && IsSpace(line[pos])) ++pos;
-    };
+    // [ \t]*NAME[ \t]*=[ \t]*"VALUE"[ \t]*(,|})
+    auto skip = [&] { pos = SkipBlanks(line, pos); };
     skip();
     size_t start = pos;
     if (pos >= line.size() || !IsNameStart(line[pos])) Fail(lineno, "bad labels", line);
@@ -146,7 +164,7 @@ Sample ParseSample(std::string_view line, size_t lineno,
   Sample sample;
   size_t brace = line.find('{');
   size_t space = line.find(' ');
-  std::string_view value;
+  std::string_view rest;
   if (brace != std::string_view::npos && (space == std::string_view::npos || brace < space)) {
     // The value and timestamp never hold a brace, so the last one closes the labels.
     size_t last = line.rfind('}');
@@ -156,22 +174,25 @@ Sample ParseSample(std::string_view line, size_t lineno,
       if (ParseSeries(line, brace, lineno, series.get()) != end) Fail(lineno, "bad labels", line);
       return series;
     });
-    std::string_view rest = line.substr(end);
-    value = NextWord(&rest);
+    rest = line.substr(end);
   } else {
     // Cached by the bare name, which no labelled series' text (it holds a brace) can equal.
-    std::string_view rest = line;
-    std::string_view name = NextWord(&rest);
+    std::string_view name = line.substr(0, SkipToken(line, 0));
     sample.series = CachedSeries(cache, name, [&] {
       if (!ValidMetricName(name)) Fail(lineno, "bad metric name", line);
       auto series = std::make_shared<Series>();
       series->name = std::string(name);
       return series;
     });
-    value = NextWord(&rest);
+    rest = line.substr(name.size());
   }
+  rest = TrimBlanks(rest);
+  std::string_view value = NextToken(&rest);
   if (value.empty()) Fail(lineno, "no value", line);
   if (!ParseFloat(value, &sample.value)) Fail(lineno, "bad value", line);
+  std::string_view timestamp = NextToken(&rest);
+  if (!timestamp.empty() && !ValidTimestamp(timestamp)) Fail(lineno, "bad timestamp", line);
+  if (!NextToken(&rest).empty()) Fail(lineno, "text after the timestamp", line);
   return sample;
 }
 
@@ -194,33 +215,26 @@ std::vector<Family> TextParser::Parse(std::string_view text) {
     while (!line.empty() && (line[0] == ' ' || line[0] == '\t')) line.remove_prefix(1);
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
     if (line[0] == '#') {
-      // line.split(" ", 3)
-      std::vector<std::string_view> parts;
-      size_t pos = 0;
-      while (parts.size() < 3) {
-        size_t sp = line.find(' ', pos);
-        if (sp == std::string_view::npos) break;
-        parts.push_back(line.substr(pos, sp - pos));
-        pos = sp + 1;
-      }
-      parts.push_back(line.substr(pos));
+      // "#", keyword and metric name, each after a run of blanks; the rest follows one blank.
+      size_t key_at = SkipBlanks(line, 1), key_end = SkipToken(line, key_at);
+      size_t name_at = SkipBlanks(line, key_end), name_end = SkipToken(line, name_at);
+      std::string_view keyword = line.substr(key_at, key_end - key_at);
+      std::string_view rest =
+          name_end < line.size() ? line.substr(name_end + 1) : std::string_view();
       // A comment naming no valid metric declares nothing: no sample can take its name.
-      if (parts.size() >= 3 && (parts[1] == "HELP" || parts[1] == "TYPE") &&
-          ValidMetricName(parts[2])) {
-        std::string name(parts[2]);
+      if (key_at > 1 && name_at > key_end && (keyword == "HELP" || keyword == "TYPE") &&
+          ValidMetricName(line.substr(name_at, name_end - name_at))) {
+        std::string name(line.substr(name_at, name_end - name_at));
         auto found = declared.find(name);
         std::pair<std::string, std::string> entry =
             found == declared.end() ? std::make_pair(std::string("untyped"), std::string())
                                     : found->second;
-        std::string_view rest = parts.size() > 3 ? parts[3] : std::string_view();
-        if (parts[1] == "HELP") {
+        if (keyword == "HELP") {
           entry.second = Unescape(rest);
         } else {
-          auto words = SplitWhitespace(rest);
-          if (words.size() > 1 || (words.size() == 1 && !KnownType(words[0]))) {
-            Fail(lineno, "unknown type", line);
-          }
-          entry.first = words.empty() ? "untyped" : std::string(words[0]);
+          std::string_view type = TrimBlanks(rest);
+          if (!type.empty() && !KnownType(type)) Fail(lineno, "unknown type", line);
+          entry.first = type.empty() ? "untyped" : std::string(type);
         }
         declared[name] = std::move(entry);
       }

@@ -13,14 +13,23 @@ from runtime.metrics_proxy.exposition import Family, LabelSet, Sample
 __all__ = ["SeriesCache", "TritonScrapeError", "parse_text_exposition"]
 
 _SUFFIXES = ("_total", "_bucket", "_sum", "_count", "_created")
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|\})')
+# Only spaces and tabs separate tokens, as in Prometheus's own parsers: any other character,
+# Unicode whitespace too, belongs to a token (and no name, value or timestamp holds one).
+_LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(,|\})')
+_BLANKS = re.compile(r"[ \t]+")
+# "#", keyword and metric name, each after a run of blanks; the rest follows one blank.
+_COMMENT = re.compile(r"#[ \t]+(HELP|TYPE)[ \t]+([^ \t]*)(?:[ \t](.*))?")
+# What the native parser takes (Go's ParseFloat, less its hex form); float() would also take
+# underscores, non-ASCII digits and whitespace around them.
+_VALUE = re.compile(
+    r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|(?i:inf|infinity|nan))"
+)
+_TIMESTAMP = re.compile(r"([+-]?)([0-9]+)")
 _UNESCAPE = re.compile(r"\\(.)")
 _UNESCAPED = {"n": "\n", "\\": "\\", '"': '"'}
 # Prometheus refuses a whole scrape over one name outside these, or over another type word.
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _TYPES = frozenset(("counter", "gauge", "histogram", "summary", "untyped"))
-# Whitespace around a type word, as the native parser takes it: str.split()'s ASCII part.
-_SPACE = " \t\n\r\v\f\x1c\x1d\x1e\x1f"
 
 
 class TritonScrapeError(Exception):
@@ -87,18 +96,39 @@ def _parse_sample(line: str, lineno: int, cache: SeriesCache) -> Sample:
                 cache.clear()
             parsed = cache[series] = (name, labels)
         name, labels = parsed
-        rest = line[end:].split()
+        rest = line[end:]
     else:
-        name, *rest = line.split()
+        name, *tail = _BLANKS.split(line, maxsplit=1)
+        rest = tail[0] if tail else ""
         labels = ()
         _check_name(name, line, lineno)
-    if not rest:
+    return Sample(name, labels, _parse_value(rest, line, lineno))
+
+
+def _parse_value(rest: str, line: str, lineno: int) -> float:
+    """The value of ``rest``, the text after a sample's series: value, then a timestamp or not."""
+    # A "\r" ends the line only where the "\n" follows it (CRLF).
+    tokens = _BLANKS.split(rest.lstrip(" \t").rstrip(" \t\r"))
+    if not tokens[0]:
         raise TritonScrapeError("parse", f"line {lineno}: no value in {line!r}")
-    try:
-        value = float(rest[0])
-    except ValueError as exc:
-        raise TritonScrapeError("parse", f"line {lineno}: bad value in {line!r}") from exc
-    return Sample(name, labels, value)
+    if not _VALUE.fullmatch(tokens[0]):
+        raise TritonScrapeError("parse", f"line {lineno}: bad value in {line!r}")
+    if len(tokens) > 1 and not _valid_timestamp(tokens[1]):
+        raise TritonScrapeError("parse", f"line {lineno}: bad timestamp in {line!r}")
+    if len(tokens) > 2:
+        raise TritonScrapeError("parse", f"line {lineno}: text after the timestamp in {line!r}")
+    return float(tokens[0])
+
+
+def _valid_timestamp(token: str) -> bool:
+    """An integer in int64's range: Go's strconv.ParseInt, as prometheus/common's TextParser
+    reads a timestamp."""
+    match = _TIMESTAMP.fullmatch(token)
+    if match is None:
+        return False
+    # Bounded first: int() refuses a string of over 4,300 digits.
+    digits = match[2].lstrip("0") or "0"
+    return len(digits) <= 19 and -(2**63) <= int(match[1] + digits) < 2**63
 
 
 def _base_name(declared: str, typ: str) -> str:
@@ -125,22 +155,18 @@ def parse_text_exposition(text: str, cache: SeriesCache | None = None) -> list[F
         if not line.strip(" \t\r"):
             continue
         if line.startswith("#"):
-            parts = line.split(" ", 3)
+            comment = _COMMENT.fullmatch(line)
             # A comment naming no valid metric declares nothing: no sample can take its name.
-            if (
-                len(parts) >= 3
-                and parts[1] in ("HELP", "TYPE")
-                and _METRIC_NAME.fullmatch(parts[2])
-            ):
-                typ, help_text = declared.get(parts[2], ("untyped", ""))
-                rest = parts[3] if len(parts) > 3 else ""
-                if parts[1] == "HELP":
+            if comment is not None and _METRIC_NAME.fullmatch(comment[2]):
+                keyword, name, rest = comment[1], comment[2], comment[3] or ""
+                typ, help_text = declared.get(name, ("untyped", ""))
+                if keyword == "HELP":
                     help_text = _unescape(rest)
                 else:
-                    typ = rest.strip(_SPACE) or "untyped"
+                    typ = rest.lstrip(" \t").rstrip(" \t\r") or "untyped"
                     if typ not in _TYPES:
                         raise TritonScrapeError("parse", f"line {lineno}: unknown type in {line!r}")
-                declared[parts[2]] = (typ, help_text)
+                declared[name] = (typ, help_text)
             continue
         sample = _parse_sample(line, lineno, cache)
         if current is None or not (

@@ -155,6 +155,10 @@ async def test_triton_slow_is_cut_at_the_timeout(vllm_dir: Path, proxy_factory) 
         (b"# TYPE foo bogus\nfoo 1\n", 200, "parse"),
         (b'foo{a="1",a="2"} 1\n', 200, "parse"),
         (b'foo{__name__="x"} 1\n', 200, "parse"),
+        # Only spaces and tabs separate a line's tokens.
+        ("nv_x\u00a01\n".encode(), 200, "parse"),
+        (b'nv_x{model="a"} 1\x0b\n', 200, "parse"),
+        (b"# TYPE nv_x gauge\x0c\nnv_x 1\n", 200, "parse"),
     ],
 )
 async def test_triton_bad_answers_count_by_reason(

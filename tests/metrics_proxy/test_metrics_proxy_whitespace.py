@@ -1,0 +1,112 @@
+"""What separates the tokens of Triton's text: spaces and tabs only, in both parsers.
+
+Prometheus's parsers (prometheus/common's expfmt ``TextParser``, the server's ``promlex.l``)
+split a line on spaces and tabs and nothing else; any other character, Unicode or ASCII
+whitespace included, belongs to a token, and no name, value or timestamp holds one. The Python
+reference and the native parser must agree with that and with each other, line for line.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.metrics_proxy import _metrics
+from runtime.metrics_proxy.triton import TritonScrapeError, parse_text_exposition
+from tests.metrics_proxy.test_metrics_proxy_native import _native_view, _python_view, _same
+
+# What Python's str.split() and str.strip() take for whitespace, which the format does not.
+_OTHER_SPACES = ["\u00a0", "\u2003", "\u3000", "\x0b", "\x0c", "\x1c", "\x1f", "\x85", "\r"]
+
+
+def _one(typ: str, value: float = 1.0, labels: tuple = (), help_text: str = "") -> dict:
+    return {"a": (typ, help_text, {("a", labels): value})}
+
+
+_ACCEPTED = [
+    ("a\t1\n", _one("untyped")),
+    ("a \t 1\t 1700000000000 \t\n", _one("untyped")),
+    ("a 1 -5\n", _one("untyped")),
+    ("a 1 +9223372036854775807\n", _one("untyped")),
+    ("a 1 -9223372036854775808\n", _one("untyped")),
+    (f"a 1 {'0' * 5000}1\n", _one("untyped")),
+    ("a 1\r\n", _one("untyped")),
+    ('a{b="c"}\t1\n', _one("untyped", labels=(("b", "c"),))),
+    ('a{\tb\t=\t"c"\t,\td = "e" \t}\t2\n', _one("untyped", 2.0, (("b", "c"), ("d", "e")))),
+    # Inside a label value or help text they are text, kept as they are.
+    ('a{b="x\u00a0y\x0b\u3000"} 1\n', _one("untyped", labels=(("b", "x\u00a0y\x0b\u3000"),))),
+    ("# HELP a x\u00a0y\x0cz\na 1\n", _one("untyped", help_text="x\u00a0y\x0cz")),
+    # Tabs separate a comment's tokens too.
+    ("# TYPE a\tgauge\na 1\n", _one("gauge")),
+    ("#\tTYPE\t a \t gauge \t\na 1\n", _one("gauge")),
+    ("# HELP\ta\tsome help\na 1\n", _one("untyped", help_text="some help")),
+]
+
+_MALFORMED = [
+    *(f"a{c}1\n" for c in _OTHER_SPACES),
+    *(f"a 1{c}\n" for c in _OTHER_SPACES if c != "\r"),
+    *(f"a 1{c}123\n" for c in _OTHER_SPACES),
+    *(f"a 1 {c}123\n" for c in _OTHER_SPACES),
+    *(f"a 1 123{c}\n" for c in _OTHER_SPACES if c != "\r"),
+    *(f'a{{b="c"}}{c}1\n' for c in _OTHER_SPACES),
+    *(f'a{{{c}b="c"}} 1\n' for c in _OTHER_SPACES),
+    *(f'a{{b{c}="c"}} 1\n' for c in _OTHER_SPACES),
+    *(f'a{{b={c}"c"}} 1\n' for c in _OTHER_SPACES),
+    *(f'a{{b="c"{c}}} 1\n' for c in _OTHER_SPACES),
+    *(f'a{{b="c",{c}d="e"}} 1\n' for c in _OTHER_SPACES),
+    *(f"{c}a 1\n" for c in _OTHER_SPACES),
+    *(f"# TYPE a gauge{c}x\n" for c in _OTHER_SPACES),
+    *(f"# TYPE a gauge{c}\n" for c in _OTHER_SPACES if c != "\r"),
+    *(f"# TYPE a {c}gauge\n" for c in _OTHER_SPACES),
+    # What else Python's float() takes and the format does not: underscores, other digits.
+    "a 1_0\n",
+    "a \u0661\n",
+    "a \uff11\n",
+    # A timestamp is an integer, and nothing follows it.
+    "a 1 1.5\n",
+    "a 1 x\n",
+    "a 1 2 3\n",
+    "a 1 9223372036854775808\n",
+    "a 1 -9223372036854775809\n",
+    f"a 1 {'9' * 5000}\n",
+    "a 1 +-5\n",
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), _ACCEPTED)
+def test_spaces_and_tabs_separate_tokens_in_both(text: str, expected: dict) -> None:
+    assert _python_view(parse_text_exposition(text)) == expected
+    assert _native_view(_metrics.TextParser().parse(text.encode()).families()) == expected
+
+
+@pytest.mark.parametrize("text", _MALFORMED)
+def test_other_whitespace_between_tokens_fails_in_both(text: str) -> None:
+    with pytest.raises(TritonScrapeError, match="line 1") as info:
+        parse_text_exposition(text)
+    assert info.value.reason == "parse"
+    with pytest.raises(ValueError, match="line 1"):
+        _metrics.TextParser().parse(text.encode())
+
+
+_PIECES = [
+    *("a", "a_total", "{", "}", 'x="y z"', ",", "=", '"', "1", "-5", "+", "1.5", "nan", "1_0"),
+    *("#", "HELP", "TYPE", "gauge", "counter", "\u0661", " ", " ", "\t", "\n"),
+    *_OTHER_SPACES,
+]
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=12).map("".join))
+def test_random_lines_parse_alike_or_fail_alike(text: str) -> None:
+    try:
+        python = _python_view(parse_text_exposition(text))
+    except TritonScrapeError:
+        python = None
+    try:
+        native = _native_view(_metrics.TextParser().parse(text.encode()).families())
+    except ValueError:
+        native = None
+    assert (native is None) == (python is None)
+    if python is not None:
+        _same(native, python)
