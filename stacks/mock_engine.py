@@ -54,6 +54,8 @@ class RecordedResource:
     custom: bool
     inputs: dict[str, Any]
     dependencies: list[str] = field(default_factory=list)
+    property_dependencies: dict[str, list[str]] = field(default_factory=dict)
+    """Per input property, the resources its value came from (what a policy pack sees)."""
 
     @property
     def key(self) -> str:
@@ -102,6 +104,11 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
                 custom=custom,
                 inputs=_plain(rpc.deserialize_properties(properties, keep_unknowns=True)),
                 dependencies=sorted(request.dependencies),
+                # A read has no per-property dependencies: only a registration carries them.
+                property_dependencies={
+                    key: sorted(deps.urns)
+                    for key, deps in getattr(request, "propertyDependencies", {}).items()
+                },
             )
         )
 

@@ -63,15 +63,13 @@ def _run(stack: str) -> ProgramRun:
 
 
 def _stack_resources(run: ProgramRun) -> list[aws.StackResource]:
-    # The mock monitor keeps a resource's dependencies, not each property's: a node group's
-    # launch template is the one LaunchTemplate among them, so they stand for launchTemplate's.
     return [
         aws.StackResource(
             urn=r.urn,
             type=r.type,
             name=r.name,
             props=r.inputs,
-            property_dependencies={"launchTemplate": r.dependencies},
+            property_dependencies=r.property_dependencies,
         )
         for r in run.resources
     ]
