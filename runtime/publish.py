@@ -200,13 +200,27 @@ def version_prefix(model_id: str, model_version: str, root: str = "models") -> s
     return f"{root.strip('/')}/{model_id}/{model_version}/"
 
 
+def _read_failed(bucket: str, key: str, exc: ClientError) -> PublishError:
+    """The error for a HeadObject/GetObject that S3 answered with neither the object nor 404."""
+    code = exc.response.get("Error", {}).get("Code")
+    if code in ("403", "AccessDenied", "Forbidden"):
+        # Without s3:ListBucket, S3 answers 403 rather than 404 for a key that does not exist,
+        # which is what publish asks about every file it has not uploaded yet.
+        return PublishError(
+            f"cannot read s3://{bucket}/{key} (403 Forbidden): publish needs s3:ListBucket on "
+            f"s3://{bucket} (without it S3 answers 403, not 404, for a key that is not there "
+            "yet) and s3:GetObject on its objects; grant both"
+        )
+    return PublishError(f"cannot read s3://{bucket}/{key}: {exc}")
+
+
 def _head(client: Any, bucket: str, key: str) -> dict[str, Any] | None:
     try:
         return client.head_object(Bucket=bucket, Key=key)
     except ClientError as exc:
         if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
             return None
-        raise PublishError(f"cannot read s3://{bucket}/{key}: {exc}") from exc
+        raise _read_failed(bucket, key, exc) from exc
 
 
 def _open_upload(client: Any, bucket: str, key: str) -> str | None:
@@ -227,7 +241,7 @@ def _read_record(client: Any, bucket: str, key: str) -> _UploadRecord | None:
     except ClientError as exc:
         if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
             return None
-        raise PublishError(f"cannot read s3://{bucket}/{key}: {exc}") from exc
+        raise _read_failed(bucket, key, exc) from exc
     try:
         record = _UploadRecord(**json.loads(body))
     except (ValueError, TypeError):

@@ -6,14 +6,24 @@ import asyncio
 import contextlib
 import resource
 import sys
+from collections.abc import Sequence
 
 from pydantic import ValidationError
 
 from runtime.entrypoint.errors import ExitCode
 from runtime.entrypoint.runner import Entrypoint, log
 from runtime.entrypoint.settings import EntrypointSettings
+from runtime.settings_env import parse_command_line, setting_errors
 
 __all__ = ["main"]
+
+DESCRIPTION = (
+    "The serving image's entrypoint: locate and verify the model package, unpack it, install "
+    "its vLLM plugins, wipe the multiprocess metrics folder, check the Triton/vLLM pair, render "
+    "the Triton model repository, start Triton (or the OpenAI frontend with Triton embedded) "
+    "and open the public gRPC port once the model is ready; on SIGTERM, drain and stop. It "
+    "takes no arguments: everything is read from the environment variables below."
+)
 
 
 def raise_open_files_limit() -> None:
@@ -27,14 +37,15 @@ def raise_open_files_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def main() -> int:
-    """Read the settings from the environment, run, return the exit code."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """Read the settings from the environment, run, return the exit code; ``argv`` (default
+    the command line's) may only ask for ``--help``."""
+    parse_command_line("python -m runtime.entrypoint", DESCRIPTION, EntrypointSettings, argv)
     raise_open_files_limit()
     try:
         settings = EntrypointSettings()
     except ValidationError as exc:
-        first = exc.errors()[0]
-        log(f"invalid setting {'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
+        log(f"invalid setting {setting_errors(EntrypointSettings, exc)}")
         return ExitCode.CONFIG
 
     async def run() -> int:

@@ -36,12 +36,17 @@ class EntrypointSettings(BaseSettings):
     )
     model_cache_root: Path = Field(
         default=Path("/mnt/model-cache/models"),
-        description="where <model_id>/<model_version>/ live when package_path is not set",
+        description="where <model_id>/<model_version>/ live when LLM_SERVING_PACKAGE_PATH is "
+        "not set",
     )
     package_s3_uri: str | None = Field(
         default=None, description="s3://bucket/models/<id>/<version>/: fallback, slow cold start"
     )
-    model_id: str | None = Field(default=None, description="expected model id (checked)")
+    model_id: str | None = Field(
+        default=None,
+        description="expected model id (checked); with LLM_SERVING_MODEL_VERSION, names the "
+        "version folder under LLM_SERVING_MODEL_CACHE_ROOT",
+    )
     model_version: str | None = Field(default=None, description="expected model version")
     work_dir: Path = Field(
         default=Path("/var/lib/llm-serving"), description="local disk for unpack and repository"
@@ -100,9 +105,11 @@ class EntrypointSettings(BaseSettings):
     triton_http_port: Port = Field(default=18000, description="Triton's HTTP port, loopback")
     triton_metrics_port: Port = Field(default=8002, description="Triton's metrics port")
     frontend_port: Port = Field(default=8080, description="OpenAI frontend port (embedded)")
-    health_host: str = Field(default="0.0.0.0")
+    health_host: str = Field(default="0.0.0.0", description="address of the health port")
     health_port: Port = Field(default=8081, description="/livez, /readyz, /metrics")
-    ready_timeout_seconds: Seconds = Field(default=1800.0, gt=0)
+    ready_timeout_seconds: Seconds = Field(
+        default=1800.0, gt=0, description="seconds the model may take to become ready (stage 8)"
+    )
     drain_seconds: Seconds = Field(
         default=30.0, le=_MAX_DRAIN_SECONDS, description="SIGTERM drain deadline"
     )

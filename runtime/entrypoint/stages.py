@@ -78,11 +78,19 @@ def locate(
         folder = package_path
     elif s3_uri:
         downloaded = True
+        where = "no model cache path is set" if package_path is None else f"{package_path}"
         warn(
-            f"package not found on the model cache ({package_path}); downloading {s3_uri}: "
+            f"package not found on the model cache ({where}); downloading {s3_uri}: "
             "cold start will be slow"
         )
         folder = download_version(s3_uri, download_dir)
+    elif package_path is None:
+        raise StageFailed(
+            "no model package is configured (LLM_SERVING_PACKAGE_PATH is not set, nor both "
+            "LLM_SERVING_MODEL_ID and LLM_SERVING_MODEL_VERSION)",
+            "set LLM_SERVING_PACKAGE_PATH to the version folder, or LLM_SERVING_MODEL_ID and "
+            "LLM_SERVING_MODEL_VERSION to find it under LLM_SERVING_MODEL_CACHE_ROOT",
+        )
     else:
         raise StageFailed(
             f"no {MANIFEST_NAME} in {package_path} (LLM_SERVING_PACKAGE_PATH, or "

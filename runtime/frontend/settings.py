@@ -21,7 +21,8 @@ class FrontendSettings(BaseSettings):
     )
     model_name: str = Field(default="llm", description="Triton model name that serves requests.")
     served_model_id: str | None = Field(
-        default=None, description="Model id clients send and /v1/models lists; default model_name."
+        default=None,
+        description="Model id clients send and /v1/models lists; default the model name.",
     )
     tokenizer_dir: Path | None = Field(
         default=None,
@@ -51,7 +52,7 @@ class FrontendSettings(BaseSettings):
     embedding_size: int | None = Field(
         default=None,
         ge=1,
-        description="Embedding width; default hidden_size from config.json in tokenizer_dir.",
+        description="Embedding width; default hidden_size from config.json in the tokenizer dir.",
     )
     max_choices: int = Field(
         default=256, ge=1, description="Most choices (prompts x n) one completion request may ask."

@@ -11,7 +11,8 @@ from pydantic import ValidationError
 
 from runtime.metrics_proxy import _metrics
 from runtime.metrics_proxy.multiproc import mark_dead_processes
-from runtime.metrics_proxy.settings import ProxySettings, variable_for
+from runtime.metrics_proxy.settings import ProxySettings
+from runtime.settings_env import setting_errors
 
 __all__ = ["MetricsProxyApp", "ProxyConfigError", "create_app", "settings_from_env"]
 
@@ -92,13 +93,7 @@ def settings_from_env() -> ProxySettings:
     try:
         return ProxySettings()
     except ValidationError as exc:
-        problems = [
-            f"{variable_for(str(error['loc'][0]))}: {error['msg']} (got {error['input']!r})"
-            if error["loc"]
-            else error["msg"]
-            for error in exc.errors()
-        ]
-        raise ProxyConfigError("; ".join(problems)) from exc
+        raise ProxyConfigError(setting_errors(ProxySettings, exc)) from exc
 
 
 def create_app(settings: ProxySettings) -> MetricsProxyApp:

@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["ProxySettings", "variable_for"]
+__all__ = ["ProxySettings"]
 
 
 class ProxySettings(BaseSettings):
@@ -23,7 +23,10 @@ class ProxySettings(BaseSettings):
         "http://127.0.0.1:8002/metrics", description="Triton's metrics endpoint (loopback)."
     )
     triton_timeout_s: float = Field(
-        2.0, gt=0, description="Whole-request bound on Triton's fetch; a slow Triton is down."
+        2.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Whole-request bound on Triton's fetch; a slow Triton is down.",
     )
     triton_max_bytes: int = Field(
         32 << 20, gt=0, description="Largest Triton exposition accepted, bounding memory."
@@ -40,17 +43,37 @@ class ProxySettings(BaseSettings):
             "is gone. Only correct when the pod shares one process namespace."
         ),
     )
-    model_id: str = Field("", validation_alias="LLM_SERVING_MODEL_ID")
-    model_version: str = Field("", validation_alias="LLM_SERVING_MODEL_VERSION")
-    colour: str = Field("", validation_alias="LLM_SERVING_COLOUR")
+    model_id: str = Field(
+        "",
+        validation_alias="LLM_SERVING_MODEL_ID",
+        description="model_id label of every series (none if empty).",
+    )
+    model_version: str = Field(
+        "",
+        validation_alias="LLM_SERVING_MODEL_VERSION",
+        description="model_version label of every series (none if empty).",
+    )
+    colour: str = Field(
+        "",
+        validation_alias="LLM_SERVING_COLOUR",
+        description="colour label of every series (none if empty).",
+    )
+    # Finite durations only: an infinite one would serve one merge forever, wait forever on a
+    # scrape at shutdown, or never close an idle connection.
     reuse_s: float = Field(
         0.1,
         ge=0,
+        allow_inf_nan=False,
         description="A merge this recent is served again to the next scrapes (0: never).",
     )
-    graceful_shutdown_s: float = Field(5.0, ge=0, description="Wait for in-flight scrapes.")
+    graceful_shutdown_s: float = Field(
+        5.0, ge=0, allow_inf_nan=False, description="Wait for in-flight scrapes."
+    )
     idle_timeout_s: float = Field(
-        60.0, gt=0, description="A kept-alive scraper connection idle this long is closed."
+        60.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="A kept-alive scraper connection idle this long is closed.",
     )
 
     def constant_labels(self) -> tuple[tuple[str, str], ...]:
@@ -61,14 +84,3 @@ class ProxySettings(BaseSettings):
             ("colour", self.colour),
         )
         return tuple((k, v) for k, v in pairs if v)
-
-
-def variable_for(field: str) -> str:
-    """The environment variable (or variables) that set ``field`` of ``ProxySettings``."""
-    info = ProxySettings.model_fields.get(field)
-    alias = info.validation_alias if info is not None else None
-    if isinstance(alias, str):
-        return alias
-    if isinstance(alias, AliasChoices):
-        return " or ".join(str(choice) for choice in alias.choices)
-    return ProxySettings.model_config["env_prefix"] + field.upper()

@@ -182,7 +182,7 @@ def test_invalid_setting_exits_2_naming_it(tmp_path: Path) -> None:
     pod = Pod.create(tmp_path)
     pod.env["LLM_SERVING_HEALTH_PORT"] = "eighty"
     code, err = pod.run_to_exit()
-    assert code == 2 and "invalid setting health_port" in err
+    assert code == 2 and "invalid setting LLM_SERVING_HEALTH_PORT: " in err
 
 
 def test_version_folder_derived_from_model_id_and_version(tmp_path: Path) -> None:

@@ -17,14 +17,10 @@ from typer.testing import CliRunner
 from runtime.cli import app
 from runtime.package import build_package
 from runtime.publish import DEFAULT_PART_SIZE, PublishError, format_plan, part_layout, publish
+from tests.runtime.interrupted_publish import PART, publish_cut_after_first_part
 from tests.runtime.wheelmaker import build_multipart_version, make_source
 
-PART = 5 << 20
 PREFIX = "models/toy/v1/"
-
-
-class Interrupted(Exception):
-    """Raised from the progress callback to cut an upload short."""
 
 
 class CountingClient:
@@ -57,23 +53,6 @@ def version(tmp_path: Path) -> Path:
 def keys(client: Any, bucket: str) -> set[str]:
     response = client.list_objects_v2(Bucket=bucket)
     return {o["Key"] for o in response.get("Contents", [])}
-
-
-def publish_cut_after_first_part(client: Any, version: Path, bucket: str) -> set[int]:
-    """Publish until the first 5 MiB part is in S3, then stop; returns the parts kept there."""
-    sent = 0
-
-    def cut_after_first_part(n: int) -> None:
-        nonlocal sent
-        sent += n
-        if sent >= PART:
-            raise Interrupted
-
-    with pytest.raises(Interrupted):
-        publish(client, version, bucket, part_size=PART, workers=1, progress=cut_after_first_part)
-    (upload,) = client.list_multipart_uploads(Bucket=bucket)["Uploads"]
-    listed = client.list_parts(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
-    return {part["PartNumber"] for part in listed.get("Parts", [])}
 
 
 def test_publish_uploads_everything_and_manifest_last(

@@ -1,0 +1,51 @@
+"""``python -m runtime.frontend`` as a process: ``--help``, stray arguments, and bad settings
+reported in one line that names the environment variable."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+
+from runtime.frontend.settings import FrontendSettings
+from tests.support.programs import run_program
+
+_frontend = partial(run_program, "runtime.frontend")
+
+
+def test_help_describes_the_program_and_every_variable_it_reads() -> None:
+    done = _frontend("--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: python -m runtime.frontend [-h]")
+    assert "OpenAI-compatible HTTP API" in done.stdout
+    for name in FrontendSettings.model_fields:
+        assert f"  LLM_SERVING_FRONTEND_{name.upper()} (default: " in done.stdout, name
+    assert "  LLM_SERVING_FRONTEND_PORT (default: 8080)\n      Port uvicorn binds." in done.stdout
+    assert "  LLM_SERVING_FRONTEND_TOKENIZER_DIR (default: unset)\n" in done.stdout
+    assert "Uvicorn running" not in done.stderr
+
+
+def test_any_other_argument_exits_2_with_the_usage_line() -> None:
+    done = _frontend("--port", "9000")
+    assert done.returncode == 2
+    assert done.stderr.startswith("usage: python -m runtime.frontend [-h]\n")
+    assert "unrecognized arguments: --port 9000" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "problem"),
+    [
+        ("LLM_SERVING_FRONTEND_PORT", "abc", "valid integer"),
+        ("LLM_SERVING_FRONTEND_PORT", "70000", "less than or equal to 65535"),
+        ("LLM_SERVING_FRONTEND_REQUEST_TIMEOUT_S", "0", "greater than 0"),
+        ("LLM_SERVING_FRONTEND_TOOL_CALL_PARSER", "mistral", "'hermes'"),
+    ],
+)
+def test_a_bad_setting_exits_1_with_one_line_naming_the_variable(
+    variable: str, value: str, problem: str
+) -> None:
+    done = _frontend(env={variable: value})
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"llm-serving frontend: invalid setting {variable}: "), line
+    assert problem in line and f"(got {value!r})" in line
