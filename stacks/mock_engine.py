@@ -94,7 +94,14 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
         super().__init__(mocks)
         self.records: list[RecordedResource] = []
 
-    def _record(self, request: Any, urn: str, properties: Any, custom: bool) -> None:
+    def _record(
+        self,
+        request: Any,
+        urn: str,
+        properties: Any,
+        custom: bool,
+        property_dependencies: dict[str, list[str]] | None = None,
+    ) -> None:
         self.records.append(
             RecordedResource(
                 urn=urn,
@@ -104,18 +111,20 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
                 custom=custom,
                 inputs=_plain(rpc.deserialize_properties(properties, keep_unknowns=True)),
                 dependencies=sorted(request.dependencies),
-                # A read has no per-property dependencies: only a registration carries them.
-                property_dependencies={
-                    key: sorted(deps.urns)
-                    for key, deps in getattr(request, "propertyDependencies", {}).items()
-                },
+                property_dependencies=property_dependencies or {},
             )
         )
 
     def RegisterResource(self, request: Any) -> Any:
         response = super().RegisterResource(request)
         if request.type != "pulumi:pulumi:Stack":
-            self._record(request, response.urn, request.object, bool(request.custom))
+            self._record(
+                request,
+                response.urn,
+                request.object,
+                bool(request.custom),
+                {key: sorted(deps.urns) for key, deps in request.propertyDependencies.items()},
+            )
         return response
 
     def ReadResource(self, request: Any) -> Any:

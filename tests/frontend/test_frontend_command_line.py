@@ -8,28 +8,25 @@ from functools import partial
 import pytest
 
 from runtime.frontend.settings import FrontendSettings
-from tests.support.programs import run_program
+from tests.support.programs import check_help, check_refused_arguments, run_program
 
 _frontend = partial(run_program, "runtime.frontend")
 
 
 def test_help_describes_the_program_and_every_variable_it_reads() -> None:
-    done = _frontend("--help")
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("usage: python -m runtime.frontend [-h]")
-    assert "OpenAI-compatible HTTP API" in done.stdout
-    for name in FrontendSettings.model_fields:
-        assert f"  LLM_SERVING_FRONTEND_{name.upper()} (default: " in done.stdout, name
-    assert "  LLM_SERVING_FRONTEND_PORT (default: 8080)\n      Port uvicorn binds." in done.stdout
-    assert "  LLM_SERVING_FRONTEND_TOKENIZER_DIR (default: unset)\n" in done.stdout
-    assert "Uvicorn running" not in done.stderr
+    stderr = check_help(
+        "runtime.frontend",
+        FrontendSettings,
+        "OpenAI-compatible HTTP API",
+        "  LLM_SERVING_FRONTEND_PORT (default: 8080)\n      Port uvicorn binds.",
+        "  LLM_SERVING_FRONTEND_TOKENIZER_DIR (default: unset)\n",
+    )
+    assert "Uvicorn running" not in stderr
 
 
 def test_any_other_argument_exits_2_with_the_usage_line() -> None:
-    done = _frontend("--port", "9000")
-    assert done.returncode == 2
-    assert done.stderr.startswith("usage: python -m runtime.frontend [-h]\n")
-    assert "unrecognized arguments: --port 9000" in done.stderr
+    stderr = check_refused_arguments("runtime.frontend", "--port", "9000")
+    assert "unrecognized arguments: --port 9000" in stderr
 
 
 @pytest.mark.parametrize(

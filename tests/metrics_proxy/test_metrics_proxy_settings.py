@@ -9,32 +9,26 @@ from pathlib import Path
 import pytest
 
 from runtime.metrics_proxy.settings import ProxySettings
-from runtime.settings_env import variable_for
-from tests.support.programs import run_program
+from tests.support.programs import check_help, check_refused_arguments, run_program
 
 _proxy = partial(run_program, "runtime.metrics_proxy")
 
 
 def test_help_describes_the_program_and_every_variable_it_reads() -> None:
-    done = _proxy("--help")
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("usage: python -m runtime.metrics_proxy [-h]")
-    assert "The metrics proxy: serves /metrics" in done.stdout
-    for name in ProxySettings.model_fields:
-        assert f"  {variable_for(ProxySettings, name)} (default: " in done.stdout, name
-    assert "  METRICS_PROXY_PORT (default: 9400)\n" in done.stdout
-    assert "  METRICS_PROXY_MULTIPROC_DIR or PROMETHEUS_MULTIPROC_DIR (default: unset)\n" in (
-        done.stdout
+    stderr = check_help(
+        "runtime.metrics_proxy",
+        ProxySettings,
+        "The metrics proxy: serves /metrics",
+        "  METRICS_PROXY_PORT (default: 9400)\n",
+        "  METRICS_PROXY_MULTIPROC_DIR or PROMETHEUS_MULTIPROC_DIR (default: unset)\n",
+        "  LLM_SERVING_COLOUR (default: '')\n",
     )
-    assert "  LLM_SERVING_COLOUR (default: '')\n" in done.stdout
-    assert "metrics proxy serving" not in done.stderr
+    assert "metrics proxy serving" not in stderr
 
 
 def test_any_other_argument_exits_2_with_the_usage_line() -> None:
-    done = _proxy("--port=9500")
-    assert done.returncode == 2
-    assert done.stderr.startswith("usage: python -m runtime.metrics_proxy [-h]\n")
-    assert "unrecognized arguments: --port=9500" in done.stderr
+    stderr = check_refused_arguments("runtime.metrics_proxy", "--port=9500")
+    assert "unrecognized arguments: --port=9500" in stderr
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pydantic_settings import BaseSettings
+
+from runtime.settings_env import variable_for
+
 ROOT = Path(__file__).resolve().parents[2]
 # The programs' own variables are dropped from the test's environment: only ``env`` sets them.
 _OWN_PREFIXES = ("LLM_SERVING_", "METRICS_PROXY_")
@@ -25,3 +29,25 @@ def run_program(
         text=True,
         timeout=60,
     )
+
+
+def check_help(module: str, model: type[BaseSettings], *lines: str) -> str:
+    """``--help`` exits 0 with the usage line, every variable of ``model`` and ``lines``;
+    returns the program's stderr (nothing should have started)."""
+    done = run_program(module, "--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: python -m {module} [-h]")
+    for name in model.model_fields:
+        assert f"  {variable_for(model, name)} (default: " in done.stdout, name
+    for line in lines:
+        assert line in done.stdout
+    return done.stderr
+
+
+def check_refused_arguments(module: str, *args: str) -> str:
+    """Any argument but ``--help`` exits 2 with the usage line; returns the program's stderr."""
+    done = run_program(module, *args)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"usage: python -m {module} [-h]\n")
+    assert "unrecognized arguments" in done.stderr
+    return done.stderr
