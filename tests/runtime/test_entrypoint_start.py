@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import psutil
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -60,8 +61,6 @@ def test_port_closed_until_ready_then_serves_and_drains(tmp_path: Path) -> None:
 def test_readyz_turns_503_and_port_closes_when_triton_dies(tmp_path: Path) -> None:
     pod = Pod.create(tmp_path).start()
     pod.wait_ready()
-    import psutil
-
     assert pod.process is not None
     (child,) = psutil.Process(pod.process.pid).children()
     child.kill()

@@ -74,8 +74,13 @@ def _entrypoint(process: subprocess.Popen[str]) -> psutil.Process:
     """The image's entrypoint process under ``buildah run`` (which does not forward SIGTERM)."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()[1]
         for child in psutil.Process(process.pid).children(recursive=True):
-            if "runtime.entrypoint" in child.cmdline() and "python3" in child.cmdline()[0]:
+            try:
+                argv = child.cmdline()
+            except psutil.NoSuchProcess:  # includes zombies: buildah's short-lived helpers
+                continue
+            if "runtime.entrypoint" in argv and "python3" in argv[0]:
                 return child
         time.sleep(0.1)
     raise AssertionError("the image's entrypoint never started")
