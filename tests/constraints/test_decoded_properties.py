@@ -68,7 +68,7 @@ def test_engine_accepts_a_straddling_token_in_decoded_mode_only() -> None:
     assert _bit(after, tokenizer.token_to_id("a")) and not _bit(after, EOS)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])
 @given(case=item_lists(), walk=st.lists(st.integers(0, 10**6), max_size=12))
 def test_engine_row_equals_reference_after_any_walk(
     case: tuple[list[tuple[str, str]], dict[str, Any]], walk: list[int]
@@ -117,7 +117,6 @@ def histories(draw: st.DrawFn) -> tuple[list[tuple[str, str]], list[dict[str, An
 
 @settings(
     max_examples=25,
-    deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(case=histories(), seed=st.integers(0, 2**32 - 1))
@@ -146,7 +145,6 @@ def _valid_configs(items: list[tuple[str, str]], configs: list[dict[str, Any]]) 
 
 @settings(
     max_examples=10,
-    deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(case=histories(), seed=st.integers(0, 2**32 - 1))

@@ -278,7 +278,6 @@ def _run_history(
 
 @settings(
     max_examples=60,
-    deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(data=st.data(), seed=st.integers(0, 2**32 - 1), pad=st.sampled_from([0, 1, 19]))

@@ -67,7 +67,7 @@ def test_items_completed_inside_a_token_count_for_unique() -> None:
     assert tokenizer.token_to_id("a") in allowed
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])
 @given(case=item_lists(), seed=st.integers(0, 2**32 - 1))
 def test_trie_walk_equals_per_token_simulation_and_outputs_parse(
     case: tuple[list[tuple[str, str]], dict[str, Any]], seed: int

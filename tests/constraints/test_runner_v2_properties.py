@@ -111,7 +111,6 @@ def _run(
 
 @settings(
     max_examples=30,
-    deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(data=st.data(), seed=st.integers(0, 2**32 - 1))

@@ -24,7 +24,6 @@ def test_no_server_error_and_no_hang(frontend: Served) -> None:
         @given(case=operation.as_strategy())
         @settings(
             max_examples=25,
-            deadline=None,
             database=None,
             suppress_health_check=list(HealthCheck),
         )

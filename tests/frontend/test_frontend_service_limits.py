@@ -144,7 +144,8 @@ def test_deadline_is_504(slow: KServeStandIn, tokenizer_dir: Path) -> None:
 
 
 def test_stream_deadline_ends_with_an_error_event(slow: KServeStandIn, tokenizer_dir: Path):
-    served = serve(make_settings(slow, tokenizer_dir, request_timeout_s=0.4), slow)
+    # 1 s leaves a loaded machine time for the first token (every 0.05 s), 5 s of them short.
+    served = serve(make_settings(slow, tokenizer_dir, request_timeout_s=1.0), slow)
     try:
         body = {**CHAT, "max_tokens": 100, "stream": True}
         response = httpx.post(served.url + "/v1/chat/completions", json=body)
@@ -188,7 +189,8 @@ def test_open_streams_are_bounded_with_429(slow: KServeStandIn, tokenizer_dir: P
     served = serve(make_settings(slow, tokenizer_dir, max_concurrent_streams=1), slow)
     try:
         with httpx.Client(timeout=10) as client:
-            body = {**CHAT, "max_tokens": 40, "stream": True}
+            # 10 s of tokens: the first stream is still open for both requests below.
+            body = {**CHAT, "max_tokens": 200, "stream": True}
             with client.stream("POST", served.url + "/v1/chat/completions", json=body) as first:
                 lines = first.iter_lines()  # kept: a dropped iterator closes the response
                 next(lines)

@@ -279,7 +279,7 @@ HERMES_TEXTS = [
 ]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(st.sampled_from(HERMES_TEXTS), st.lists(st.integers(0, 400), max_size=30))
 def test_hermes_stream_adds_up_to_the_whole_parse_however_it_is_split(
     text: str, cuts: list[int]
@@ -306,7 +306,7 @@ def test_hermes_content_and_arguments_are_what_the_model_wrote() -> None:
     assert _run(plain, [HERMES_TEXTS[4]], "stop").content == HERMES_TEXTS[4]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(st.lists(st.integers(0, 200), max_size=20))
 def test_required_stream_adds_up_however_it_is_split(cuts: list[int]) -> None:
     text = '[{"name": "a", "parameters": {"x": 1}}, {"name": "b", "parameters": {}}]'

@@ -311,7 +311,6 @@ def _current(path: Path, key: tuple[str, str, tuple]) -> float:
 
 @settings(
     max_examples=40,
-    deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(steps=_STEPS)

@@ -190,7 +190,7 @@ _label_values = st.text(
 _values = st.floats(allow_nan=False) | st.sampled_from([float("inf"), float("-inf")])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(
     series=st.dictionaries(
         st.tuples(_label_values, _label_values), _values, min_size=1, max_size=6
@@ -206,7 +206,7 @@ def test_text_encoding_round_trips_through_the_triton_parser(series, help_text) 
     assert parsed.help == help_text
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(
     series=st.dictionaries(
         _label_values, st.floats(min_value=0) | st.just(float("inf")), min_size=1, max_size=6

@@ -209,9 +209,10 @@ def test_idle_connections_are_closed_after_the_idle_timeout(vllm_dir: Path, trit
     port = app.start()
     try:
         with _connect(port) as sock:
+            # Timed from before the request: the server's idle clock starts after its answer.
+            started = time.monotonic()
             sock.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
             assert _read_response(sock, bytearray())[0] == 200
-            started = time.monotonic()
             assert _closed(sock)
             assert 0.2 < time.monotonic() - started < 4
     finally:

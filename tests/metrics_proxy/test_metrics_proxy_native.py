@@ -67,7 +67,6 @@ def _same(native: dict, python: dict) -> None:
 
 @settings(
     max_examples=60,
-    deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(steps=_STEPS)
@@ -156,7 +155,6 @@ def _corrupt_names(result) -> list[str]:
 
 @settings(
     max_examples=80,
-    deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(steps=st.lists(_REREAD_STEP, min_size=1, max_size=24))
@@ -282,7 +280,7 @@ _OWN = [
 ]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(sources=st.lists(_FAMILIES, max_size=3), om=st.booleans())
 def test_random_families_encode_to_the_same_bytes(sources: list, om: bool) -> None:
     """Merge rules (names, sample owners), repeated series, escapes and number spelling."""

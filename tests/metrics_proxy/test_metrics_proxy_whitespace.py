@@ -96,7 +96,7 @@ _PIECES = [
 ]
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=3000)
 @given(st.lists(st.sampled_from(_PIECES), max_size=12).map("".join))
 def test_random_lines_parse_alike_or_fail_alike(text: str) -> None:
     try:

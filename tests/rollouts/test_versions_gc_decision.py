@@ -79,7 +79,7 @@ def test_red_black_models_are_left_alone() -> None:
     assert decide([config], idle("v1", "v2"), ALL, "24h", window_start=START) == []
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     versions=st.lists(st.sampled_from([f"v{i}" for i in range(8)]), min_size=1, unique=True),
     busy=st.sets(st.sampled_from([f"v{i}" for i in range(8)])),

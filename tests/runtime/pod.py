@@ -9,9 +9,11 @@ import socket
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import psutil
@@ -93,6 +95,45 @@ def infer(port: int, prompt: str, max_tokens: int = 8, model: str = "toy") -> st
         client.close()
 
 
+class StderrLog:
+    """A process's stderr, read line by line on a thread for as long as the process writes it.
+
+    A reader thread, not ``communicate()``: lines a test waited for and lines logged after them
+    both end up in one text, and a chatty process never blocks on a full pipe.
+    """
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []
+        self._ended = False
+        self._changed = threading.Condition()
+
+    def follow(self, stream: IO[str]) -> None:
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            with self._changed:
+                self._lines.append(line)
+                self._changed.notify_all()
+        with self._changed:
+            self._ended = True
+            self._changed.notify_all()
+
+    def wait_for(self, text: str, timeout: float) -> bool:
+        """Whether a line containing ``text`` arrives within ``timeout`` (False at its end)."""
+        with self._changed:
+            self._changed.wait_for(
+                lambda: self._ended or any(text in line for line in self._lines), timeout
+            )
+            return any(text in line for line in self._lines)
+
+    def text(self, timeout: float = 30) -> str:
+        """Everything read so far, after waiting up to ``timeout`` for the stream's end."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._ended, timeout)
+            return "".join(self._lines)
+
+
 @dataclass
 class Pod:
     """A built package and the environment of one entrypoint run."""
@@ -100,8 +141,7 @@ class Pod:
     root: Path
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[str] | None = None
-    read: list[str] = field(default_factory=list)
-    """stderr lines `wait_for_line` consumed; `terminate` puts them back in front."""
+    log: StderrLog = field(default_factory=StderrLog)
 
     @classmethod
     def create(cls, root: Path, *, light_matrix: bool = True, source: Path | None = None) -> Pod:
@@ -176,6 +216,8 @@ class Pod:
             stderr=subprocess.PIPE,
             text=True,
         )
+        assert self.process.stderr is not None
+        self.log.follow(self.process.stderr)
         return self
 
     def wait_ready(self, timeout: float = 60) -> None:
@@ -191,30 +233,28 @@ class Pod:
             time.sleep(0.05)
 
     def run_to_exit(self, timeout: float = 90) -> tuple[int, str]:
-        self.start()
+        return self.start().wait_exit(timeout)
+
+    def wait_exit(self, timeout: float = 90) -> tuple[int, str]:
+        """Wait for the entrypoint to exit by itself; its exit code and whole stderr."""
         assert self.process is not None
         try:
-            _, err = self.process.communicate(timeout=timeout)
+            code = self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.process.terminate()  # it stops its own children; a killed one could not
-            self.process.communicate(timeout=60)
+            self.process.wait(timeout=60)
             raise
-        return self.process.returncode, err
+        return code, self.log.text()
 
-    def wait_for_line(self, text: str) -> None:
-        """Read the entrypoint's stderr until a line containing ``text`` (or its end)."""
-        assert self.process is not None and self.process.stderr is not None
-        for line in self.process.stderr:
-            self.read.append(line)
-            if text in line:
-                return
-        raise AssertionError(f"the entrypoint never logged {text!r}: {''.join(self.read)}")
+    def wait_for_line(self, text: str, timeout: float = 120) -> None:
+        """Wait until the entrypoint logs a line containing ``text``."""
+        if not self.log.wait_for(text, timeout):
+            raise AssertionError(f"the entrypoint never logged {text!r}: {self.log.text(0)}")
 
     def terminate(self, timeout: float = 60) -> tuple[int, str]:
         assert self.process is not None
         self.process.send_signal(signal.SIGTERM)
-        _, err = self.process.communicate(timeout=timeout)
-        return self.process.returncode, "".join(self.read) + err
+        return self.process.wait(timeout=timeout), self.log.text()
 
     def leftover_servers(self) -> list[psutil.Process]:
         """Processes still running with this pod's Triton HTTP port in their argv (orphans)."""
@@ -226,7 +266,9 @@ class Pod:
         return found
 
     def stderr(self) -> str:
+        """The entrypoint's whole stderr, killing it first if it still runs."""
         assert self.process is not None
         if self.process.poll() is None:
             self.process.kill()
-        return self.process.communicate()[1]
+        self.process.wait()
+        return self.log.text()

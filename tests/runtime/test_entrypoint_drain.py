@@ -96,10 +96,12 @@ def test_drain_deadline_is_reported_with_its_own_exit_code(tmp_path: Path) -> No
     pod = Pod.create(tmp_path)
     pod.env["STANDIN_TOKEN_DELAY_SECONDS"] = "0.5"  # 15 s per request
     pod.env["LLM_SERVING_DRAIN_SECONDS"] = "1"
+    record = tmp_path / "requests.jsonl"
+    pod.env["KSERVE_STANDIN_RECORD"] = str(record)
     pod.start().wait_ready()
     results: dict[str, object] = {}
     threads = _traffic(pod.port("public_grpc"), results, {})
-    time.sleep(0.5)
+    _wait_until_received(record)
     code, err = pod.terminate()
     for thread in threads:
         thread.join(timeout=30)
@@ -118,7 +120,7 @@ def test_triton_dying_during_the_drain_is_not_a_deadline(tmp_path: Path) -> None
     assert pod.process is not None
     (triton,) = pod.leftover_servers()
     pod.process.send_signal(15)
-    time.sleep(0.3)
+    pod.wait_for_line("SIGTERM: closing the public port")  # killed while draining, not serving
     triton.kill()
     code, err = pod.terminate()
     for thread in threads:

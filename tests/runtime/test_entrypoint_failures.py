@@ -138,9 +138,8 @@ def test_model_that_never_becomes_ready_stops_at_gate(tmp_path: Path) -> None:
     pod.env["LLM_SERVING_READY_TIMEOUT_SECONDS"] = "2"
     pod.start()
     assert port_refuses(pod.port("public_grpc"))
-    assert pod.process is not None
-    _, err = pod.process.communicate(timeout=60)
-    assert pod.process.returncode == 18
+    code, err = pod.wait_exit(timeout=60)
+    assert code == 18, err
     assert "stage 8/8 gate failed: model toy not ready after 2s" in failure_line(err)
     assert port_refuses(pod.port("public_grpc"))
 

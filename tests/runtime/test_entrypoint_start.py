@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import psutil
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -62,8 +61,8 @@ def test_readyz_turns_503_and_port_closes_when_triton_dies(tmp_path: Path) -> No
     pod = Pod.create(tmp_path).start()
     pod.wait_ready()
     assert pod.process is not None
-    (child,) = psutil.Process(pod.process.pid).children()
-    child.kill()
+    (triton,) = pod.leftover_servers()
+    triton.kill()
     code = pod.process.wait(timeout=30)
     assert code == 20, pod.stderr()
     assert port_refuses(pod.port("public_grpc"))
@@ -73,8 +72,9 @@ def test_readyz_follows_the_model_while_serving(tmp_path: Path) -> None:
     pod = Pod.create(tmp_path)
     pod.env.update(
         {
-            "STANDIN_UNREADY_AFTER_SECONDS": "1.5",
-            "STANDIN_READY_AGAIN_AFTER_SECONDS": "3.5",
+            # Wide enough that a slow start cannot miss the first 200.
+            "STANDIN_UNREADY_AFTER_SECONDS": "5",
+            "STANDIN_READY_AGAIN_AFTER_SECONDS": "8",
             "LLM_SERVING_READINESS_POLL_SECONDS": "0.2",
         }
     )
