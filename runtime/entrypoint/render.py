@@ -169,9 +169,6 @@ def render_repository(
     model_dir = repository / manifest.model_id
     version = model_dir / "1"
     version.mkdir(parents=True)
-    # The python backend's model.py may run vLLM itself, so it gets the same engine arguments.
-    args = engine_arguments(manifest, version_dir, unpacked, logits_processor, plugin_dir)
-    (version / "model.json").write_text(json.dumps(args, indent=2, sort_keys=True) + "\n")
     if manifest.backend == "vllm":
         config = _vllm_config(manifest.model_id, manifest.engine_args, vllm_backend)
     else:
@@ -181,5 +178,9 @@ def render_repository(
         shutil.copytree(source, version, dirs_exist_ok=True)
         if (version / Path(manifest.python_model.model_file).name) != version / "model.py":
             shutil.copyfile(unpacked / manifest.python_model.model_file, version / "model.py")
+    # Written after the python model's files so that ours is what runs: the python backend's
+    # model.py may run vLLM itself, so it gets the same engine arguments.
+    args = engine_arguments(manifest, version_dir, unpacked, logits_processor, plugin_dir)
+    (version / "model.json").write_text(json.dumps(args, indent=2, sort_keys=True) + "\n")
     (model_dir / "config.pbtxt").write_text(config)
     return model_dir

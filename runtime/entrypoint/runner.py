@@ -269,6 +269,15 @@ class Entrypoint:
         self, manifest: Manifest, repository: Path, unpacked: Path, catalogs: Path, embedded: bool
     ) -> None:
         s = self.settings
+        if embedded and "max_model_len" not in manifest.engine_args:
+            # The frontend's context limit; its own default would not be this model's.
+            raise _Failed(
+                7,
+                f"embedded mode needs engine_args.max_model_len, which model {manifest.model_id} "
+                "does not set",
+                "repackage with engine_args.max_model_len, or set "
+                "LLM_SERVING_SERVING_MODE=standalone",
+            )
         grpc_host, grpc_port = s.triton_grpc_bind(embedded)
         argv = triton_command(s, repository, manifest.model_id, embedded)
         env = self._child_env(catalogs)
@@ -289,10 +298,7 @@ class Entrypoint:
             )
             if s.triton_release:
                 env["LLM_SERVING_FRONTEND_TRITON_RELEASE"] = s.triton_release
-            if "max_model_len" in manifest.engine_args:
-                env["LLM_SERVING_FRONTEND_MAX_MODEL_LEN"] = str(
-                    manifest.engine_args["max_model_len"]
-                )
+            env["LLM_SERVING_FRONTEND_MAX_MODEL_LEN"] = str(manifest.engine_args["max_model_len"])
             argv_frontend = s.frontend_argv()
             if argv_frontend[1:3] == ["-m", "runtime.frontend"] and not _has_module(
                 "runtime.frontend"

@@ -85,7 +85,7 @@ class EntrypointSettings(BaseSettings):
     tritonserver: str = Field(
         default="tritonserver", description="tritonserver command (shell words)"
     )
-    serving_mode: str | None = Field(
+    serving_mode: Literal["standalone", "embedded"] | None = Field(
         default=None, description="override the manifest's serving mode (standalone|embedded)"
     )
     frontend_command: str = Field(

@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 
 from runtime.constraints.catalog import CATALOG_DIR_ENV, load_catalog
+from runtime.entrypoint import ExitCode
 from tests.runtime.pod import Pod, http_status, infer
+from tests.runtime.wheelmaker import make_source
 from tests.support.ports import free_port
 
 
@@ -39,3 +41,20 @@ def test_embedded_mode_starts_the_frontend_pointed_at_triton(tmp_path: Path) -> 
     code, err = pod.terminate()
     assert code == 0, err
     assert "embedded mode: OpenAI frontend" in err
+
+
+def test_embedded_mode_needs_the_models_max_model_len(tmp_path: Path) -> None:
+    # Forced onto a standalone package without one, the frontend would assume its own limit.
+    source = make_source(tmp_path / "src", engine_args={"tensor_parallel_size": 1})
+    pod = Pod.create(tmp_path, source=source)
+    pod.env.update(
+        {
+            "LLM_SERVING_SERVING_MODE": "embedded",
+            "LLM_SERVING_FRONTEND_COMMAND": f"{sys.executable} -m tests.runtime.fake_frontend",
+            "LLM_SERVING_FRONTEND_PORT": str(free_port()),
+        }
+    )
+    code, err = pod.run_to_exit()
+    assert code == ExitCode.STAGE_START, err
+    assert "stage 7/8 start failed: embedded mode needs engine_args.max_model_len" in err, err
+    assert pod.leftover_servers() == []

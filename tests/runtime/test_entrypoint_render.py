@@ -78,6 +78,8 @@ def test_python_backend_repository(tmp_path: Path) -> None:
     (unpacked / "python").mkdir()
     for name in ("model.py", "helpers.py"):
         (unpacked / "python" / name).write_text((source / "python" / name).read_text())
+    # A package's own model.json must not replace the generated one (no engine args, no stats).
+    (unpacked / "python" / "model.json").write_text('{"model": "/elsewhere"}')
     model = render_repository(manifest, tmp_path / "v", unpacked, tmp_path / "repo", PROCESSOR)
     config = (model / "config.pbtxt").read_text()
     assert 'backend: "python"' in config
@@ -86,7 +88,8 @@ def test_python_backend_repository(tmp_path: Path) -> None:
     assert config.count("data_type:") == len(FRONTEND_INPUTS) + len(FRONTEND_OUTPUTS)
     assert (model / "1" / "model.py").read_text().startswith("class TritonPythonModel")
     assert (model / "1" / "helpers.py").is_file()
-    assert json.loads((model / "1" / "model.json").read_text())["disable_log_stats"] is False
+    rendered = json.loads((model / "1" / "model.json").read_text())
+    assert rendered["disable_log_stats"] is False and rendered["model"] != "/elsewhere"
 
 
 def test_scoring_backend_only_where_the_matrix_records_its_hook(tmp_path: Path) -> None:

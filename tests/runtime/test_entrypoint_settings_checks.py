@@ -1,7 +1,8 @@
 """Settings that would break a stage later are refused at start: exit 2, one line naming them.
 
 PROMETHEUS_MULTIPROC_DIR must be a folder of its own (stage 4 deletes files there), ports are
-1..65535 and durations finite; stage 4 itself deletes only prometheus_client's ``*.db`` files.
+1..65535, durations finite and modes one of their names; stage 4 itself deletes only
+prometheus_client's ``*.db`` files.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def test_multiproc_dir_overlapping_the_work_or_plugin_dir_is_refused(
         ("LLM_SERVING_DRAIN_SECONDS", "1e300"),
         ("LLM_SERVING_READY_TIMEOUT_SECONDS", "inf"),
         ("LLM_SERVING_READINESS_POLL_SECONDS", "inf"),
+        ("LLM_SERVING_SERVING_MODE", "embeded"),
+        ("LLM_SERVING_GATE", "direct"),
     ],
 )
 def test_out_of_range_setting_exits_2_naming_it(tmp_path: Path, name: str, value: str) -> None:
