@@ -37,6 +37,7 @@ __all__ = [
     "RegionStackConfig",
     "StackConfigError",
     "Strategy",
+    "SystemNodesConfig",
     "load_stack_config",
     "read_stack_file",
     "stack_file",
@@ -145,12 +146,37 @@ class NodeGroupConfig(_Strict):
         return self
 
 
+class SystemNodesConfig(_Strict):
+    """The untainted CPU node group of a created cluster: add-ons, controllers, CoreDNS, Jobs."""
+
+    instance_types: list[str] = Field(default_factory=lambda: ["m6i.xlarge"], min_length=1)
+    min_size: int = Field(default=2, ge=1)
+    desired_size: int = Field(default=2, ge=1)
+    max_size: int = Field(default=4, ge=1)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> SystemNodesConfig:
+        if not self.min_size <= self.desired_size <= self.max_size:
+            raise ValueError("expected min_size <= desired_size <= max_size")
+        return self
+
+
 class ClusterConfig(_Strict):
     """The EKS cluster: created by the stack, or an existing one adopted by name."""
 
     mode: Literal["create", "adopt"]
     name: Name
     version: str = Field(default="1.33", pattern=r"^1\.\d{2}$")
+    system_nodes: SystemNodesConfig = Field(
+        default_factory=SystemNodesConfig,
+        description="created clusters only: an adopted cluster brings its own system nodes",
+    )
+
+    @model_validator(mode="after")
+    def _system_nodes_only_when_created(self) -> ClusterConfig:
+        if self.mode == "adopt" and "system_nodes" in self.model_fields_set:
+            raise ValueError("system_nodes applies only to a created cluster (mode: create)")
+        return self
 
 
 class NetworkConfig(_Strict):
