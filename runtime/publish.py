@@ -13,11 +13,13 @@ there) ``COMPLETED`` at every destination; a replica region then never sees a ma
 S3 cannot return the metadata of an open multipart upload, so each one gets a small record
 object under ``<version>/.publish/`` saying which content (sha256, size) and part size it was
 opened for; a resume that finds another content, or no record, aborts the upload and starts
-again. The records are removed before the manifest is written, which is why packages may not
-keep files there.
+again, and any other open upload of the key is aborted as left behind by an earlier run. The
+records are removed before the manifest is written, which is why packages may not keep files
+there.
 
 Each file is hashed again while it is read for upload (not read twice), so a file rewritten after
-the checks is never stored under the manifest's sha256: its upload is refused or aborted.
+the checks is never stored under the manifest's sha256: its upload is refused or aborted. The
+manifest is read once, when planning, and those very bytes are what publish writes last.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,7 +40,13 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from runtime.package.build import file_entry
 from runtime.package.errors import PackageError
-from runtime.package.manifest import MANIFEST_NAME, RECORDS_DIR, FileEntry, load_manifest
+from runtime.package.manifest import (
+    MANIFEST_NAME,
+    RECORDS_DIR,
+    FileEntry,
+    Manifest,
+    load_manifest,
+)
 
 __all__ = [
     "DEFAULT_PART_SIZE",
@@ -117,7 +125,8 @@ class PlanItem:
 
     ``layout`` cuts the file (a resume keeps the one its upload was opened with); ``upload_id``
     is the open upload to continue (``resume``) or to abort first (``restart``); ``kept_parts``
-    are the parts a resumed upload already holds.
+    are the parts a resumed upload already holds; ``stale_uploads`` are the key's other open
+    uploads, which no record explains, aborted before anything is sent.
     """
 
     key: str
@@ -127,6 +136,7 @@ class PlanItem:
     layout: PartLayout
     upload_id: str | None = None
     kept_parts: PartETags = ()
+    stale_uploads: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -176,12 +186,15 @@ class ReplicationProgress:
 
 @dataclass(frozen=True)
 class PublishPlan:
-    """Every file's action, the manifest's key last, and whether the manifest waits for
-    replication."""
+    """Every file's action, the manifest's key and the bytes written there last, and whether the
+    manifest waits for replication."""
 
     bucket: str
     items: tuple[PlanItem, ...]
     manifest_key: str
+    manifest_body: bytes = field(repr=False)
+    """``manifest.json`` as read when planning: the file list the plan carries out."""
+    manifest_sha256: str
     replication: Replication = Replication(checked=False)
 
     @property
@@ -223,11 +236,17 @@ def _head(client: Any, bucket: str, key: str) -> dict[str, Any] | None:
         raise _read_failed(bucket, key, exc) from exc
 
 
-def _open_upload(client: Any, bucket: str, key: str) -> str | None:
-    response = client.list_multipart_uploads(Bucket=bucket, Prefix=key)
-    uploads = [u for u in response.get("Uploads", []) if u["Key"] == key]
-    uploads.sort(key=lambda u: u["Initiated"])
-    return uploads[-1]["UploadId"] if uploads else None
+def _open_uploads(client: Any, bucket: str, prefix: str) -> dict[str, list[str]]:
+    """The ids of the open multipart uploads under ``prefix``, per key, oldest first."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    paginator = client.get_paginator("list_multipart_uploads")
+    for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+        for upload in page.get("Uploads", []):
+            found.setdefault(upload["Key"], []).append(upload)
+    return {
+        key: [u["UploadId"] for u in sorted(uploads, key=lambda u: u["Initiated"])]
+        for key, uploads in found.items()
+    }
 
 
 def _record_key(prefix: str, entry: FileEntry) -> str:
@@ -298,6 +317,20 @@ def _resume_or_restart(
     reason = f"open multipart upload, {len(kept)} of {recorded.count} parts in the bucket"
     etags = tuple((number, md5) for number, (md5, _) in sorted(kept.items()))
     return PlanItem(key, entry, "resume", reason, recorded, upload_id, etags)
+
+
+def _with_stale(item: PlanItem, uploads: Sequence[str]) -> PlanItem:
+    """``item``, also aborting the key's open uploads other than the one it continues or restarts:
+    no record explains them, and left by an earlier run they would stay open (and billed) forever.
+    """
+    # Only a publish of this very version opens uploads under its keys (other versions have other
+    # prefixes); two publishes of one version at once are not supported, and already abort each
+    # other's unrecorded uploads as ``restart``.
+    stale = tuple(u for u in uploads if u != item.upload_id)
+    if not stale:
+        return item
+    reason = f"{item.reason}; aborting {len(stale)} other open multipart upload(s) of no record"
+    return replace(item, reason=reason, stale_uploads=stale)
 
 
 def _names(paths: Sequence[str]) -> str:
@@ -407,6 +440,23 @@ def _check_present(folder: Path, entries: list[FileEntry]) -> None:
             )
 
 
+def _read_manifest(path: Path) -> tuple[Manifest, bytes]:
+    """The validated manifest and the exact bytes it was parsed from, which publish writes last."""
+    manifest = load_manifest(path)  # its errors name the file and the field
+    try:
+        body = path.read_bytes()
+        # ValidationError, JSONDecodeError and UnicodeDecodeError are all ValueErrors.
+        same = Manifest.model_validate(json.loads(body.decode("utf-8"))) == manifest
+    except (OSError, ValueError):
+        same = False
+    if not same:
+        raise PublishError(
+            f"{path} changed while publish read it; nothing was uploaded: stop whatever writes "
+            "to the version folder (a package build?) and run publish again"
+        )
+    return manifest, body
+
+
 def plan_publish(
     client: Any,
     folder: Path,
@@ -421,7 +471,7 @@ def plan_publish(
     A covered file already in the bucket that S3 will never replicate (no status, or FAILED)
     raises `PublishError` here, before anything is uploaded.
     """
-    manifest = load_manifest(folder / MANIFEST_NAME)
+    manifest, manifest_body = _read_manifest(folder / MANIFEST_NAME)
     entries = [manifest.archive, *manifest.weight_files]
     reserved = [e.path for e in entries if e.path.startswith(_RECORDS)]
     if reserved:
@@ -440,7 +490,7 @@ def plan_publish(
     prefix = version_prefix(manifest.model_id, manifest.model_version, root)
     manifest_key = prefix + MANIFEST_NAME
     remote_manifest = _head(client, bucket, manifest_key)
-    local_manifest_sha = file_entry(folder / MANIFEST_NAME, MANIFEST_NAME).sha256
+    local_manifest_sha = hashlib.sha256(manifest_body).hexdigest()
     if (
         remote_manifest is not None
         and remote_manifest.get("Metadata", {}).get(_SHA_KEY) != local_manifest_sha
@@ -450,34 +500,40 @@ def plan_publish(
             f"s3://{bucket}/{prefix} with another manifest; versions are immutable: "
             "build the package with a new model_version"
         )
+    open_uploads = _open_uploads(client, bucket, prefix)
     items = []
     skipped: dict[str, str | None] = {}  # key -> ReplicationStatus of the files kept as they are
     for entry in entries:
         key = prefix + entry.path
         layout = part_layout(entry.size, part_size)
+        uploads = open_uploads.get(key, [])
         head = _head(client, bucket, key)
-        if head is not None:
-            remote_sha = head.get("Metadata", {}).get(_SHA_KEY)
-            if remote_sha == entry.sha256 and head["ContentLength"] == entry.size:
-                reason = "same sha256 already in the bucket"
-                items.append(PlanItem(key, entry, "skip", reason, layout))
-                skipped[key] = head.get("ReplicationStatus")
-                continue
-            reason = f"bucket has sha256 {remote_sha}"
-            items.append(PlanItem(key, entry, "replace", reason, layout))
-            continue
-        upload_id = _open_upload(client, bucket, key)
-        if upload_id is None:
-            items.append(PlanItem(key, entry, "upload", "not in the bucket", layout))
-            continue
-        record = _read_record(client, bucket, _record_key(prefix, entry))
-        items.append(_resume_or_restart(client, bucket, key, entry, upload_id, record, layout))
+        remote_sha = None if head is None else head.get("Metadata", {}).get(_SHA_KEY)
+        if head is None:
+            item = PlanItem(key, entry, "upload", "not in the bucket", layout)
+        elif remote_sha == entry.sha256 and head["ContentLength"] == entry.size:
+            item = PlanItem(key, entry, "skip", "same sha256 already in the bucket", layout)
+            skipped[key] = head.get("ReplicationStatus")
+        else:
+            item = PlanItem(key, entry, "replace", f"bucket has sha256 {remote_sha}", layout)
+        if uploads and item.action != "skip":
+            record = _read_record(client, bucket, _record_key(prefix, entry))
+            upload_id = uploads[-1]
+            if record is not None and record.upload_id in uploads:
+                upload_id = record.upload_id
+            resumed = _resume_or_restart(client, bucket, key, entry, upload_id, record, layout)
+            # A completed upload replaces the older build's object as a fresh one would.
+            reason = resumed.reason if head is None else f"{item.reason}; {resumed.reason}"
+            item = replace(resumed, reason=reason)
+        items.append(_with_stale(item, uploads))
     replication = Replication(checked=False)
     if wait_replication:
         replication = _replication_for(client, bucket, [item.key for item in items])
         statuses = {key: skipped[key] for key in replication.keys if key in skipped}
         _refuse_unreplicable(bucket, prefix, statuses, replication.rules)
-    return PublishPlan(bucket, tuple(items), manifest_key, replication)
+    return PublishPlan(
+        bucket, tuple(items), manifest_key, manifest_body, local_manifest_sha, replication
+    )
 
 
 def format_plan(plan: PublishPlan) -> str:
@@ -538,8 +594,24 @@ class _Uploader:
     def run(self) -> None:
         try:
             for item in self.plan.items:
-                if item.action == "restart":
-                    self._abort(item)
+                for upload_id in item.stale_uploads:
+                    logger.warning(
+                        "s3://%s/%s: aborting multipart upload %s (no upload record explains it: "
+                        "left open by an earlier publish)",
+                        self.plan.bucket,
+                        item.key,
+                        upload_id,
+                    )
+                    self._abort(item.key, upload_id)
+                if item.action == "restart" and item.upload_id is not None:
+                    logger.warning(
+                        "s3://%s/%s: aborting multipart upload %s (%s); starting a fresh one",
+                        self.plan.bucket,
+                        item.key,
+                        item.upload_id,
+                        item.reason,
+                    )
+                    self._abort(item.key, item.upload_id)
             small = [i for i in self.plan.items if i.action != "skip" and not self._multipart(i)]
             futures = [self.pool.submit(self._put, item) for item in small]
             for item in self.plan.items:
@@ -553,18 +625,9 @@ class _Uploader:
     def _multipart(self, item: PlanItem) -> bool:
         return item.action == "resume" or item.layout.count > 1
 
-    def _abort(self, item: PlanItem) -> None:
-        logger.warning(
-            "s3://%s/%s: aborting multipart upload %s (%s); starting a fresh one",
-            self.plan.bucket,
-            item.key,
-            item.upload_id,
-            item.reason,
-        )
+    def _abort(self, key: str, upload_id: str) -> None:
         try:
-            self.client.abort_multipart_upload(
-                Bucket=self.plan.bucket, Key=item.key, UploadId=item.upload_id
-            )
+            self.client.abort_multipart_upload(Bucket=self.plan.bucket, Key=key, UploadId=upload_id)
         except ClientError as exc:
             # Gone since planning (a lifecycle rule, another run): nothing left to abort.
             if exc.response.get("Error", {}).get("Code") != "NoSuchUpload":
@@ -800,12 +863,13 @@ def publish(
     _remove_records(client, plan)
     if plan.replication.keys:
         _wait_replicated(client, plan, replication_timeout, backoff, on_replication)
-    manifest_path = folder / MANIFEST_NAME
+    # The planned bytes, not the file as it is now: they list exactly what was uploaded and
+    # checked above, so the visible manifest never names a file the bucket does not hold.
     client.put_object(
         Bucket=bucket,
         Key=plan.manifest_key,
-        Body=manifest_path.read_bytes(),
-        Metadata={_SHA_KEY: file_entry(manifest_path, MANIFEST_NAME).sha256},
+        Body=plan.manifest_body,
+        Metadata={_SHA_KEY: plan.manifest_sha256},
         ContentType="application/json",
     )
     return plan

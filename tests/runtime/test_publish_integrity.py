@@ -3,6 +3,8 @@ sends are the bytes the manifest's sha256 describes."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -104,3 +106,44 @@ def test_multipart_upload_of_changed_bytes_is_aborted(
     assert PREFIX + "weights/model.safetensors" not in found
     assert PREFIX + MANIFEST_NAME not in found
     assert s3_client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+
+def test_manifest_rewritten_during_upload_is_not_what_is_published(
+    s3_client: Any, bucket: str, version: Path, tmp_path: Path
+) -> None:
+    # Another build of the same id and version (other weights) lands on manifest.json mid-upload.
+    planned = (version / MANIFEST_NAME).read_bytes()
+    other = build_multipart_version(tmp_path / "other")
+    swapped: list[int] = []
+
+    def swap_once(n: int) -> None:
+        if not swapped:
+            (version / MANIFEST_NAME).write_bytes((other / MANIFEST_NAME).read_bytes())
+        swapped.append(n)
+
+    publish(s3_client, version, bucket, part_size=PART, workers=1, progress=swap_once)
+    published = s3_client.get_object(Bucket=bucket, Key=PREFIX + MANIFEST_NAME)
+    body = published["Body"].read()
+    assert body == planned
+    assert published["Metadata"]["sha256"] == hashlib.sha256(body).hexdigest()
+    listed = json.loads(body)
+    for entry in [listed["archive"], *listed["weight_files"]]:
+        head = s3_client.head_object(Bucket=bucket, Key=PREFIX + entry["path"])
+        assert head["Metadata"]["sha256"] == entry["sha256"], entry["path"]
+
+
+def test_manifest_rewritten_while_planning_is_refused(
+    s3_client: Any, bucket: str, version: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other = build_multipart_version(tmp_path / "other")
+    load = publish_module.load_manifest
+
+    def load_then_rewrite(path: Path) -> Any:
+        manifest = load(path)
+        path.write_bytes((other / MANIFEST_NAME).read_bytes())
+        return manifest
+
+    monkeypatch.setattr(publish_module, "load_manifest", load_then_rewrite)
+    with pytest.raises(PublishError, match=r"manifest\.json changed while publish read it"):
+        publish(s3_client, version, bucket, part_size=PART)
+    assert keys(s3_client, bucket) == set()

@@ -278,6 +278,59 @@ def test_open_upload_without_a_record_is_restarted(
     assert PREFIX + "manifest.json" in keys(s3_client, bucket)
 
 
+def test_interrupted_replace_resumes_and_leaves_no_open_upload(
+    s3_client: Any, bucket: str, version: Path
+) -> None:
+    key = PREFIX + "weights/model.safetensors"
+    s3_client.put_object(Bucket=bucket, Key=key, Body=b"older build", Metadata={"sha256": "0" * 64})
+    kept = publish_cut_after_first_part(s3_client, version, bucket)
+    client = CountingClient(s3_client)
+    plan = publish(client, version, bucket, part_size=PART, workers=2)
+    item = {i.key: i for i in plan.items}[key]
+    assert item.action == "resume"
+    assert item.reason.startswith(f"bucket has sha256 {'0' * 64}; open multipart upload")
+    assert client.calls.get("create_multipart_upload", 0) == 0
+    assert sorted(client.parts) == sorted({1, 2, 3} - kept)
+    assert s3_client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    body = s3_client.get_object(Bucket=bucket, Key=key)["Body"]
+    assert body.read() == (version / "weights" / "model.safetensors").read_bytes()
+
+
+def test_open_uploads_that_no_record_explains_are_aborted(
+    s3_client: Any, bucket: str, version: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The recorded upload is resumed; one opened later without a record (a run cut short before
+    # writing it) is not the one to continue, and is aborted rather than left open.
+    key = PREFIX + "weights/model.safetensors"
+    kept = publish_cut_after_first_part(s3_client, version, bucket)
+    (recorded,) = s3_client.list_multipart_uploads(Bucket=bucket)["Uploads"]
+    stray = s3_client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    client = CountingClient(s3_client)
+    with caplog.at_level(logging.WARNING, logger="runtime.publish"):
+        plan = publish(client, version, bucket, part_size=PART, workers=2)
+    assert s3_client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    assert sorted(client.parts) == sorted({1, 2, 3} - kept)
+    assert f"aborting multipart upload {stray}" in caplog.text
+    item = {i.key: i for i in plan.items}[key]
+    assert (item.action, item.upload_id, item.stale_uploads) == (
+        "resume",
+        recorded["UploadId"],
+        (stray,),
+    )
+
+
+def test_open_upload_of_a_skipped_file_is_aborted(
+    s3_client: Any, bucket: str, version: Path
+) -> None:
+    publish(s3_client, version, bucket, part_size=PART)
+    key = PREFIX + "weights/model.safetensors"
+    stray = s3_client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    plan = publish(s3_client, version, bucket, part_size=PART)
+    assert s3_client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    item = {i.key: i for i in plan.items}[key]
+    assert (item.action, item.stale_uploads) == ("skip", (stray,))
+
+
 def test_resume_cuts_the_file_as_the_upload_was_opened(
     s3_client: Any, bucket: str, version: Path
 ) -> None:
