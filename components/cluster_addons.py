@@ -107,6 +107,9 @@ class ClusterAddonsArgs:
     """Per-release values merged over ours, keyed by release name."""
     depends_on: Sequence[pulumi.Resource] = ()
     """What the Gateway needs first: its namespace."""
+    nodes: Sequence[pulumi.Resource] = ()
+    """Where the releases' pods run, created first: a created cluster's system node group
+    (releases are atomic, so Helm fails them when their pods find no node)."""
 
 
 class ClusterAddons(pulumi.ComponentResource):
@@ -182,7 +185,7 @@ class ClusterAddons(pulumi.ComponentResource):
             create_namespace=True,
             atomic=True,
             values=merged,
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(self._args.nodes)),
         )
         self.releases[release] = resource
         return resource

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from components.iam import service_trust_policy
+from components.iam import role_name, service_trust_policy
 from stacks.config import RegionStackConfig
 
 __all__ = ["ClusterHandles", "adopt_cluster", "create_cluster", "kubeconfig"]
@@ -30,6 +30,7 @@ def create_cluster(name: str, config: RegionStackConfig, parent: pulumi.Resource
     """Create the EKS cluster (API authentication, control-plane logs) and its OIDC provider."""
     role = aws.iam.Role(
         f"{name}-cluster-role",
+        name=role_name(f"{name}-cluster-role"),
         assume_role_policy=service_trust_policy(
             "eks.amazonaws.com", ("sts:AssumeRole", "sts:TagSession")
         ),

@@ -10,7 +10,8 @@ from types import MappingProxyType
 import pulumi
 import pulumi_aws as aws
 
-from components.iam import service_trust_policy
+from components.iam import node_role
+from components.naming import physical_name
 
 __all__ = [
     "AMI_FAMILY_LABEL",
@@ -19,6 +20,7 @@ __all__ = [
     "DEVICE_PLUGIN_NODES",
     "GPU_RESOURCE",
     "NODE_GROUP_LABEL",
+    "NODE_GROUP_NAME_LIMIT",
     "GpuNodeGroup",
     "GpuNodeGroupArgs",
     "gpu_tolerations",
@@ -32,11 +34,8 @@ AMI_FAMILY_LABEL = "llm-serving/ami-family"
 DEVICE_PLUGIN_NODES: Mapping[str, str] = MappingProxyType({AMI_FAMILY_LABEL: "al2023"})
 AMI_TYPES = ("AL2023_x86_64_NVIDIA", "BOTTLEROCKET_x86_64_NVIDIA")
 CAPACITY_TYPES = ("ON_DEMAND", "SPOT", "CAPACITY_BLOCK")
-_NODE_POLICIES = (
-    "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
-    "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
-    "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly",
-)
+# EKS refuses longer node group names; pulumi-aws would auto-name up to 255.
+NODE_GROUP_NAME_LIMIT = 63
 # AL2023's nodeadm stripes the instance-store NVMe disks into one RAID0 volume and moves the
 # kubelet and containerd directories onto it, so unpacked model packages (emptyDir) land there.
 _AL2023_USER_DATA = """MIME-Version: 1.0
@@ -130,10 +129,11 @@ class GpuNodeGroup(pulumi.ComponentResource):
             AMI_FAMILY_LABEL: family,
             "nvidia.com/gpu.present": "true",
         }
-        role = self._create_role(name)
+        role = node_role(name, self)
         template = self._create_launch_template(name, args, family)
         group = aws.eks.NodeGroup(
             f"{name}-nodes",
+            node_group_name=physical_name(f"{name}-nodes", NODE_GROUP_NAME_LIMIT),
             cluster_name=args.cluster_name,
             node_role_arn=role.arn,
             subnet_ids=list(args.subnet_ids),
@@ -158,21 +158,6 @@ class GpuNodeGroup(pulumi.ComponentResource):
         )
         self.node_group_name = group.node_group_name
         self.register_outputs({"node_group_name": self.node_group_name, "labels": self.labels})
-
-    def _create_role(self, name: str) -> aws.iam.Role:
-        role = aws.iam.Role(
-            f"{name}-node-role",
-            assume_role_policy=service_trust_policy("ec2.amazonaws.com"),
-            opts=pulumi.ResourceOptions(parent=self),
-        )
-        for policy in _NODE_POLICIES:
-            aws.iam.RolePolicyAttachment(
-                f"{name}-{policy.rsplit('/', 1)[1]}",
-                role=role.name,
-                policy_arn=policy,
-                opts=pulumi.ResourceOptions(parent=role),
-            )
-        return role
 
     def _create_launch_template(
         self, name: str, args: GpuNodeGroupArgs, family: str

@@ -1,11 +1,23 @@
-"""IAM trust policies that let an AWS service assume a component's role."""
+"""IAM roles of the components: trust policies, bounded role names, the EKS node role."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
 
-__all__ = ["service_trust_policy"]
+import pulumi
+import pulumi_aws as aws
+
+from components.naming import physical_name
+
+__all__ = ["ROLE_NAME_LIMIT", "node_role", "role_name", "service_trust_policy"]
+
+ROLE_NAME_LIMIT = 64
+_NODE_POLICIES = (
+    "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
+    "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
+    "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly",
+)
 
 
 def service_trust_policy(service: str, actions: Sequence[str] = ("sts:AssumeRole",)) -> str:
@@ -17,3 +29,27 @@ def service_trust_policy(service: str, actions: Sequence[str] = ("sts:AssumeRole
             "Statement": [{"Effect": "Allow", "Principal": {"Service": service}, "Action": action}],
         }
     )
+
+
+def role_name(resource_name: str) -> str | None:
+    """The ``name`` of an ``aws.iam.Role``: ``None`` (auto-named) where that fits IAM's 64
+    characters, else the resource name bounded with a hash."""
+    return physical_name(resource_name, ROLE_NAME_LIMIT)
+
+
+def node_role(name: str, parent: pulumi.Resource) -> aws.iam.Role:
+    """The role of an EKS managed node group's instances, with the standard worker policies."""
+    role = aws.iam.Role(
+        f"{name}-node-role",
+        name=role_name(f"{name}-node-role"),
+        assume_role_policy=service_trust_policy("ec2.amazonaws.com"),
+        opts=pulumi.ResourceOptions(parent=parent),
+    )
+    for policy in _NODE_POLICIES:
+        aws.iam.RolePolicyAttachment(
+            f"{name}-{policy.rsplit('/', 1)[1]}",
+            role=role.name,
+            policy_arn=policy,
+            opts=pulumi.ResourceOptions(parent=role),
+        )
+    return role

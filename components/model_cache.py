@@ -2,7 +2,8 @@
 
 Importing from S3 brings only metadata, so each model version in service gets a materialize
 Job that restores its files into Lustre and verifies that none is still released; servers of
-that version depend on the Job, so no GPU pod ever starts by pulling weights from S3.
+that version depend on the Job, so no GPU pod ever starts by pulling weights from S3. The Jobs
+run on the GPU node groups: only their security group may reach the Lustre ports.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from components.gpu_node_group import NODE_GROUP_LABEL, gpu_tolerations
 from components.naming import dns_label
 
 __all__ = [
@@ -57,6 +59,9 @@ class ModelCacheArgs:
     """``(model_id, version)`` pairs in service: one materialize Job each."""
     tools_image: str
     """Image with the Lustre client tools (``lfs``) that materialize jobs run."""
+    client_node_groups: Sequence[str]
+    """``llm-serving/node-group`` labels of the nodes in ``node_security_group_id``: the
+    materialize Jobs run there, tolerating their GPU taint."""
     storage_capacity_gib: int = 2400
     """File system size: 1200 or a multiple of 2400 GiB."""
     throughput_per_unit: int = 250
@@ -269,6 +274,8 @@ class ModelCache(pulumi.ComponentResource):
                     "metadata": {"labels": labels},
                     "spec": {
                         "restartPolicy": "Never",
+                        "affinity": self._on_client_nodes(),
+                        "tolerations": gpu_tolerations(),
                         "containers": [
                             {
                                 "name": "materialize",
@@ -307,6 +314,21 @@ class ModelCache(pulumi.ComponentResource):
             ),
         )
 
+    def _on_client_nodes(self) -> dict[str, object]:
+        """Node affinity for the nodes whose security group the Lustre servers admit."""
+        selector = {
+            "key": NODE_GROUP_LABEL,
+            "operator": "In",
+            "values": list(self._args.client_node_groups),
+        }
+        return {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [selector]}]
+                }
+            }
+        }
+
 
 def _validate(args: ModelCacheArgs) -> None:
     if args.throughput_per_unit not in THROUGHPUT_PER_UNIT:
@@ -320,6 +342,8 @@ def _validate(args: ModelCacheArgs) -> None:
             f"storage_capacity_gib must be 1200 or a multiple of 2400, "
             f"got {args.storage_capacity_gib}"
         )
+    if not args.client_node_groups:
+        raise ValueError("client_node_groups must name at least one node group")
     if args.restore_batch_size < 1:
         raise ValueError(f"restore_batch_size must be at least 1, got {args.restore_batch_size}")
     if len(set(args.versions)) != len(args.versions):

@@ -15,6 +15,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from components.iam import role_name
 from components.serving_pod import (
     GRPC_PORT,
     METRICS_PORT,
@@ -150,6 +151,7 @@ class ModelService(pulumi.ComponentResource):
         )
         role = aws.iam.Role(
             f"{self._name}-role",
+            name=role_name(f"{self._name}-role"),
             assume_role_policy=trust,
             opts=pulumi.ResourceOptions(parent=self),
         )

@@ -21,6 +21,8 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
+from components.naming import kubernetes_name
+
 __all__ = [
     "GATEWAY_PLUGIN",
     "STATUS_IMAGE",
@@ -344,7 +346,8 @@ class RedBlackRollout(pulumi.ComponentResource):
         return tuple(
             k8s.core.v1.Service(
                 f"{self._name}-{side}",
-                metadata=self._meta(),
+                # A Service name is a DNS-1035 label: at most 63 characters.
+                metadata=self._meta(**kubernetes_name(f"{self._name}-{side}")),
                 spec={"selector": dict(self._selector), "ports": ports},
                 opts=service_opts,
             )

@@ -1,4 +1,4 @@
-"""``RegionPlatform``: one region's cluster, GPU nodes, model cache and model services.
+"""``RegionPlatform``: one region's cluster, its nodes, model cache and model services.
 
 Red-Black models run as one ``RedBlackRollout`` wrapping ``ModelService``'s pod template;
 Versioned models as one ``ModelService`` per version behind a ``VersionedModel``'s routes.
@@ -16,7 +16,12 @@ import pulumi_kubernetes as k8s
 
 from components.cluster_addons import ClusterAddons, ClusterAddonsArgs
 from components.eks_cluster import ClusterHandles, adopt_cluster, create_cluster, kubeconfig
-from components.gpu_node_group import DEVICE_PLUGIN_NODES, GpuNodeGroup, GpuNodeGroupArgs
+from components.gpu_node_group import (
+    DEVICE_PLUGIN_NODES,
+    NODE_GROUP_LABEL,
+    GpuNodeGroup,
+    GpuNodeGroupArgs,
+)
 from components.model_cache import ModelCache, ModelCacheArgs
 from components.model_strategies import (
     ModelEndpoints,
@@ -26,6 +31,7 @@ from components.model_strategies import (
 )
 from components.observability import Observability, ObservabilityArgs
 from components.red_black import GatewayRef
+from components.system_node_group import SystemNodeGroup, SystemNodeGroupArgs
 from runtime.metrics_proxy.assets import rollout_queries, rollout_success_conditions
 from stacks.config import RegionStackConfig
 
@@ -75,11 +81,14 @@ class RegionPlatform(pulumi.ComponentResource):
         super().__init__("llm-serving:region_platform:RegionPlatform", name, None, opts)
         self._name = name
         self._config = config = args.config
-        cluster = (
-            create_cluster(name, config, self)
-            if config.cluster.mode == "create"
-            else adopt_cluster(config, self)
-        )
+        # A created cluster gets untainted nodes for add-ons and controllers; an adopted
+        # cluster brings its own.
+        system_nodes: list[pulumi.Resource] = []
+        if config.cluster.mode == "create":
+            cluster = create_cluster(name, config, self)
+            system_nodes.append(self._create_system_nodes(cluster))
+        else:
+            cluster = adopt_cluster(config, self)
         node_sg = self._node_security_group(cluster)
         provider = k8s.Provider(
             f"{name}-k8s",
@@ -121,6 +130,7 @@ class RegionPlatform(pulumi.ComponentResource):
                 device_plugin_node_selector=DEVICE_PLUGIN_NODES if needs_plugin else None,
                 gateway_namespace=config.namespace,
                 depends_on=[namespace],
+                nodes=system_nodes,
             ),
             opts=on_cluster,
         )
@@ -135,6 +145,7 @@ class RegionPlatform(pulumi.ComponentResource):
                 namespace=config.namespace,
                 versions=[(m.id, v.version) for m, v in served],
                 tools_image=args.tools_image,
+                client_node_groups=[group.labels[NODE_GROUP_LABEL] for group in groups],
                 storage_capacity_gib=config.model_cache.storage_capacity_gib,
                 throughput_per_unit=config.model_cache.throughput_per_unit,
                 restore_batch_size=config.model_cache.restore_batch_size,
@@ -151,7 +162,7 @@ class RegionPlatform(pulumi.ComponentResource):
             bucket_name=args.bucket_name,
             cluster=cluster,
             cache=cache,
-            after=[namespace, addons, *groups],
+            after=[namespace, addons, *system_nodes, *groups],
             gateway=GatewayRef(
                 name=addons.gateway_name,
                 namespace=addons.gateway_namespace,
@@ -182,6 +193,21 @@ class RegionPlatform(pulumi.ComponentResource):
             )
         self.cluster_name = cluster.name
         self.register_outputs({"cluster_name": self.cluster_name, "endpoints": self.endpoints})
+
+    def _create_system_nodes(self, cluster: ClusterHandles) -> SystemNodeGroup:
+        sizes = self._config.cluster.system_nodes
+        return SystemNodeGroup(
+            f"{self._name}-system",
+            SystemNodeGroupArgs(
+                cluster_name=cluster.name,
+                subnet_ids=self._config.network.private_subnet_ids,
+                instance_types=sizes.instance_types,
+                min_size=sizes.min_size,
+                max_size=sizes.max_size,
+                desired_size=sizes.desired_size,
+            ),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
 
     def _node_security_group(self, cluster: ClusterHandles) -> pulumi.Input[str]:
         network = self._config.network

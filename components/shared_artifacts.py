@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from components.iam import service_trust_policy
+from components.iam import role_name, service_trust_policy
 
 __all__ = ["MODEL_PREFIX", "SharedArtifacts", "SharedArtifactsArgs"]
 
@@ -151,6 +151,7 @@ class SharedArtifacts(pulumi.ComponentResource):
         replicas = {r: b for r, b in buckets.items() if r != source_region}
         role = aws.iam.Role(
             f"{self._name}-replication-role",
+            name=role_name(f"{self._name}-replication-role"),
             assume_role_policy=service_trust_policy("s3.amazonaws.com"),
             opts=pulumi.ResourceOptions(parent=self),
         )

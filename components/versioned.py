@@ -16,6 +16,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
+from components.naming import kubernetes_name
 from components.red_black import GatewayRef, copy_tree
 
 __all__ = [
@@ -189,7 +190,12 @@ class VersionedModel(pulumi.ComponentResource):
         )
         service = k8s.core.v1.Service(
             f"{prefix}-service",
-            metadata=self._meta(spec.version, annotations=age_annotations(spec, newest)),
+            # A Service name is a DNS-1035 label: at most 63 characters.
+            metadata=self._meta(
+                spec.version,
+                annotations=age_annotations(spec, newest),
+                **kubernetes_name(f"{prefix}-service"),
+            ),
             spec={
                 "selector": selector,
                 "ports": [

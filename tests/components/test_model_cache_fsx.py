@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from components.gpu_node_group import NODE_GROUP_LABEL, gpu_tolerations
 from components.model_cache import (
     CACHE_MOUNT_PATH,
     CSI_DRIVER,
@@ -24,6 +25,7 @@ def _args(**overrides: object) -> ModelCacheArgs:
         "namespace": "serving",
         "versions": VERSIONS,
         "tools_image": "tools:1",
+        "client_node_groups": ["r-h100", "r-l40s"],
         "throughput_per_unit": 500,
         "restore_batch_size": 32,
     }
@@ -125,6 +127,21 @@ def test_one_materialize_job_per_version_after_the_association(declared: Declare
         assert claim["claimName"] == "cache-restore"
 
 
+def test_materialize_jobs_run_on_the_lustre_client_nodes(declared: Declared) -> None:
+    # Only the nodes in node_security_group_id reach the Lustre ports, and they are tainted.
+    for job in declared.of_type("kubernetes:batch/v1:Job"):
+        pod = job.inputs["spec"]["template"]["spec"]
+        assert pod["tolerations"] == gpu_tolerations()
+        required = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert required["nodeSelectorTerms"] == [
+            {
+                "matchExpressions": [
+                    {"key": NODE_GROUP_LABEL, "operator": "In", "values": ["r-h100", "r-l40s"]}
+                ]
+            }
+        ]
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -132,6 +149,7 @@ def test_one_materialize_job_per_version_after_the_association(declared: Declare
         ({"storage_capacity_gib": 3000}, "1200 or a multiple of 2400"),
         ({"restore_batch_size": 0}, "restore_batch_size must be at least 1"),
         ({"versions": [("a", "1"), ("a", "1")]}, "twice"),
+        ({"client_node_groups": []}, "client_node_groups"),
     ],
 )
 def test_bad_args_are_refused(overrides: dict[str, object], message: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import cache
+from typing import Any
 
 import pytest
 
@@ -67,7 +68,7 @@ def test_servers_fit_their_node_group_and_wait_for_their_job(stack: str) -> None
     groups = {
         r.inputs["labels"][NODE_GROUP_LABEL]: r.inputs
         for r in run.resources
-        if r.type == "aws:eks/nodeGroup:NodeGroup"
+        if r.type == "aws:eks/nodeGroup:NodeGroup" and NODE_GROUP_LABEL in r.inputs["labels"]
     }
     jobs = {
         (
@@ -244,7 +245,7 @@ def test_device_plugin_runs_exactly_where_the_ami_lacks_it(stack: str) -> None:
     families = {
         r.inputs["labels"]["llm-serving/ami-family"]
         for r in run.resources
-        if r.type == "aws:eks/nodeGroup:NodeGroup"
+        if r.type == "aws:eks/nodeGroup:NodeGroup" and NODE_GROUP_LABEL in r.inputs["labels"]
     }
     plugins = [
         r.inputs
@@ -254,3 +255,85 @@ def test_device_plugin_runs_exactly_where_the_ami_lacks_it(stack: str) -> None:
     assert bool(plugins) == ("al2023" in families)
     for plugin in plugins:
         assert plugin["values"]["nodeSelector"] == {"llm-serving/ami-family": "al2023"}
+
+
+CREATED_STACKS = [s for s in REGION_STACKS if _region(s).cluster.mode == "create"]
+_WORKLOADS = ("kubernetes:batch/v1:Job", DEPLOYMENT, ROLLOUT)
+
+
+def _tolerates(tolerations: list[dict[str, str]], taint: dict[str, str]) -> bool:
+    # Kubernetes' matching of a toleration to a taint that has no value.
+    effect = _EFFECTS[taint["effect"]]
+    return any(
+        t.get("effect") in (None, "", effect)
+        and (
+            (t.get("operator") == "Exists" and t.get("key") in (None, "", taint["key"]))
+            or (t.get("key") == taint["key"] and not t.get("value"))
+        )
+        for t in tolerations
+    )
+
+
+def _fits(pod: dict[str, Any], group: dict[str, Any]) -> bool:
+    """Whether a pod spec (or a chart's values) may be scheduled on a node group's nodes."""
+    labels = group.get("labels") or {}
+    if any(labels.get(k) != v for k, v in (pod.get("nodeSelector") or {}).items()):
+        return False
+    required = (
+        (pod.get("affinity") or {})
+        .get("nodeAffinity", {})
+        .get("requiredDuringSchedulingIgnoredDuringExecution")
+    )
+    if required is not None and not any(
+        all(
+            e["operator"] == "In" and labels.get(e["key"]) in e["values"]
+            for e in term["matchExpressions"]
+        )
+        for term in required["nodeSelectorTerms"]
+    ):
+        return False
+    return all(_tolerates(pod.get("tolerations") or [], t) for t in group.get("taints") or [])
+
+
+@pytest.mark.parametrize("stack", CREATED_STACKS)
+def test_every_pod_of_a_created_cluster_has_a_node_group_it_fits(stack: str) -> None:
+    run = _run(stack)
+    groups = [r.inputs for r in run.resources if r.type == "aws:eks/nodeGroup:NodeGroup"]
+    assert any(not g.get("taints") for g in groups), "no untainted node group"
+    pods = {
+        f"{r.type} {r.name}": r.inputs["spec"]["template"]["spec"]
+        for r in run.resources
+        if r.type in _WORKLOADS
+    }
+    # Charts take top-level nodeSelector and tolerations for their pods (none set: any node).
+    pods |= {
+        f"release {r.name}": r.inputs.get("values") or {}
+        for r in run.resources
+        if r.type == "kubernetes:helm.sh/v3:Release"
+    }
+    assert any(name.startswith("kubernetes:batch/v1:Job") for name in pods)
+    assert [name for name, pod in pods.items() if not any(_fits(pod, g) for g in groups)] == []
+
+
+@pytest.mark.parametrize("stack", CREATED_STACKS)
+def test_add_ons_and_workloads_wait_for_the_system_nodes(stack: str) -> None:
+    run = _run(stack)
+    (system,) = (
+        r
+        for r in run.resources
+        if r.type == "aws:eks/nodeGroup:NodeGroup" and not r.inputs.get("taints")
+    )
+    assert system.inputs["labels"] == {"llm-serving/node-role": "system"}
+    releases = [r for r in run.resources if r.type == "kubernetes:helm.sh/v3:Release"]
+    assert releases
+    for release in releases:
+        assert system.urn in release.dependencies, release.name
+    for workload in (r for r in run.resources if r.type in (DEPLOYMENT, ROLLOUT)):
+        assert system.urn in workload.dependencies, workload.name
+
+
+def test_an_adopted_cluster_gets_no_system_nodes() -> None:
+    types = {r.type for r in _run("prod-eu-west-1").resources}
+    assert "llm-serving:system_node_group:SystemNodeGroup" not in types
+    created = {r.type for r in _run("prod-us-east-1").resources}
+    assert "llm-serving:system_node_group:SystemNodeGroup" in created

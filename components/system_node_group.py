@@ -1,0 +1,125 @@
+"""``SystemNodeGroup``: the untainted CPU node group of a created cluster.
+
+Every GPU node carries the ``nvidia.com/gpu`` NoSchedule taint, so a created cluster needs
+these nodes for CoreDNS, the add-on controllers and the rollout-status Jobs. An adopted cluster
+brings its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+from components.gpu_node_group import NODE_GROUP_NAME_LIMIT
+from components.iam import node_role
+from components.naming import physical_name
+
+__all__ = [
+    "AMI_TYPE",
+    "NODE_ROLE_LABEL",
+    "SYSTEM_NODE_LABELS",
+    "SystemNodeGroup",
+    "SystemNodeGroupArgs",
+]
+
+AMI_TYPE = "AL2023_x86_64_STANDARD"
+NODE_ROLE_LABEL = "llm-serving/node-role"
+SYSTEM_NODE_LABELS = {NODE_ROLE_LABEL: "system"}
+
+
+@dataclass(frozen=True)
+class SystemNodeGroupArgs:
+    """Inputs of the system node group (``llm-serving:cluster.system_nodes``)."""
+
+    cluster_name: pulumi.Input[str]
+    """Name of the EKS cluster the group joins."""
+    subnet_ids: Sequence[pulumi.Input[str]]
+    """Private subnets the nodes are launched in."""
+    instance_types: Sequence[str]
+    """CPU instance types, e.g. ``m6i.xlarge``."""
+    min_size: int
+    """Lower scaling bound."""
+    max_size: int
+    """Upper scaling bound."""
+    desired_size: int
+    """Initial size; later changes by an autoscaler are not reverted."""
+    root_volume_gib: int = 50
+    """Encrypted gp3 root volume size (images, logs, the add-ons' emptyDir volumes)."""
+    kubernetes_version: pulumi.Input[str] | None = None
+    """Kubelet version; ``None`` follows the cluster."""
+
+
+class SystemNodeGroup(pulumi.ComponentResource):
+    """A managed node group on the standard AL2023 AMI, untainted, with IMDSv2."""
+
+    node_group_name: pulumi.Output[str]
+    labels: dict[str, str]
+
+    def __init__(
+        self, name: str, args: SystemNodeGroupArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        _validate(args)
+        super().__init__("llm-serving:system_node_group:SystemNodeGroup", name, None, opts)
+        self.labels = dict(SYSTEM_NODE_LABELS)
+        role = node_role(name, self)
+        template = self._create_launch_template(name, args)
+        group = aws.eks.NodeGroup(
+            f"{name}-nodes",
+            node_group_name=physical_name(f"{name}-nodes", NODE_GROUP_NAME_LIMIT),
+            cluster_name=args.cluster_name,
+            node_role_arn=role.arn,
+            subnet_ids=list(args.subnet_ids),
+            ami_type=AMI_TYPE,
+            capacity_type="ON_DEMAND",
+            instance_types=list(args.instance_types),
+            version=args.kubernetes_version,
+            scaling_config=aws.eks.NodeGroupScalingConfigArgs(
+                min_size=args.min_size, max_size=args.max_size, desired_size=args.desired_size
+            ),
+            update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
+            labels=self.labels,
+            launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
+                id=template.id, version=template.latest_version.apply(str)
+            ),
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["scalingConfig.desiredSize"]),
+        )
+        self.node_group_name = group.node_group_name
+        self.register_outputs({"node_group_name": self.node_group_name, "labels": self.labels})
+
+    def _create_launch_template(
+        self, name: str, args: SystemNodeGroupArgs
+    ) -> aws.ec2.LaunchTemplate:
+        # No security groups here: EKS then gives the nodes the cluster security group.
+        return aws.ec2.LaunchTemplate(
+            f"{name}-launch-template",
+            # Hop limit 1 keeps pods (which use IRSA) away from the node role's credentials.
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
+                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1
+            ),
+            block_device_mappings=[
+                aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+                    device_name="/dev/xvda",
+                    ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
+                        volume_size=args.root_volume_gib,
+                        volume_type="gp3",
+                        encrypted="true",
+                        delete_on_termination="true",
+                    ),
+                )
+            ],
+            update_default_version=True,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+
+
+def _validate(args: SystemNodeGroupArgs) -> None:
+    if not args.instance_types:
+        raise ValueError("instance_types must name at least one instance type")
+    if not 1 <= args.min_size <= args.desired_size <= args.max_size:
+        raise ValueError(
+            f"expected 1 <= min_size <= desired_size <= max_size, got "
+            f"{args.min_size} <= {args.desired_size} <= {args.max_size}"
+        )
