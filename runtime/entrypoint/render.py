@@ -12,7 +12,6 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from runtime.compat import CompatPair
-from runtime.entrypoint.errors import StageFailed
 from runtime.package.manifest import Manifest, TensorSpec
 from runtime.serving_backend import BACKEND_NAME, RESPONSE_HOOK, STOCK_BACKEND_NAME
 
@@ -53,25 +52,18 @@ def vllm_backend_for(pair: CompatPair) -> tuple[str, str | None]:
     )
 
 
-def _parallel_size(engine_args: dict[str, object], key: str) -> int:
-    """``engine_args[key]`` as a positive integer (1 when absent), else a stage failure."""
-    value = engine_args.get(key)
-    if value is None:
-        return 1
-    # As before: a whole number, or one written as a string ("2") in a hand-edited manifest.
-    text = str(value)
-    if isinstance(value, bool) or not (isinstance(value, int) or text.isdigit()) or int(text) < 1:
-        raise StageFailed(
-            f"engine_args.{key} is {value!r}, not a positive integer",
-            f"set engine_args.{key} to the number of GPUs (e.g. 2) and rebuild the package",
-        )
-    return int(text)
+def _world_size(engine_args: dict[str, object]) -> int:
+    """GPUs one engine spans; the manifest holds these sizes as integers of at least 1."""
+    world = 1
+    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+        size = engine_args.get(key, 1)
+        assert isinstance(size, int), f"engine_args.{key} passed the manifest as {size!r}"
+        world *= size
+    return world
 
 
 def _vllm_config(name: str, engine_args: dict[str, object], backend: str) -> str:
-    world = _parallel_size(engine_args, "tensor_parallel_size") * _parallel_size(
-        engine_args, "pipeline_parallel_size"
-    )
+    world = _world_size(engine_args)
     # Multi-GPU engines must own device placement (Triton's KIND_GPU assumes one GPU).
     kind = "KIND_MODEL" if world > 1 else "KIND_GPU"
     return (

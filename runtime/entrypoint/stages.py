@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
 
+from pydantic import ValidationError
+
 from runtime.compat import (
     CompatError,
     CompatPair,
@@ -98,7 +100,16 @@ def locate(
             "LLM_SERVING_PACKAGE_S3_URI fallback",
             "publish the version and wait for the model cache restore Job, or set the S3 URI",
         )
-    manifest = load_manifest(folder / MANIFEST_NAME)
+    try:
+        manifest = load_manifest(folder / MANIFEST_NAME)
+    except PackageError as exc:
+        if not isinstance(exc.__cause__, ValidationError):
+            raise  # unreadable: the stage's own fix (republish, restore) applies
+        raise StageFailed(
+            str(exc),
+            "fix the value in package.yaml and rebuild with llm-serving package build, which "
+            "refuses such a manifest, then publish it as a new model_version",
+        ) from exc
     want_id, want_version = expect
     if (want_id and want_id != manifest.model_id) or (
         want_version and want_version != manifest.model_version

@@ -329,13 +329,6 @@ def build_package(
     source = source.resolve()
     out = Path(os.path.abspath(out))  # a normalised name and parent for the staging folder
     spec = _load_spec(source)
-    if spec.serving_mode == "embedded" and "max_model_len" not in spec.engine_args:
-        # The entrypoint hands it to the frontend, which checks prompt + max_tokens against
-        # it; without it the frontend would guess a context length vLLM does not use.
-        raise PackageError(
-            f"{source / SPEC_NAME}: field engine_args: serving_mode embedded needs "
-            "max_model_len (the OpenAI frontend and vLLM must use the same context length)"
-        )
     image = image_pins(triton, constraints)
     files = _archive_sources(source, spec)
     weights = _weight_sources(source, spec)

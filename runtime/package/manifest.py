@@ -7,7 +7,15 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from runtime.package.errors import PackageError
 
@@ -37,6 +45,15 @@ _ID_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
 _SHA256_PATTERN = r"^[0-9a-f]{64}$"
 # vLLM loads a named processor with ``module, qualname = name.split(":")``: exactly one colon.
 _PROCESSOR_NAME = re.compile(r"(?!\d)\w+(\.(?!\d)\w+)*:(?!\d)\w+(\.(?!\d)\w+)*")
+# vLLM's parallel sizes, each ``Field(ge=1)`` in its ParallelConfig; render multiplies the first
+# two into the world size that picks the instance group's kind.
+_PARALLEL_SIZES = (
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "data_parallel_size",
+    "prefill_context_parallel_size",
+    "decode_context_parallel_size",
+)
 TensorType = Literal[
     "TYPE_BOOL",
     "TYPE_UINT8",
@@ -63,6 +80,8 @@ def check_relative_path(value: str) -> str:
         # Undecodable bytes arrive as surrogate escapes, which JSON manifests cannot carry.
         raise ValueError(f"path {value!r} is not printable UTF-8")
     path = PurePosixPath(value)
+    if not path.parts:
+        raise ValueError(f"path {value!r} is the root itself; name a file or folder inside it")
     if path.is_absolute():
         raise ValueError(f"path {value!r} is absolute; use a path relative to the package root")
     if any(part in ("..", ".") for part in path.parts) or str(path) != value:
@@ -154,7 +173,9 @@ class Manifest(_Strict):
     )
     engine_args: dict[str, Any] = Field(
         default_factory=dict,
-        description="vLLM AsyncEngineArgs; `model` and `tokenizer` are set at deploy time",
+        description="vLLM AsyncEngineArgs; `model` and `tokenizer` are set at deploy time; "
+        "`max_model_len` (required for serving_mode `embedded`) and the `*_parallel_size` "
+        "sizes are integers of at least 1",
     )
     triton: str = Field(description="Triton release the plugins were checked against")
     weights: str = Field(description="weights folder, relative to the version folder")
@@ -170,7 +191,7 @@ class Manifest(_Strict):
 
     @field_validator("engine_args")
     @classmethod
-    def _engine_args(cls, args: dict[str, Any]) -> dict[str, Any]:
+    def _engine_args(cls, args: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         reserved = sorted({"model", "tokenizer"} & set(args))
         if reserved:
             raise ValueError(
@@ -185,6 +206,14 @@ class Manifest(_Strict):
                 "engine_args must not set speculative_config: the constraint processor in "
                 "every engine cannot mask draft tokens; remove it to serve this model"
             )
+        if info.data.get("serving_mode") == "embedded" and "max_model_len" not in args:
+            # The entrypoint hands it to the frontend, which checks prompt + max_tokens against
+            # it; without it the frontend would guess a context length vLLM does not use.
+            raise ValueError(
+                "serving_mode embedded needs max_model_len (the OpenAI frontend and vLLM must "
+                "use the same context length); set engine_args.max_model_len, e.g. 4096"
+            )
+        _check_counts(args)
         return args
 
     @model_validator(mode="after")
@@ -204,6 +233,21 @@ class Manifest(_Strict):
             entry.path == self.archive.path for entry in self.weight_files
         ):
             raise ValueError(f"archive path {self.archive.path!r} is also another file's path")
+        # Each list is unpacked or placed into one folder, where no path can be both a file
+        # and a folder holding another.
+        for field, paths in (
+            ("archive_files", [e.path for e in self.archive_files]),
+            (
+                "weight_files",
+                [MANIFEST_NAME, self.archive.path, *(e.path for e in self.weight_files)],
+            ),
+        ):
+            clash = _file_and_folder(paths)
+            if clash is not None:
+                raise ValueError(
+                    f"{field}: {clash[0]!r} is a file, so {clash[1]!r} cannot lie inside it; "
+                    "rename one of them and rebuild the package"
+                )
         members = {entry.path for entry in self.archive_files}
         needed = [p.wheel for p in self.plugins] + [c.path for c in self.catalogs]
         if self.python_model is not None:
@@ -242,6 +286,35 @@ def _check_processors(value: object) -> None:
                 f"engine_args.logits_processors.{i} is {name!r}, not a 'module:Class' name "
                 "(e.g. my_pkg.procs:BanWords), the form vLLM loads"
             )
+
+
+def _check_counts(args: dict[str, Any]) -> None:
+    """Refuse a ``max_model_len`` or parallel size in ``engine_args`` that is not a count."""
+    for key in ("max_model_len", *_PARALLEL_SIZES):
+        if key not in args:
+            continue
+        value = args[key]
+        # type() rather than isinstance: true is a Python int, and vLLM's lax pydantic would
+        # take it (and "2") as a size. vLLM's -1 (fit the length to memory) gives the frontend
+        # no length, and the entrypoint can serve any package embedded.
+        if type(value) is not int or value < 1:
+            example = "4096" if key == "max_model_len" else "2"
+            raise ValueError(
+                f"engine_args.{key} is {value!r}, not a positive integer; write a whole number "
+                f"of at least 1 (e.g. {key}: {example})"
+            )
+
+
+def _file_and_folder(paths: list[str]) -> tuple[str, str] | None:
+    """A pair ``(file, path under it)`` from ``paths``, if one path is a folder of another."""
+    files = set(paths)
+    for path in paths:
+        head = path
+        while "/" in head:
+            head = head.rpartition("/")[0]
+            if head in files:
+                return head, path
+    return None
 
 
 def _under(path: str, folder: str) -> bool:

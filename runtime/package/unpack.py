@@ -11,7 +11,26 @@ from pathlib import Path
 from runtime.package.errors import PackageError
 from runtime.package.manifest import FileEntry, check_relative_path
 
-__all__ = ["UnpackLimits", "UnpackStats", "check_member", "unpack_archive"]
+__all__ = [
+    "MAX_EXTENDED_HEADER_BYTES",
+    "UnpackLimits",
+    "UnpackStats",
+    "check_member",
+    "open_archive",
+    "unpack_archive",
+]
+
+MAX_EXTENDED_HEADER_BYTES = 64 << 10
+"""Most bytes of pax and GNU long-name headers (blocks included) before one member: far above
+the path records ``package build`` writes, and low enough that a chain of them, which tarfile
+reads recursively, stays clear of the recursion limit."""
+_EXTENDED_TYPES = (
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+)
 
 
 @dataclass(frozen=True)
@@ -28,6 +47,39 @@ class UnpackStats:
 
     files: int
     bytes: int
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """A member header that refuses oversized extended headers before tarfile reads them."""
+
+    def _proc_member(self, tar: tarfile.TarFile) -> tarfile.TarInfo:
+        # tarfile reads each extended header whole and then the next header recursively, and
+        # moves ``tar.offset`` only past a member, so it is where this member's headers begin.
+        where = os.fsdecode(tar.name) if tar.name is not None else "the archive"
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            # Its extension blocks would all be read before check_member could refuse it.
+            raise PackageError(
+                f"archive {where}: the member at byte {tar.offset} is a sparse file; "
+                "packages hold regular files only: rebuild the package"
+            )
+        if self.type in _EXTENDED_TYPES:
+            used = self.offset + tarfile.BLOCKSIZE + self.size - tar.offset
+            if self.size < 0 or used > MAX_EXTENDED_HEADER_BYTES:
+                raise PackageError(
+                    f"archive {where}: the member at byte {tar.offset} has {used} bytes of "
+                    f"pax or GNU long-name headers, over the {MAX_EXTENDED_HEADER_BYTES} that "
+                    "unpack reads; package build never writes such headers: rebuild the package"
+                )
+        return super()._proc_member(tar)  # type: ignore[misc]  # typeshed omits this hook
+
+
+def open_archive(archive: Path) -> tarfile.TarFile:
+    """``archive`` opened for reading with extended headers bounded; raises `PackageError` if it
+    cannot be opened or its first member's headers are refused (`tarfile.TarError` if corrupt)."""
+    try:
+        return tarfile.open(archive, "r:", tarinfo=_BoundedTarInfo)
+    except OSError as exc:
+        raise PackageError(f"cannot read archive {archive}: {exc.strerror or exc}") from exc
 
 
 def unpack_archive(
@@ -60,7 +112,7 @@ def unpack_archive(
     except OSError as exc:
         raise PackageError(f"cannot read archive {archive}: {exc.strerror}") from exc
     try:
-        with tarfile.open(archive, "r:") as tar:
+        with open_archive(archive) as tar:
             for member in tar:
                 name = check_member(member, archive)
                 if member.isdir():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import stat
 import tarfile
 import tempfile
 from pathlib import Path
@@ -13,7 +14,7 @@ from runtime.package.errors import PackageError
 from runtime.package.manifest import MANIFEST_NAME, FileEntry, Manifest, load_manifest
 from runtime.package.plugin_checks import check_plugin_entry_points, check_plugin_files, known_image
 from runtime.package.tensors import check_python_model
-from runtime.package.unpack import check_member
+from runtime.package.unpack import check_member, open_archive
 from runtime.package.wheels import check_against_pins, read_wheel
 
 __all__ = ["check_file", "describe", "verify_archive_members", "verify_package"]
@@ -25,16 +26,27 @@ def check_file(folder: Path, entry: FileEntry, *, full: bool = True) -> None:
     """Raise `PackageError` unless ``folder / entry.path`` has the manifest's size (and sha256)."""
     path = folder / entry.path
     try:
-        size = path.stat().st_size
+        info = path.stat()
     except OSError as exc:
         raise PackageError(f"{entry.path} is missing from {folder}: {exc.strerror}") from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise PackageError(
+            f"{entry.path} in {folder} is not a regular file; publish or restore it again"
+        )
+    size = info.st_size
     if size != entry.size:
         raise PackageError(
             f"{entry.path} is {size} bytes, the manifest says {entry.size}; the copy is "
             "incomplete or altered: publish or restore it again"
         )
     if full:
-        actual = file_entry(path, entry.path).sha256
+        try:
+            actual = file_entry(path, entry.path).sha256
+        except OSError as exc:
+            raise PackageError(
+                f"cannot read {entry.path} in {folder}: {exc.strerror or exc}; fix its "
+                "permissions or storage, or publish or restore it again"
+            ) from exc
         if actual != entry.sha256:
             raise PackageError(
                 f"checksum mismatch for {entry.path}: sha256 {actual}, the manifest says "
@@ -48,7 +60,7 @@ def verify_archive_members(archive: Path, manifest: Manifest) -> None:
     expected = {entry.path: entry for entry in manifest.archive_files}
     seen: set[str] = set()
     try:
-        with _open(archive) as tar:
+        with open_archive(archive) as tar:
             for member in tar:
                 check_member(member, archive)
                 if member.isdir():
@@ -71,6 +83,8 @@ def verify_archive_members(archive: Path, manifest: Manifest) -> None:
                     )
     except tarfile.TarError as exc:
         raise _corrupt(archive, exc) from exc
+    except OSError as exc:
+        raise _unreadable(archive, exc) from exc
     missing = sorted(set(expected) - seen)
     if missing:
         raise PackageError(f"archive {archive} lacks {', '.join(missing[:5])}")
@@ -90,12 +104,12 @@ def _member_bytes(tar: tarfile.TarFile, name: str, what: str) -> bytes:
     return handle.read()
 
 
-def _open(archive: Path) -> tarfile.TarFile:
-    """The archive opened for reading; one that cannot be opened raises `PackageError`."""
-    try:
-        return tarfile.open(archive, "r:")
-    except OSError as exc:
-        raise PackageError(f"cannot read archive {archive}: {exc.strerror or exc}") from exc
+def _unreadable(archive: Path, exc: OSError) -> PackageError:
+    # str(exc), not strerror: a failure writing the temporary copy names that file instead.
+    return PackageError(
+        f"reading archive {archive} failed: {exc}; fix its permissions or storage, or publish "
+        "or restore it again"
+    )
 
 
 def _corrupt(archive: Path, exc: tarfile.TarError) -> PackageError:
@@ -109,7 +123,7 @@ def _check_plugins(archive: Path, manifest: Manifest, constraints: Path | None) 
     names = known_image(image.distributions)
     wheels = []
     try:
-        with _open(archive) as tar, tempfile.TemporaryDirectory() as tmp:
+        with open_archive(archive) as tar, tempfile.TemporaryDirectory() as tmp:
             for i, plugin in enumerate(manifest.plugins):
                 path = Path(tmp) / Path(plugin.wheel).name
                 path.write_bytes(_member_bytes(tar, plugin.wheel, f"plugins.{i}"))
@@ -124,18 +138,22 @@ def _check_plugins(archive: Path, manifest: Manifest, constraints: Path | None) 
                 wheels.append((plugin.wheel, info))
     except tarfile.TarError as exc:  # a same-size damaged archive passes the --quick size check
         raise _corrupt(archive, exc) from exc
+    except OSError as exc:
+        raise _unreadable(archive, exc) from exc
     check_plugin_entry_points(wheels, image.environment)
 
 
 def _check_catalogs(archive: Path, manifest: Manifest) -> None:
     try:
-        with _open(archive) as tar, tempfile.TemporaryDirectory() as tmp:
+        with open_archive(archive) as tar, tempfile.TemporaryDirectory() as tmp:
             for i, catalog in enumerate(manifest.catalogs):
                 path = Path(tmp) / f"{i}.jsonl"
                 path.write_bytes(_member_bytes(tar, catalog.path, f"catalogs.{i}"))
                 check_catalog(path, catalog, f"catalogs.{i}")
     except tarfile.TarError as exc:
         raise _corrupt(archive, exc) from exc
+    except OSError as exc:
+        raise _unreadable(archive, exc) from exc
 
 
 def verify_package(folder: Path, *, full: bool = True, constraints: Path | None = None) -> Manifest:

@@ -112,16 +112,18 @@ def test_backend_module_that_does_not_import_stops_at_compat(tmp_path: Path) -> 
     assert "cannot import no_such_backend_mod" in failure_line(err)
 
 
-def test_parallel_size_that_is_not_a_number_fails_render(tmp_path: Path) -> None:
+def test_parallel_size_that_is_not_a_number_fails_locate(tmp_path: Path) -> None:
     pod = Pod.create(tmp_path)
     path = pod.root / "version" / "manifest.json"
     manifest = json.loads(path.read_text())
     manifest["engine_args"]["tensor_parallel_size"] = "two"
     path.write_text(json.dumps(manifest))
     code, err = pod.run_to_exit()
-    assert code == 16, err
+    assert code == 11, err
     line = failure_line(err)
-    assert "stage 6/8 render failed: engine_args.tensor_parallel_size is 'two'" in line
+    assert "stage 1/8 locate failed: manifest" in line
+    assert "engine_args.tensor_parallel_size is 'two', not a positive integer" in line
+    assert "rebuild with llm-serving package build" in line
     assert "Traceback" not in err
 
 

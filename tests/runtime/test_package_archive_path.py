@@ -79,7 +79,7 @@ def test_archive_path_of_another_file_is_refused(built: Path) -> None:
 
 
 def test_unreadable_archive_is_one_error_line(built: Path) -> None:
-    # A folder where the archive should be: its size can match for --quick, opening it fails.
+    # A folder where the archive should be: its size can match for --quick, it is no file.
     _rename_archive(built, "pkg.tar")
     (built / "pkg.tar").rename(built / "kept.tar")
     (built / "pkg.tar").mkdir()
@@ -88,7 +88,8 @@ def test_unreadable_archive_is_one_error_line(built: Path) -> None:
     (built / MANIFEST_NAME).write_text(json.dumps(data))
     result = runner.invoke(app, ["package", "verify", "--quick", str(built)])
     assert result.exit_code == 1, result.output
-    assert result.output.startswith("error: cannot read archive ")
+    assert result.output.startswith("error: pkg.tar in ")
+    assert "is not a regular file" in result.output
     assert len(result.output.strip().splitlines()) == 1
 
 

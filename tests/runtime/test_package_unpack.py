@@ -8,8 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from runtime.package import PackageError, UnpackLimits, build_package, unpack_archive
+from runtime.package import (
+    MANIFEST_NAME,
+    PackageError,
+    UnpackLimits,
+    build_package,
+    load_manifest,
+    unpack_archive,
+    verify_package,
+)
+from runtime.package.build import file_entry
 from runtime.package.manifest import FileEntry
+from runtime.package.unpack import MAX_EXTENDED_HEADER_BYTES
 from tests.runtime.wheelmaker import make_source
 
 SHA = "0" * 64
@@ -111,3 +121,71 @@ def test_garbage_is_reported_as_corrupt(tmp_path: Path) -> None:
     archive.write_bytes(b"\x01" * 2048)
     with pytest.raises(PackageError, match="is corrupt"):
         unpack_archive(archive, _entries("a.txt"), tmp_path / "dest")
+
+
+def _with_headers(path: Path, info: tarfile.TarInfo, data: bytes, fmt: int) -> Path:
+    with tarfile.open(path, "w", format=fmt) as tar:
+        tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _over_bound(kind: str) -> tuple[tarfile.TarInfo, int]:
+    """A one-byte member whose pax (or GNU long-name) header alone is just over the bound."""
+    if kind == "pax":
+        info = tarfile.TarInfo("a.txt")
+        info.pax_headers = {"comment": "x" * MAX_EXTENDED_HEADER_BYTES}
+        return info, tarfile.PAX_FORMAT
+    folders = ("d" * 255 + "/") * (MAX_EXTENDED_HEADER_BYTES // 256)
+    return tarfile.TarInfo(folders + "a.txt"), tarfile.GNU_FORMAT
+
+
+@pytest.mark.parametrize("kind", ["pax", "gnu_longname"])
+def test_extended_header_over_the_bound_is_refused(tmp_path: Path, kind: str) -> None:
+    info, fmt = _over_bound(kind)
+    info.size = 1
+    archive = _with_headers(tmp_path / "p.tar", info, b"z", fmt)
+    with pytest.raises(PackageError, match="bytes of pax or GNU long-name headers, over the"):
+        unpack_archive(archive, _entries(info.name, size=1), tmp_path / "dest")
+    assert not (tmp_path / "dest" / "a.txt").exists()
+
+
+def test_chain_of_small_extended_headers_is_refused_within_the_bound(tmp_path: Path) -> None:
+    # tarfile reads chained headers recursively: 400 of them would raise RecursionError.
+    record = b"11 comment=\n"
+    header = tarfile.TarInfo("././@PaxHeader")
+    header.type, header.size = tarfile.XHDTYPE, len(record)
+    block = header.tobuf(format=tarfile.USTAR_FORMAT) + record.ljust(tarfile.BLOCKSIZE, b"\0")
+    plain = _tar(tmp_path / "plain.tar", [_file("a.txt")]).read_bytes()
+    archive = tmp_path / "p.tar"
+    archive.write_bytes(block * 400 + plain)
+    with pytest.raises(PackageError, match="bytes of pax or GNU long-name headers, over the"):
+        unpack_archive(archive, _entries("a.txt"), tmp_path / "dest")
+
+
+def test_long_names_within_the_bound_unpack(tmp_path: Path) -> None:
+    name = "tokenizer/" + "é" * 100 + ".json"  # a pax path record, as package build writes it
+    info = tarfile.TarInfo(name)
+    info.size = 3
+    info.pax_headers = {"comment": "x" * (MAX_EXTENDED_HEADER_BYTES // 2)}
+    archive = _with_headers(tmp_path / "p.tar", info, b"abc", tarfile.PAX_FORMAT)
+    unpack_archive(archive, _entries(name), tmp_path / "dest")
+    assert (tmp_path / "dest" / name).read_bytes() == b"abc"
+
+
+def test_verify_refuses_the_extended_header_the_unpack_refuses(tmp_path: Path) -> None:
+    build_package(make_source(tmp_path / "src"), tmp_path / "out")
+    version = tmp_path / "out"
+    archive = version / "package.tar"
+    members = []
+    with tarfile.open(archive) as tar:
+        for member in tar:
+            members.append((member, tar.extractfile(member).read()))  # type: ignore[union-attr]
+    members[0][0].pax_headers = {"comment": "x" * MAX_EXTENDED_HEADER_BYTES}
+    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tar:
+        for member, data in members:
+            tar.addfile(member, io.BytesIO(data))
+    manifest = load_manifest(version / MANIFEST_NAME)
+    sealed = manifest.model_copy(update={"archive": file_entry(archive, "package.tar")})
+    (version / MANIFEST_NAME).write_text(sealed.to_json())
+    with pytest.raises(PackageError, match="bytes of pax or GNU long-name headers, over the"):
+        verify_package(version)

@@ -11,7 +11,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from runtime.cli import app
 from runtime.frontend.tensors import FRONTEND_INPUTS, FRONTEND_OUTPUTS
 from runtime.package import (
     MANIFEST_NAME,
@@ -22,7 +24,8 @@ from runtime.package import (
     manifest_json_schema,
     verify_package,
 )
-from runtime.package.manifest import PythonModel, TensorSpec
+from runtime.package.build import file_entry
+from runtime.package.manifest import FileEntry, PythonModel, TensorSpec
 from runtime.package.tensors import check_python_model
 from tests.runtime.wheelmaker import make_source
 
@@ -164,6 +167,72 @@ def test_manifest_with_traversal_path_is_refused(built: Path) -> None:
     path.write_text(json.dumps(data))
     with pytest.raises(PackageError, match=r"field weight_files\.0\.path"):
         load_manifest(path)
+
+
+def test_archive_holding_a_file_and_a_folder_of_one_name_is_refused(built: Path) -> None:
+    # Both members are real and sealed, so only the names tell: unpacking the second would
+    # fail half-way, where the first stands as a file.
+    archive = built / "package.tar"
+    with tarfile.open(archive, "a") as tar:
+        for name in ("tokenizer/x", "tokenizer/x/y"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"z"))
+    manifest = load_manifest(built / MANIFEST_NAME)
+    extra = [
+        FileEntry(path=name, size=1, sha256=hashlib.sha256(b"z").hexdigest())
+        for name in ("tokenizer/x", "tokenizer/x/y")
+    ]
+    data = manifest.model_dump(mode="json")
+    data["archive"] = file_entry(archive, "package.tar").model_dump()
+    data["archive_files"] += [e.model_dump() for e in extra]
+    (built / MANIFEST_NAME).write_text(json.dumps(data))
+    with pytest.raises(PackageError) as err:
+        verify_package(built)
+    assert "archive_files: 'tokenizer/x' is a file, so 'tokenizer/x/y' cannot lie inside it" in (
+        str(err.value)
+    )
+
+
+def test_weight_inside_the_archive_path_is_refused(built: Path) -> None:
+    path = built / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    data["weight_files"].append({"path": "package.tar/shard", "size": 1, "sha256": "0" * 64})
+    path.write_text(json.dumps(data))
+    with pytest.raises(PackageError) as err:
+        load_manifest(path)
+    assert "weight_files: 'package.tar' is a file, so 'package.tar/shard' cannot lie" in str(
+        err.value
+    )
+
+
+@pytest.mark.parametrize("field", ["tokenizer", "weights"])
+def test_manifest_naming_the_root_as_a_folder_is_refused(built: Path, field: str) -> None:
+    path = built / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    data[field] = "."
+    path.write_text(json.dumps(data))
+    with pytest.raises(PackageError, match=rf"field {field}: .*path '\.' is the root itself"):
+        load_manifest(path)
+
+
+@pytest.mark.parametrize("quick", [[], ["--quick"]])
+def test_weight_replaced_by_a_folder_is_one_error_line(built: Path, quick: list[str]) -> None:
+    # A folder of the size the manifest says (the size check alone cannot tell).
+    weight = built / "weights" / "model.safetensors"
+    weight.unlink()
+    weight.mkdir()
+    path = built / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    for entry in data["weight_files"]:
+        if entry["path"] == "weights/model.safetensors":
+            entry["size"] = weight.stat().st_size
+    path.write_text(json.dumps(data))
+    result = CliRunner().invoke(app, ["package", "verify", *quick, str(built)])
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit), result.exception
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: weights/model.safetensors in "), lines
 
 
 def test_exported_schema_is_current_and_validates_manifests(built: Path) -> None:
