@@ -15,7 +15,9 @@ from stacks.config import (
     GLOBAL_STACK,
     NAMESPACE,
     GlobalStackConfig,
+    RegionStackConfig,
     load_stack_config,
+    region_entry,
     vllm_version_for,
 )
 
@@ -27,6 +29,15 @@ aws_settings = pulumi.Config("aws")
 def _get(key: str) -> str | None:
     namespace, _, name = key.partition(":")
     return (aws_settings if namespace == "aws" else settings).get(name)
+
+
+def _this_region(
+    shared: pulumi.StackReference, output: str, region_config: RegionStackConfig
+) -> pulumi.Output[str]:
+    # Known only once the global stack's outputs arrive: a region it lacks fails there.
+    return shared.require_output(output).apply(
+        lambda by_region: region_entry(by_region, region_config, stack)
+    )
 
 
 def _configured_keys() -> set[str]:
@@ -56,10 +67,8 @@ else:
         stack,
         RegionPlatformArgs(
             config=config,
-            image_repository_url=shared_outputs.require_output("image_repository_urls")[
-                config.region
-            ],
-            bucket_name=shared_outputs.require_output("model_buckets")[config.region],
+            image_repository_url=_this_region(shared_outputs, "image_repository_urls", config),
+            bucket_name=_this_region(shared_outputs, "model_buckets", config),
             vllm_version=vllm_version,
             dashboard=load_dashboard(),
             alert_groups=load_alert_groups(),

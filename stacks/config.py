@@ -13,11 +13,20 @@ import re
 from collections.abc import Callable, Collection, Mapping
 from datetime import date
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
+import pulumi
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from components.naming import dns_label
 from runtime.compat import CompatError, load_matrix
 
 __all__ = [
@@ -40,6 +49,7 @@ __all__ = [
     "SystemNodesConfig",
     "load_stack_config",
     "read_stack_file",
+    "region_entry",
     "stack_file",
     "vllm_version_for",
 ]
@@ -53,15 +63,34 @@ AmiType = Literal["AL2023_x86_64_NVIDIA", "BOTTLEROCKET_x86_64_NVIDIA"]
 CapacityType = Literal["ON_DEMAND", "SPOT", "CAPACITY_BLOCK"]
 _NAME = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
 Name = Annotated[str, Field(pattern=_NAME)]
+_T = TypeVar("_T")
 
 
-class StackConfigError(ValueError):
-    """A stack file holds a missing or invalid key; ``key`` and ``path`` say which and where."""
+class StackConfigError(pulumi.RunError):
+    """A stack file holds a missing or invalid key; ``key`` and ``path`` say which and where.
+
+    A ``RunError``: the Pulumi CLI prints its message alone, any other exception with the
+    program's traceback. Not a ``ValueError``: the SDK rewraps those raised in an input's apply.
+    """
 
     def __init__(self, key: str, path: Path | str, problem: str) -> None:
         self.key = key
         self.path = Path(path)
         super().__init__(f"{self.path}: {key}: {problem}")
+
+
+class _FieldError(ValueError):
+    """A check across fields that is about one of them: ``at`` is its path in the model."""
+
+    def __init__(self, at: tuple[str | int, ...], problem: str) -> None:
+        self.at = at
+        super().__init__(problem)
+
+
+def _route_label(version: str) -> str:
+    # The label components/versioned.py names a version's routes and hostname with: unlike
+    # dns_label, each replaced character becomes its own "-" (runs are not collapsed).
+    return re.sub(r"[^a-z0-9-]", "-", version.lower()).strip("-")
 
 
 class _Strict(BaseModel):
@@ -82,7 +111,7 @@ class ModelVersionConfig(_Strict):
 class ModelConfig(_Strict):
     """A model served in the region: Red-Black serves its last version, Versioned all of them."""
 
-    id: Name
+    id: Name = Field(description="names its Kubernetes Services: starts with a letter")
     strategy: Strategy = "red-black"
     versions: list[ModelVersionConfig] = Field(min_length=1)
     node_group: Name = Field(description="node group whose GPUs serve it")
@@ -100,19 +129,106 @@ class ModelConfig(_Strict):
         "digests of the OpenAI frontend's API keys; unset: the frontend takes no keys",
     )
 
+    @field_validator("id")
+    @classmethod
+    def _id_starts_with_a_letter(cls, value: str) -> str:
+        if not value[0].isalpha():
+            raise ValueError(
+                f"{value!r} must start with a letter: a model id begins the names of its "
+                "Kubernetes Services, which must be DNS-1035 labels"
+            )
+        return value
+
     @model_validator(mode="after")
     def _unique_versions(self) -> ModelConfig:
         names = [v.version for v in self.versions]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
-            raise ValueError(f"versions listed twice: {', '.join(duplicates)}")
+            raise _FieldError(("versions",), f"versions listed twice: {', '.join(duplicates)}")
         if self.max_replicas is not None and self.max_replicas < self.replicas:
             raise ValueError("max_replicas must be at least replicas")
         last = self.versions[-1]
         served = last.replicas if last.replicas is not None else self.replicas
         if self.strategy == "red-black" and served < 1:
             raise ValueError("replicas must be at least 1 for a red-black model (a Rollout)")
+        self._check_served_replicas()
+        if self.strategy == "versioned":
+            self._check_version_names()
+        self._check_route_weights()
         return self
+
+    def _served(self) -> list[tuple[int, ModelVersionConfig]]:
+        pairs = list(enumerate(self.versions))
+        return pairs[-1:] if self.strategy == "red-black" else pairs
+
+    def _check_served_replicas(self) -> None:
+        if self.max_replicas is None:
+            return
+        for index, version in self._served():
+            if version.replicas is not None and version.replicas > self.max_replicas:
+                raise _FieldError(
+                    ("versions", index, "replicas"),
+                    f"{version.replicas} is above the model's max_replicas "
+                    f"({self.max_replicas}); KEDA scales between the two, so lower replicas "
+                    "or raise max_replicas",
+                )
+
+    def _check_version_names(self) -> None:
+        """Each version of a Versioned model gets its own Service, Deployment and routes."""
+        seen: dict[tuple[str, str], str] = {}
+        for version in self.versions:
+            names = (
+                ("Service name", dns_label(self.id, version.version)),
+                ("route and hostname label", _route_label(version.version)),
+            )
+            for kind, name in names:
+                other = seen.setdefault((kind, name), version.version)
+                if other != version.version:
+                    raise _FieldError(
+                        ("versions",),
+                        f"versions {other!r} and {version.version!r} both become the "
+                        f"{kind} {name!r} (lower case, '.' and '_' as '-'); "
+                        "a versioned model's versions must differ in more than that",
+                    )
+
+    def _check_route_weights(self) -> None:
+        weighted = [(i, v) for i, v in enumerate(self.versions) if v.route_weight is not None]
+        if not weighted:
+            return
+        if self.strategy != "versioned":
+            raise _FieldError(
+                ("versions", weighted[0][0], "route_weight"),
+                "route_weight applies to versioned models only; a red-black model shifts "
+                "traffic through its rollout steps, so remove it (or use strategy: versioned)",
+            )
+        total = sum(v.route_weight or 0 for _, v in weighted)
+        if total != 100:
+            raise _FieldError(
+                ("versions",),
+                f"route_weight values sum to {total}; they must sum to 100 "
+                "(or leave route_weight unset everywhere)",
+            )
+        for index, version in enumerate(self.versions):
+            if _route_label(version.version) == "shared":
+                raise _FieldError(
+                    ("versions", index, "version"),
+                    f"{version.version!r} is named like the model's shared weighted routes "
+                    "(<model>-shared); a versioned model with route_weight cannot serve it",
+                )
+
+    def object_names(self) -> dict[tuple[str, str], tuple[str | int, ...]]:
+        """``(kind, name)`` of the objects whose names its id and versions make, each with the
+        key that makes it: the workload and its Service (``<id>`` Red-Black, ``<id>-<version>``
+        Versioned, as ``components.model_strategies`` names them) and the materialize Jobs."""
+        names: dict[tuple[str, str], tuple[str | int, ...]] = {}
+        for index, version in self._served():
+            key: tuple[str | int, ...] = ("versions", index, "version")
+            if self.strategy == "red-black":
+                names["workload", dns_label(self.id)] = ("id",)
+            else:
+                names["workload", dns_label(self.id, version.version)] = key
+            names["materialize Job", dns_label("materialize", self.id, version.version)] = key
+        return names
 
     @property
     def served_versions(self) -> list[ModelVersionConfig]:
@@ -250,6 +366,7 @@ class RegionStackConfig(_Strict):
         ids = [m.id for m in self.models]
         if len(set(ids)) != len(ids):
             raise ValueError("models: ids must be unique")
+        self._check_object_names()
         for i, model in enumerate(self.models):
             group = groups.get(model.node_group)
             if group is None:
@@ -266,6 +383,23 @@ class RegionStackConfig(_Strict):
             raise ValueError("network.node_security_group_id is required to adopt a cluster")
         return self
 
+    def _check_object_names(self) -> None:
+        """Two models must not name the same object: Pulumi refuses the repeated resource."""
+        owners: dict[tuple[str, str], str] = {}
+        for i, model in enumerate(self.models):
+            for (kind, name), at in model.object_names().items():
+                whose = f"model {model.id!r}"
+                if at[0] == "versions":
+                    whose = f"version {model.versions[int(at[1])].version!r} of {whose}"
+                other = owners.setdefault((kind, name), whose)
+                if other != whose:
+                    raise _FieldError(
+                        ("models", i, *at),
+                        f"{whose} and {other} both name the {kind} {name!r} "
+                        "(<id> for a red-black model, <id>-<version> for a versioned one); "
+                        "rename one",
+                    )
+
 
 class GlobalStackConfig(_Strict):
     """The ``global`` stack: shared image repository and per-region model buckets."""
@@ -278,6 +412,9 @@ class GlobalStackConfig(_Strict):
     def _distinct(self) -> GlobalStackConfig:
         if self.region in self.replica_regions:
             raise ValueError("replica_regions must not list the publishing region")
+        twice = sorted({r for r in self.replica_regions if self.replica_regions.count(r) > 1})
+        if twice:
+            raise ValueError(f"replica_regions lists {', '.join(twice)} more than once")
         return self
 
 
@@ -370,6 +507,9 @@ def _config_error(exc: ValidationError, keys: Mapping[str, str], path: Path) -> 
     """The first validation error, phrased with the stack-file key it concerns."""
     error = exc.errors()[0]
     location = [str(p) for p in error["loc"]]
+    cause = error.get("ctx", {}).get("error")
+    if isinstance(cause, _FieldError):
+        location += [str(p) for p in cause.at]
     problem = str(error["msg"]).removeprefix("Value error, ")
     if error["type"] == "missing":
         problem = "missing required key"
@@ -382,6 +522,26 @@ def _config_error(exc: ValidationError, keys: Mapping[str, str], path: Path) -> 
         return StackConfigError(keys.get(field, f"{NAMESPACE}:*"), path, problem)
     suffix = "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in location[1:])
     return StackConfigError(f"{keys[location[0]]}{suffix}", path, problem)
+
+
+def region_entry(
+    outputs: Mapping[str, _T], config: RegionStackConfig, stack: str, stacks_dir: Path = STACKS_DIR
+) -> _T:
+    """This region's value of a global stack output keyed by region (``model_buckets``).
+
+    Raises :class:`StackConfigError` naming ``aws:region`` when the global stack has no replica
+    in this region.
+    """
+    if config.region not in outputs:
+        regions = ", ".join(sorted(outputs)) or "none"
+        raise StackConfigError(
+            "aws:region",
+            stack_file(stack, stacks_dir),
+            f"the global stack {config.global_stack!r} has no replica in {config.region} "
+            f"(it has: {regions}); add {config.region} to llm-serving:replica_regions in "
+            f"{stack_file(GLOBAL_STACK, stacks_dir)} and update the global stack first",
+        )
+    return outputs[config.region]
 
 
 def vllm_version_for(config: RegionStackConfig, stack: str, stacks_dir: Path = STACKS_DIR) -> str:

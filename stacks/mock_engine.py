@@ -29,6 +29,7 @@ from pulumi.runtime.proto import resource_pb2
 __all__ = [
     "COMPUTED",
     "MOCK_ACCOUNT",
+    "DuplicateURNError",
     "PlanMocks",
     "ProgramRun",
     "RecordedResource",
@@ -41,6 +42,10 @@ __all__ = [
 COMPUTED = "(computed)"
 MOCK_ACCOUNT = "123456789012"
 STACK_REFERENCE = "pulumi:pulumi:StackReference"
+
+
+class DuplicateURNError(Exception):
+    """The program declared a resource whose URN (type chain and name) it declared before."""
 
 
 @dataclass
@@ -88,11 +93,13 @@ def _plain(value: Any) -> Any:
 
 
 class _RecordingMonitor(pulumi_mocks.MockMonitor):
-    """The SDK's mock monitor, also keeping each registration's parent and dependencies."""
+    """The SDK's mock monitor, also keeping each registration's parent and dependencies, and
+    refusing a repeated URN as the engine does (the SDK's mock keeps the last one)."""
 
     def __init__(self, mocks: pulumi_mocks.Mocks) -> None:
         super().__init__(mocks)
         self.records: list[RecordedResource] = []
+        self._urns: set[str] = set()
 
     def _record(
         self,
@@ -102,6 +109,10 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
         custom: bool,
         property_dependencies: dict[str, list[str]] | None = None,
     ) -> None:
+        if urn in self._urns:
+            # The engine's own words (pulumi pkg/diag/errors.go, error 2001).
+            raise DuplicateURNError(f"Duplicate resource URN '{urn}'; try giving it a unique name")
+        self._urns.add(urn)
         self.records.append(
             RecordedResource(
                 urn=urn,

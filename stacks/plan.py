@@ -30,10 +30,18 @@ from stacks.config import (
     RegionStackConfig,
     StackConfigError,
     load_stack_config,
+    region_entry,
     stack_file,
     vllm_version_for,
 )
-from stacks.mock_engine import COMPUTED, MOCK_ACCOUNT, PlanMocks, ProgramRun, RecordedResource
+from stacks.mock_engine import (
+    COMPUTED,
+    MOCK_ACCOUNT,
+    DuplicateURNError,
+    PlanMocks,
+    ProgramRun,
+    RecordedResource,
+)
 
 __all__ = [
     "KEY_PROPERTIES",
@@ -430,6 +438,9 @@ def run_plan(
         config = load_stack_config(stack)
         if isinstance(config, RegionStackConfig):
             vllm_version_for(config, stack)
+            # What `pulumi up` finds out only once the global stack's outputs arrive.
+            for by_region in global_outputs().values():
+                region_entry(by_region, config, stack)
     except StackConfigError as exc:
         raise PlanError(str(exc)) from exc
     described = "global stack"
@@ -439,7 +450,10 @@ def run_plan(
         described = f"{len(config.models)} models, {versions} served versions"
         version = config.cluster.version
     echo(f"[1/{stages}] config: {stack_file(stack)} is valid ({described})")
-    run = plan_program(stack)
+    try:
+        run = plan_program(stack)
+    except (StackConfigError, DuplicateURNError) as exc:
+        raise PlanError(str(exc)) from exc
     echo(
         f"[2/{stages}] program: {len(run.resources)} resources declared under the mock engine "
         f"({time.perf_counter() - start:.1f} s); cloud-computed values show as {COMPUTED}, "

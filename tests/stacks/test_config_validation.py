@@ -6,6 +6,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+import pulumi
 import pytest
 import yaml
 
@@ -30,6 +31,21 @@ def _write(tmp_path: Path, stack: str, config: dict[str, Any]) -> Path:
 
 def _base() -> dict[str, Any]:
     return yaml.safe_load((STACKS_DIR / "Pulumi.dev-us-west-2.yaml").read_text())["config"]
+
+
+def _set_versions(
+    config: dict[str, Any], first: dict[str, Any], second: dict[str, Any], **model: Any
+) -> None:
+    """Update the two versions of the base stack's versioned model (max_replicas 3)."""
+    versions = config["llm-serving:models"][0]["versions"]
+    assert len(versions) == 2
+    versions[0].update(first)
+    versions[1].update(second)
+    config["llm-serving:models"][0].update(model)
+
+
+def _red_black(model_id: str, version: str) -> dict[str, Any]:
+    return {"id": model_id, "node_group": "l4-spot", "versions": [{"version": version}]}
 
 
 @pytest.mark.parametrize("stack", REGION_STACKS)
@@ -131,6 +147,55 @@ def test_served_versions_follow_strategy() -> None:
             "llm-serving:models[0].versions[0].created_at",
             "valid date",
         ),
+        (
+            lambda c: _set_versions(c, {"route_weight": 10}, {"route_weight": 80}),
+            "llm-serving:models[0].versions",
+            "route_weight values sum to 90; they must sum to 100",
+        ),
+        (
+            lambda c: _set_versions(c, {}, {"replicas": 5}),
+            "llm-serving:models[0].versions[1].replicas",
+            "5 is above the model's max_replicas (3)",
+        ),
+        (
+            lambda c: _set_versions(c, {"version": "v1.0"}, {"version": "v1-0"}),
+            "llm-serving:models[0].versions",
+            "'v1.0' and 'v1-0' both become the Service name 'catalog-ranker-8b-v1-0'",
+        ),
+        (
+            # Distinct Service names, but the same label in the version's routes and hostname.
+            lambda c: _set_versions(c, {"version": "v1-.0"}, {"version": "v1..0"}),
+            "llm-serving:models[0].versions",
+            "both become the route and hostname label 'v1--0'",
+        ),
+        (
+            lambda c: _set_versions(c, {"route_weight": 100}, {"version": "shared"}),
+            "llm-serving:models[0].versions[1].version",
+            "named like the model's shared weighted routes",
+        ),
+        (
+            lambda c: _set_versions(c, {}, {"route_weight": 100}, strategy="red-black"),
+            "llm-serving:models[0].versions[1].route_weight",
+            "route_weight applies to versioned models only",
+        ),
+        (
+            lambda c: c["llm-serving:models"][0].update(id="8b-catalog-ranker"),
+            "llm-serving:models[0].id",
+            "must start with a letter",
+        ),
+        (
+            lambda c: c["llm-serving:models"].append(_red_black("catalog-ranker-8b-v4", "1")),
+            "llm-serving:models[1].id",
+            "version 'v4' of model 'catalog-ranker-8b' both name the workload "
+            "'catalog-ranker-8b-v4'",
+        ),
+        (
+            lambda c: c.update(
+                {"llm-serving:models": [_red_black("ranker", "b-c"), _red_black("ranker-b", "c")]}
+            ),
+            "llm-serving:models[1].versions[0].version",
+            "both name the materialize Job 'materialize-ranker-b-c'",
+        ),
     ],
 )
 def test_bad_config_names_key_and_file(tmp_path: Path, mutate: Any, key: str, problem: str) -> None:
@@ -209,3 +274,39 @@ def test_the_rollouts_guide_example_is_a_valid_models_list(tmp_path: Path) -> No
     _write(tmp_path, "prod-us-east-1", config)
     loaded = load_stack_config("prod-us-east-1", stacks_dir=tmp_path)
     assert [m.id for m in loaded.models] == ["llama-3-1-70b-instruct", "catalog-ranker-8b"]
+
+
+def test_shipped_stacks_serve_weights_that_sum_to_100() -> None:
+    # The weight check must not refuse what the shipped stacks deploy.
+    for stack in REGION_STACKS:
+        config = load_stack_config(stack)
+        assert isinstance(config, RegionStackConfig)
+        for model in config.models:
+            weights = [v.route_weight for v in model.versions if v.route_weight is not None]
+            assert not weights or sum(weights) == 100
+
+
+def test_replica_regions_listed_twice(tmp_path: Path) -> None:
+    config = yaml.safe_load((STACKS_DIR / "Pulumi.global.yaml").read_text())["config"]
+    config["llm-serving:replica_regions"].append(config["llm-serving:replica_regions"][0])
+    path = _write(tmp_path, "global", config)
+    with pytest.raises(StackConfigError) as caught:
+        load_stack_config("global", stacks_dir=tmp_path)
+    assert caught.value.key == "llm-serving:replica_regions"
+    assert str(caught.value).startswith(f"{path}: llm-serving:replica_regions: ")
+    assert "more than once" in str(caught.value)
+
+
+def test_stack_config_errors_print_without_a_traceback_in_pulumi_up(tmp_path: Path) -> None:
+    # The Pulumi CLI's Python host logs a RunError's message alone, anything else with the
+    # program's traceback.
+    config = _base()
+    config["llm-serving:models"][0]["versions"][0]["route_weight"] = 10
+    path = _write(tmp_path, "dev-us-west-2", config)
+    with pytest.raises(pulumi.RunError, match=r"llm-serving:models\[0\]\.versions: route_weight"):
+        run_program(
+            STACKS_DIR / "__main__.py",
+            "dev-us-west-2",
+            stack_config_strings(path),
+            PlanMocks({}),
+        )
