@@ -44,8 +44,8 @@ from runtime.package.manifest import (
     MANIFEST_NAME,
     RECORDS_DIR,
     FileEntry,
-    Manifest,
-    load_manifest,
+    parse_manifest,
+    read_manifest_bytes,
 )
 
 __all__ = [
@@ -440,23 +440,6 @@ def _check_present(folder: Path, entries: list[FileEntry]) -> None:
             )
 
 
-def _read_manifest(path: Path) -> tuple[Manifest, bytes]:
-    """The validated manifest and the exact bytes it was parsed from, which publish writes last."""
-    manifest = load_manifest(path)  # its errors name the file and the field
-    try:
-        body = path.read_bytes()
-        # ValidationError, JSONDecodeError and UnicodeDecodeError are all ValueErrors.
-        same = Manifest.model_validate(json.loads(body.decode("utf-8"))) == manifest
-    except (OSError, ValueError):
-        same = False
-    if not same:
-        raise PublishError(
-            f"{path} changed while publish read it; nothing was uploaded: stop whatever writes "
-            "to the version folder (a package build?) and run publish again"
-        )
-    return manifest, body
-
-
 def plan_publish(
     client: Any,
     folder: Path,
@@ -471,7 +454,9 @@ def plan_publish(
     A covered file already in the bucket that S3 will never replicate (no status, or FAILED)
     raises `PublishError` here, before anything is uploaded.
     """
-    manifest, manifest_body = _read_manifest(folder / MANIFEST_NAME)
+    # Read once: these very bytes are what publish writes last, so they list what it uploaded.
+    manifest_body = read_manifest_bytes(folder / MANIFEST_NAME)
+    manifest = parse_manifest(manifest_body, folder / MANIFEST_NAME)
     entries = [manifest.archive, *manifest.weight_files]
     reserved = [e.path for e in entries if e.path.startswith(_RECORDS)]
     if reserved:

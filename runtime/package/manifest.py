@@ -33,6 +33,8 @@ __all__ = [
     "check_relative_path",
     "load_manifest",
     "manifest_json_schema",
+    "parse_manifest",
+    "read_manifest_bytes",
 ]
 
 FORMAT_VERSION = 1
@@ -323,10 +325,21 @@ def _under(path: str, folder: str) -> bool:
 
 def load_manifest(path: Path) -> Manifest:
     """Read and validate a ``manifest.json``; raises `PackageError` naming file and field."""
+    return parse_manifest(read_manifest_bytes(path), path)
+
+
+def read_manifest_bytes(path: Path) -> bytes:
+    """The bytes of the ``manifest.json`` at ``path``; raises `PackageError` naming it."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return path.read_bytes()
     except OSError as exc:
         raise PackageError(f"cannot read manifest {path}: {exc}") from exc
+
+
+def parse_manifest(body: bytes, path: Path) -> Manifest:
+    """Validate the bytes read from ``path``; raises `PackageError` naming file and field."""
+    try:
+        data = json.loads(body.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise PackageError(
             f"manifest {path} is not UTF-8 ({exc.reason} at byte {exc.start}); llm-serving "
