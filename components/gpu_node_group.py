@@ -12,6 +12,7 @@ import pulumi_aws as aws
 
 from components.iam import node_role
 from components.naming import physical_name
+from components.node_launch import encrypted_root_volume, imdsv2_only
 
 __all__ = [
     "AMI_FAMILY_LABEL",
@@ -166,21 +167,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
         root_device = "/dev/xvda" if family == "al2023" else "/dev/xvdb"
         return aws.ec2.LaunchTemplate(
             f"{name}-launch-template",
-            # Hop limit 1 keeps pods (which use IRSA) away from the node role's credentials.
-            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
-                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1
-            ),
-            block_device_mappings=[
-                aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
-                    device_name=root_device,
-                    ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
-                        volume_size=args.root_volume_gib,
-                        volume_type="gp3",
-                        encrypted="true",
-                        delete_on_termination="true",
-                    ),
-                )
-            ],
+            metadata_options=imdsv2_only(),
+            block_device_mappings=encrypted_root_volume(root_device, args.root_volume_gib),
             vpc_security_group_ids=list(args.security_group_ids),
             **_capacity_block(args),
             user_data=base64.b64encode(user_data.encode()).decode(),

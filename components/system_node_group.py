@@ -16,6 +16,7 @@ import pulumi_aws as aws
 from components.gpu_node_group import NODE_GROUP_NAME_LIMIT
 from components.iam import node_role
 from components.naming import physical_name
+from components.node_launch import encrypted_root_volume, imdsv2_only
 
 __all__ = [
     "AMI_TYPE",
@@ -95,21 +96,8 @@ class SystemNodeGroup(pulumi.ComponentResource):
         # No security groups here: EKS then gives the nodes the cluster security group.
         return aws.ec2.LaunchTemplate(
             f"{name}-launch-template",
-            # Hop limit 1 keeps pods (which use IRSA) away from the node role's credentials.
-            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
-                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1
-            ),
-            block_device_mappings=[
-                aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
-                    device_name="/dev/xvda",
-                    ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
-                        volume_size=args.root_volume_gib,
-                        volume_type="gp3",
-                        encrypted="true",
-                        delete_on_termination="true",
-                    ),
-                )
-            ],
+            metadata_options=imdsv2_only(),
+            block_device_mappings=encrypted_root_volume("/dev/xvda", args.root_volume_gib),
             update_default_version=True,
             opts=pulumi.ResourceOptions(parent=self),
         )
