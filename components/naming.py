@@ -11,6 +11,7 @@ __all__ = [
     "dns_label",
     "kubernetes_name",
     "physical_name",
+    "route_label",
 ]
 
 _INVALID = re.compile(r"[^a-z0-9-]+")
@@ -26,6 +27,12 @@ def dns_label(*parts: str, limit: int = 63) -> str:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:8]
     return f"{name[: limit - 9].rstrip('-')}-{digest}"
+
+
+def route_label(value: str) -> str:
+    """``value`` lower-cased, each character outside ``a-z0-9-`` as its own ``-`` (runs kept,
+    unlike :func:`dns_label`): how a Versioned model labels a version's routes and hostname."""
+    return re.sub(r"[^a-z0-9-]", "-", value.lower()).strip("-")
 
 
 def physical_name(resource_name: str, limit: int, suffix: int = AWS_AUTONAME_SUFFIX) -> str | None:

@@ -8,7 +8,6 @@ the stack configuration removes exactly its resources (their names embed the ver
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.naming import kubernetes_name
+from components.naming import kubernetes_name, route_label
 from components.red_black import GatewayRef, copy_tree
 
 __all__ = [
@@ -86,7 +85,7 @@ class VersionedArgs:
 
 def dns_label(value: str) -> str:
     """``value`` as a DNS label (lower case, ``.`` and ``_`` become ``-``)."""
-    label = re.sub(r"[^a-z0-9-]", "-", value.lower()).strip("-")
+    label = route_label(value)
     if not label or len(label) > 63:
         raise VersionedConfigError(f"{value!r} cannot be a DNS label (1-63 of a-z, 0-9, -)")
     return label

@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from components.naming import dns_label
+from components.naming import dns_label, route_label
 from runtime.compat import CompatError, load_matrix
 
 __all__ = [
@@ -85,12 +85,6 @@ class _FieldError(ValueError):
     def __init__(self, at: tuple[str | int, ...], problem: str) -> None:
         self.at = at
         super().__init__(problem)
-
-
-def _route_label(version: str) -> str:
-    # The label components/versioned.py names a version's routes and hostname with: unlike
-    # dns_label, each replaced character becomes its own "-" (runs are not collapsed).
-    return re.sub(r"[^a-z0-9-]", "-", version.lower()).strip("-")
 
 
 class _Strict(BaseModel):
@@ -179,7 +173,7 @@ class ModelConfig(_Strict):
         for version in self.versions:
             names = (
                 ("Service name", dns_label(self.id, version.version)),
-                ("route and hostname label", _route_label(version.version)),
+                ("route and hostname label", route_label(version.version)),
             )
             for kind, name in names:
                 other = seen.setdefault((kind, name), version.version)
@@ -209,7 +203,7 @@ class ModelConfig(_Strict):
                 "(or leave route_weight unset everywhere)",
             )
         for index, version in enumerate(self.versions):
-            if _route_label(version.version) == "shared":
+            if route_label(version.version) == "shared":
                 raise _FieldError(
                     ("versions", index, "version"),
                     f"{version.version!r} is named like the model's shared weighted routes "
