@@ -14,8 +14,11 @@ from stacks.config import STACKS_DIR, stack_file
 
 # The Pulumi CLI's Python host, in brief: a RunError's message alone, anything else with the
 # traceback. In its own process, as there, so that the failed run leaves nothing behind here.
+# os._exit after the message: the failed run's event loop is otherwise closed by the garbage
+# collector at interpreter exit, after its selector, which now and then prints an unrelated
+# "Exception ignored in BaseEventLoop.__del__" (seen once in CI).
 _PULUMI_UP = """
-import json, sys
+import json, os, sys
 from pathlib import Path
 import pulumi
 from stacks.mock_engine import PlanMocks, run_program, stack_config_strings
@@ -23,8 +26,8 @@ program, config, outputs = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.
 try:
     run_program(program, "dev-us-west-2", stack_config_strings(config), PlanMocks(outputs))
 except pulumi.RunError as exc:
-    print(f"error: {exc}", file=sys.stderr)
-    sys.exit(1)
+    print(f"error: {exc}", file=sys.stderr, flush=True)
+    os._exit(1)
 """
 
 
