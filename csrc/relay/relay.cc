@@ -101,6 +101,11 @@ void Watch(int epoll, int fd, std::uint32_t events, std::uint64_t tag) {
 
 bool WouldBlock() { return errno == EAGAIN || errno == EWOULDBLOCK; }
 
+// Out of descriptors or memory: retried once a relayed connection closes and frees some.
+bool IsShortage(int error) {
+  return error == EMFILE || error == ENFILE || error == ENOBUFS || error == ENOMEM;
+}
+
 }  // namespace
 
 Fd& Fd::operator=(Fd&& other) noexcept {
@@ -371,6 +376,7 @@ void Relay::CloseListeners() {
     dropped_listeners_.push_back(std::move(listener));
   }
   listeners_.clear();
+  spare_upstream_.Reset();
 }
 
 void Relay::Call(std::function<void()> task) {
@@ -444,21 +450,29 @@ void Relay::Loop() {
 
 void Relay::Accept(int listener) {
   for (;;) {
+    // The upstream socket comes first: with one descriptor left, accepting first would take the
+    // client out of the backlog only to close it, and so on through the whole backlog.
+    if (!spare_upstream_) {
+      spare_upstream_ =
+          Fd(socket(upstream_.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+      if (!spare_upstream_ && IsShortage(errno)) {
+        starved_ = true;
+        return;
+      }
+      if (spare_upstream_) NoDelay(spare_upstream_.get());
+    }
     Fd client(accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (!client) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       // EAGAIN: the backlog is empty. Out of descriptors or memory: the connection waits in
       // the backlog, and the loop accepts again once a relayed connection has closed (the
       // edge that announced it has passed), rather than spinning here.
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        starved_ = true;
-      }
+      if (IsShortage(errno)) starved_ = true;
       return;
     }
     NoDelay(client.get());
-    Fd upstream(socket(upstream_.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-    if (!upstream) continue;  // the client sees its connection closed
-    NoDelay(upstream.get());
+    Fd upstream = std::move(spare_upstream_);
+    if (!upstream) continue;  // socket() failed for another reason: the client sees it closed
     bool connecting = false;
     if (connect(upstream.get(), reinterpret_cast<const sockaddr*>(&upstream_.storage),
                 upstream_.length) < 0) {

@@ -97,6 +97,7 @@ class Relay {
   std::vector<std::unique_ptr<Listener>> dropped_listeners_;
   std::unordered_map<Connection*, std::unique_ptr<Connection>> connections_;
   std::vector<std::unique_ptr<Connection>> dropped_;
+  Fd spare_upstream_;  // made before each accept, so a client is never accepted without one
   bool starved_ = false;  // an accept ran out of descriptors: retry once a connection closes
   bool quit_ = false;  // set by Close's task, on the relay thread
   std::atomic<bool> accepting_{false};
