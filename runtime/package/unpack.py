@@ -55,14 +55,11 @@ class _BoundedTarInfo(tarfile.TarInfo):
     def _proc_member(self, tar: tarfile.TarFile) -> tarfile.TarInfo:
         # tarfile reads each extended header whole and then the next header recursively, and
         # moves ``tar.offset`` only past a member, so it is where this member's headers begin.
-        where = os.fsdecode(tar.name) if tar.name is not None else "the archive"
         if self.type == tarfile.GNUTYPE_SPARSE:
             # Its extension blocks would all be read before check_member could refuse it.
-            raise PackageError(
-                f"archive {where}: the member at byte {tar.offset} is a sparse file; "
-                "packages hold regular files only: rebuild the package"
-            )
+            raise _sparse_refused(tar, tar.offset)
         if self.type in _EXTENDED_TYPES:
+            where = _archive_name(tar)
             used = self.offset + tarfile.BLOCKSIZE + self.size - tar.offset
             if self.size < 0 or used > MAX_EXTENDED_HEADER_BYTES:
                 raise PackageError(
@@ -71,6 +68,24 @@ class _BoundedTarInfo(tarfile.TarInfo):
                     "unpack reads; package build never writes such headers: rebuild the package"
                 )
         return super()._proc_member(tar)  # type: ignore[misc]  # typeshed omits this hook
+
+    def _proc_gnusparse_10(
+        self, next: tarfile.TarInfo, pax_headers: dict[str, str], tar: tarfile.TarFile
+    ) -> None:
+        # A pax header announcing GNU sparse 1.0: its map leads the member's data and tarfile
+        # would read all of it, however long, into a list before check_member could refuse it.
+        raise _sparse_refused(tar, self.offset)
+
+
+def _archive_name(tar: tarfile.TarFile) -> str:
+    return os.fsdecode(tar.name) if tar.name is not None else "the archive"
+
+
+def _sparse_refused(tar: tarfile.TarFile, offset: int) -> PackageError:
+    return PackageError(
+        f"archive {_archive_name(tar)}: the member at byte {offset} is a sparse file; "
+        "packages hold regular files only: rebuild the package"
+    )
 
 
 def open_archive(archive: Path) -> tarfile.TarFile:

@@ -162,6 +162,42 @@ def test_chain_of_small_extended_headers_is_refused_within_the_bound(tmp_path: P
         unpack_archive(archive, _entries("a.txt"), tmp_path / "dest")
 
 
+def _sparse(form: str) -> bytes:
+    """One sparse member in the given form: GNU's own header type, or pax GNU sparse 0.1 or
+    1.0 (whose map, declared here as 10**8 regions long, leads the member's data)."""
+    if form == "gnu":
+        info = tarfile.TarInfo("a.txt")
+        info.type = tarfile.GNUTYPE_SPARSE
+        return info.tobuf(format=tarfile.GNU_FORMAT) + bytes(2 * tarfile.BLOCKSIZE)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        if form == "pax-0.1":
+            info = tarfile.TarInfo("a.txt")
+            info.pax_headers = {"GNU.sparse.map": "0,3", "GNU.sparse.size": "3"}
+            data = b"abc"
+        else:
+            info = tarfile.TarInfo("GNUSparseFile.0/a.txt")
+            info.pax_headers = {
+                "GNU.sparse.major": "1",
+                "GNU.sparse.minor": "0",
+                "GNU.sparse.name": "a.txt",
+                "GNU.sparse.realsize": "3",
+            }
+            data = b"100000000\n" + b"0\n3\n" * 1000
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("form", ["gnu", "pax-0.1", "pax-1.0"])
+def test_sparse_member_is_refused(tmp_path: Path, form: str) -> None:
+    archive = tmp_path / "p.tar"
+    archive.write_bytes(_sparse(form))
+    with pytest.raises(PackageError, match="is a sparse file"):
+        unpack_archive(archive, _entries("a.txt"), tmp_path / "dest")
+    assert not (tmp_path / "dest" / "a.txt").exists()
+
+
 def test_long_names_within_the_bound_unpack(tmp_path: Path) -> None:
     name = "tokenizer/" + "é" * 100 + ".json"  # a pax path record, as package build writes it
     info = tarfile.TarInfo(name)
