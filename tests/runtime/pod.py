@@ -42,16 +42,37 @@ response_hook = "utils.request:GenerateRequest.create_response"
 
 
 def port_refuses(port: int) -> bool:
-    """True when nothing listens on ``127.0.0.1:port`` (the connection is refused)."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
+    """True when nothing listens on ``127.0.0.1:port`` (the connection is refused).
+
+    A connection reset before the connect returns is no answer: the listener closed meanwhile
+    and reset what was in its backlog (as a port probed while it closes does), so it is asked
+    again. The timeout is only a hang guard.
+    """
+    for _ in range(100):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=10):
+                return False
+        except ConnectionRefusedError:
+            return True
+        except ConnectionResetError:
+            continue
+    raise AssertionError(f"every connection to port {port} was reset")
+
+
+def wait_for_file(path: Path, timeout: float = 60) -> bool:
+    """Poll until ``path`` exists (True) or ``timeout`` passes (False)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
             return False
-    except ConnectionRefusedError:
-        return True
+        time.sleep(0.01)
+    return True
 
 
 def http_status(port: int, path: str) -> int | None:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    """The status of ``GET path``, ``None`` while nothing answers (the timeout is a hang guard:
+    on a loaded machine a busy server may take seconds)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
         conn.request("GET", path)
         return conn.getresponse().status
@@ -62,7 +83,7 @@ def http_status(port: int, path: str) -> int | None:
 
 
 def http_body(port: int, path: str) -> str:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
         conn.request("GET", path)
         return conn.getresponse().read().decode()
@@ -204,6 +225,15 @@ class Pod:
             }
         )
         (version / MANIFEST_NAME).write_text(sealed.to_json())
+
+    def hold_pip(self) -> tuple[Path, Path]:
+        """Make stage 3's pip wait (``tests/runtime/pip_hold``): the file it creates once held,
+        and the file that lets it go on."""
+        held, release = self.root / "pip-held", self.root / "pip-release"
+        hook = Path(__file__).parent / "pip_hold"
+        self.env["PYTHONPATH"] = os.pathsep.join([str(hook), self.env["PYTHONPATH"]])
+        self.env["POD_TEST_PIP_HELD"], self.env["POD_TEST_PIP_RELEASE"] = str(held), str(release)
+        return held, release
 
     def port(self, name: str) -> int:
         return int(self.env[f"LLM_SERVING_{name.upper()}_PORT"])

@@ -1,14 +1,19 @@
-"""The KServe ``tritonserver`` stand-in (tests/support) with two test knobs from the
-environment: a per-token delay (``STANDIN_TOKEN_DELAY_SECONDS``), so tests can have requests in
-flight at SIGTERM, and a readiness window (``STANDIN_UNREADY_AFTER_SECONDS`` /
-``STANDIN_READY_AGAIN_AFTER_SECONDS``) to model a backend health check failing for a while.
-A test helper only; never imported by product code."""
+"""The KServe ``tritonserver`` stand-in (tests/support) with test knobs from the environment:
+a per-token delay (``STANDIN_TOKEN_DELAY_SECONDS``), so tests can have requests in flight at
+SIGTERM; a hold (``STANDIN_HOLD_UNTIL_FILE``: each generation, once its request is recorded,
+waits until that file exists), so a test decides when in-flight requests may finish; and a
+readiness window (``STANDIN_UNREADY_AFTER_SECONDS`` / ``STANDIN_READY_AGAIN_AFTER_SECONDS``) to
+model a backend health check failing for a while. A test helper only; never imported by product
+code."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import time
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from tests.support import kserve_server
@@ -19,6 +24,19 @@ _init = kserve_server.KServeStandIn.__init__
 def _slow_init(self: kserve_server.KServeStandIn, *args: Any, **kwargs: Any) -> None:
     kwargs.setdefault("token_delay_s", float(os.environ.get("STANDIN_TOKEN_DELAY_SECONDS", "0")))
     _init(self, *args, **kwargs)
+
+
+_generate = kserve_server.KServeStandIn._generate
+
+
+async def _held_generate(
+    self: kserve_server.KServeStandIn, *args: Any, **kwargs: Any
+) -> AsyncIterator[Any]:
+    hold = os.environ.get("STANDIN_HOLD_UNTIL_FILE")
+    while hold and not Path(hold).exists():
+        await asyncio.sleep(0.02)
+    async for response in _generate(self, *args, **kwargs):
+        yield response
 
 
 _ready = kserve_server.KServeStandIn.ready.fget
@@ -35,5 +53,6 @@ def _windowed_ready(self: kserve_server.KServeStandIn) -> bool:
 
 if __name__ == "__main__":
     kserve_server.KServeStandIn.__init__ = _slow_init  # type: ignore[method-assign]
+    kserve_server.KServeStandIn._generate = _held_generate  # type: ignore[method-assign]
     kserve_server.KServeStandIn.ready = property(_windowed_ready)  # type: ignore[method-assign,assignment]
     sys.exit(kserve_server.main())

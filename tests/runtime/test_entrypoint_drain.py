@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from runtime.entrypoint import ExitCode
-from tests.runtime.pod import Pod, http_status, infer, port_refuses
+from tests.runtime.pod import Pod, http_status, infer, port_refuses, wait_for_file
 from tests.support.kserve_server import KServeStandIn
 
 PROMPTS = [f"the quick brown fox {i}" for i in range(8)]
@@ -64,24 +65,32 @@ def test_sigterm_during_traffic_loses_no_request(
     pod = Pod.create(tmp_path)
     pod.env.update(gate)
     record = tmp_path / "requests.jsonl"
-    pod.env["STANDIN_TOKEN_DELAY_SECONDS"] = "0.05"  # ~1.5 s per request
+    release = tmp_path / "release"
+    pod.env["STANDIN_TOKEN_DELAY_SECONDS"] = "0.05"  # ~1.5 s per request once released
+    # Every request waits for this file after it is received, so none can finish before the
+    # port has closed, however slowly this machine runs the steps in between.
+    pod.env["STANDIN_HOLD_UNTIL_FILE"] = str(release)
     pod.env["KSERVE_STANDIN_RECORD"] = str(record)
     pod.start().wait_ready()
     public = pod.port("public_grpc")
     results: dict[str, object] = {}
     finished: dict[str, float] = {}
     threads = _traffic(public, results, finished)
-    _wait_until_received(record)
-    assert pod.process is not None
-    pod.process.send_signal(15)
-    sigterm_at = time.monotonic()
-    closed_at = None
-    while closed_at is None and time.monotonic() - sigterm_at < 5:
-        if port_refuses(public):
-            closed_at = time.monotonic()
-        time.sleep(0.02)
-    assert closed_at is not None, "the public port stayed open after SIGTERM"
-    assert http_status(pod.port("health"), "/readyz") in (503, None)
+    try:
+        _wait_until_received(record)
+        assert pod.process is not None
+        pod.process.send_signal(15)
+        sigterm_at = time.monotonic()
+        closed_at = None
+        # A hang guard: the requests wait for the release, and the drain allows 10 s.
+        while closed_at is None and time.monotonic() - sigterm_at < 30:
+            if port_refuses(public):
+                closed_at = time.monotonic()
+            time.sleep(0.02)
+        assert closed_at is not None, "the public port stayed open after SIGTERM"
+        assert http_status(pod.port("health"), "/readyz") in (503, None)
+    finally:
+        release.touch()
     for thread in threads:
         thread.join(timeout=30)
     code, err = pod.terminate()
@@ -147,7 +156,8 @@ def test_sigterm_while_the_model_loads_cancels_the_start(tmp_path: Path) -> None
     started = time.monotonic()
     code, err = pod.terminate()
     assert code == ExitCode.DRAINED, err
-    assert time.monotonic() - started < 10, "the stop waited for the model to load"
+    # Well under the 60 s load, which a stop that waited for it would take.
+    assert time.monotonic() - started < 30, "the stop waited for the model to load"
     assert "SIGTERM during stage 8/8 gate: start cancelled, nothing to drain" in err
     assert "stage 8/8 gate done" not in err
     registry = CollectorRegistry()
@@ -159,8 +169,13 @@ def test_sigterm_while_the_model_loads_cancels_the_start(tmp_path: Path) -> None
 
 def test_sigterm_during_an_early_stage_stops_after_it(tmp_path: Path) -> None:
     pod = Pod.create(tmp_path)
-    pod.start().wait_for_line("stage 2/8 unpack done")  # stage 3 runs pip: over a second
-    code, err = pod.terminate()
+    held, release = pod.hold_pip()
+    pod.start()
+    assert wait_for_file(held), pod.stderr()
+    assert pod.process is not None
+    pod.process.send_signal(signal.SIGTERM)
+    release.touch()  # pip goes on: the stage it runs in is not interrupted
+    code, err = pod.wait_exit()
     assert code == ExitCode.DRAINED, err
     assert "SIGTERM after stage 3/8 plugins: start cancelled, nothing to drain" in err
     assert "stage 4/8" not in err and "started" not in err

@@ -26,7 +26,9 @@ def test_relay_holds_the_port_of_a_server_that_binds_early(tmp_path: Path) -> No
         {
             "LLM_SERVING_GATE": "relay",
             "KSERVE_STANDIN_BIND_EARLY": "1",
-            "KSERVE_STANDIN_LOAD_SECONDS": "2",
+            # The window in which the loop below must see the gate refuse while the server
+            # listens: wide enough for a poll that a loaded machine stalls for seconds.
+            "KSERVE_STANDIN_LOAD_SECONDS": "5",
         }
     )
     pod.start()

@@ -78,7 +78,9 @@ def _entrypoint(process: subprocess.Popen[str]) -> psutil.Process:
         for child in psutil.Process(process.pid).children(recursive=True):
             try:
                 argv = child.cmdline()
-            except psutil.NoSuchProcess:  # includes zombies: buildah's short-lived helpers
+            # NoSuchProcess includes zombies: buildah's short-lived helpers; a helper that
+            # changed user on its way into the container may refuse to be read.
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             if "runtime.entrypoint" in argv and "python3" in argv[0]:
                 return child

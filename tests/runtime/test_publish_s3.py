@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,15 +31,18 @@ class CountingClient:
         self._client = client
         self.calls: dict[str, int] = {}
         self.parts: list[int] = []
+        # publish's workers call in at once: an unlocked read-add-store can lose a count.
+        self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._client, name)
         if name in ("put_object", "upload_part", "create_multipart_upload"):
 
             def counted(*args: Any, **kwargs: Any) -> Any:
-                self.calls[name] = self.calls.get(name, 0) + 1
-                if name == "upload_part":
-                    self.parts.append(kwargs["PartNumber"])
+                with self._lock:
+                    self.calls[name] = self.calls.get(name, 0) + 1
+                    if name == "upload_part":
+                        self.parts.append(kwargs["PartNumber"])
                 return attr(*args, **kwargs)
 
             return counted
