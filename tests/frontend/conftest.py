@@ -7,6 +7,7 @@ import hashlib
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,10 +112,10 @@ def serve(
     server = uvicorn.Server(config)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
     thread.start()
-    for _ in range(500):
-        if server.started:
-            break
-        threading.Event().wait(0.01)
+    # Startup runs the app's lifespan (tokenizer, Triton channel): seconds on a loaded machine.
+    deadline = time.monotonic() + 30
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert server.started, "uvicorn did not start"
     return Served(f"http://127.0.0.1:{port}", standin, app, server, thread)
 

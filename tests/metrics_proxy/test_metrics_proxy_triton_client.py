@@ -140,7 +140,9 @@ async def test_a_silent_server_is_cut_at_the_timeout(client_for) -> None:
     async with ScriptedServer(lambda n: b"HTTP/1.1 200 OK\r\n") as server:
         client = client_for(server.url, timeout_s=0.2)
         with pytest.raises(TritonScrapeError) as info:
-            await asyncio.wait_for(client.fetch(), timeout=2)
+            # The server never finishes: without the 0.2 s bound this would wait forever.
+            # Generous, as a loaded machine can take seconds to run the fetch's thread.
+            await asyncio.wait_for(client.fetch(), timeout=10)
     assert info.value.reason == "timeout"
 
 

@@ -360,8 +360,8 @@ class KServeStandIn:
 
         self._thread = threading.Thread(target=run, name="kserve-standin", daemon=True)
         self._thread.start()
-        if not bound.wait(10):
-            raise RuntimeError("KServe stand-in did not bind within 10 s")
+        if not bound.wait(30):  # a thread start and a bind: seconds only on a loaded machine
+            raise RuntimeError("KServe stand-in did not bind within 30 s")
         return self
 
     def stop(self) -> None:
@@ -410,9 +410,11 @@ class KServeStandIn:
                     yield response
             finished = True
         finally:
-            self.in_flight -= 1
+            # Counted before in_flight drops: a test thread that sees in_flight == 0 then reads
+            # a cancellation that is already counted.
             if not finished:
                 self.cancelled += 1
+            self.in_flight -= 1
 
     def _embedding_response(self, model, request, embedding_request, flags):
         text = embedding_request["input"]

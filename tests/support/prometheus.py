@@ -107,7 +107,7 @@ class PrometheusServer:
         active = self._client.get("/api/v1/targets").json()["data"]["activeTargets"]
         return {t["labels"]["job"]: t["health"] == "up" for t in active}
 
-    def wait_until_scraped(self, timeout_s: float = 15) -> None:
+    def wait_until_scraped(self, timeout_s: float = 30) -> None:
         """Return once every target has been scraped at least once."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -117,7 +117,7 @@ class PrometheusServer:
             time.sleep(0.1)
         raise AssertionError(f"targets not scraped within {timeout_s} s: {self.log()}")
 
-    def wait_for(self, promql: str, predicate: Any, timeout_s: float = 15) -> list[dict[str, Any]]:
+    def wait_for(self, promql: str, predicate: Any, timeout_s: float = 30) -> list[dict[str, Any]]:
         """Poll a query until ``predicate(result)`` holds; return the last result."""
         deadline = time.monotonic() + timeout_s
         result = self.query(promql)
