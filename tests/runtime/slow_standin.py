@@ -2,16 +2,14 @@
 a per-token delay (``STANDIN_TOKEN_DELAY_SECONDS``), so tests can have requests in flight at
 SIGTERM; a hold (``STANDIN_HOLD_UNTIL_FILE``: each generation, once its request is recorded,
 waits until that file exists), so a test decides when in-flight requests may finish; and a
-readiness window (``STANDIN_UNREADY_AFTER_SECONDS`` / ``STANDIN_READY_AGAIN_AFTER_SECONDS``) to
-model a backend health check failing for a while. A test helper only; never imported by product
-code."""
+readiness switch (``STANDIN_UNREADY_WHILE_FILE``: not ready while that file exists) to model a
+backend health check failing for a while. A test helper only; never imported by product code."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -43,16 +41,14 @@ _ready = kserve_server.KServeStandIn.ready.fget
 assert _ready is not None
 
 
-def _windowed_ready(self: kserve_server.KServeStandIn) -> bool:
-    # Measured from the end of loading, like a health check that fails later on.
-    lost = float(os.environ.get("STANDIN_UNREADY_AFTER_SECONDS", "inf"))
-    back = float(os.environ.get("STANDIN_READY_AGAIN_AFTER_SECONDS", "inf"))
-    since = time.monotonic() - self._started_at - self.load_seconds
-    return bool(_ready(self)) and not (lost <= since < back)
+def _switched_ready(self: kserve_server.KServeStandIn) -> bool:
+    # Like a backend health check that fails for a while once loaded: the test decides when.
+    unready = os.environ.get("STANDIN_UNREADY_WHILE_FILE")
+    return bool(_ready(self)) and not (unready and Path(unready).exists())
 
 
 if __name__ == "__main__":
     kserve_server.KServeStandIn.__init__ = _slow_init  # type: ignore[method-assign]
     kserve_server.KServeStandIn._generate = _held_generate  # type: ignore[method-assign]
-    kserve_server.KServeStandIn.ready = property(_windowed_ready)  # type: ignore[method-assign,assignment]
+    kserve_server.KServeStandIn.ready = property(_switched_ready)  # type: ignore[method-assign,assignment]
     sys.exit(kserve_server.main())

@@ -68,26 +68,33 @@ def test_readyz_turns_503_and_port_closes_when_triton_dies(tmp_path: Path) -> No
     assert port_refuses(pod.port("public_grpc"))
 
 
+def _readyz_once(pod: Pod, status: int) -> int | None:
+    """Poll ``/readyz`` until it answers ``status`` (the hang guard returns the last answer)."""
+    deadline = time.monotonic() + 30
+    answer = http_status(pod.port("health"), "/readyz")
+    while answer != status and time.monotonic() < deadline:
+        time.sleep(0.05)
+        answer = http_status(pod.port("health"), "/readyz")
+    return answer
+
+
 def test_readyz_follows_the_model_while_serving(tmp_path: Path) -> None:
+    unready = tmp_path / "unready"
     pod = Pod.create(tmp_path)
     pod.env.update(
         {
-            # Wide enough that a slow start cannot miss the first 200.
-            "STANDIN_UNREADY_AFTER_SECONDS": "5",
-            "STANDIN_READY_AGAIN_AFTER_SECONDS": "8",
+            "STANDIN_UNREADY_WHILE_FILE": str(unready),
             "LLM_SERVING_READINESS_POLL_SECONDS": "0.2",
         }
     )
     pod.start().wait_ready()
-    seen = []
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and seen[-2:] != [503, 200]:
-        status = http_status(pod.port("health"), "/readyz")
-        if not seen or seen[-1] != status:
-            seen.append(status)
-        time.sleep(0.05)
-    assert seen == [200, 503, 200]
+    seen = [_readyz_once(pod, 200)]
+    unready.touch()  # the model's health check fails until the file goes
+    seen.append(_readyz_once(pod, 503))
     assert not port_refuses(pod.port("public_grpc"))  # the gate stays open meanwhile
+    unready.unlink()
+    seen.append(_readyz_once(pod, 200))
+    assert seen == [200, 503, 200]
     code, err = pod.terminate()
     assert code == 0, err
     assert "model toy is no longer ready" in err and "model toy is ready again" in err
