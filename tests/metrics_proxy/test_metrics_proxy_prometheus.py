@@ -154,7 +154,7 @@ def test_bridged_duplicates_appear_once(live: Live) -> None:
 
 def test_sources_up_and_triton_down_is_still_a_good_scrape(live: Live) -> None:
     # Health is the last scrape's: polled, since one scrape that a loaded machine let run past
-    # the 900 ms scrape timeout reads as down. A proxy whose scrapes keep failing still fails.
+    # the 2 s scrape timeout reads as down. A proxy whose scrapes keep failing still fails.
     deadline = time.monotonic() + 30
     while live.prometheus.targets_up() != {"blue": True, "green": True}:
         assert time.monotonic() < deadline, live.prometheus.targets_up()
