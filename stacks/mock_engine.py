@@ -15,6 +15,7 @@ import hashlib
 import json
 import runpy
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -94,12 +95,17 @@ def _plain(value: Any) -> Any:
 
 class _RecordingMonitor(pulumi_mocks.MockMonitor):
     """The SDK's mock monitor, also keeping each registration's parent and dependencies, and
-    refusing a repeated URN as the engine does (the SDK's mock keeps the last one)."""
+    refusing a repeated URN as the engine does (the SDK's mock keeps the last one).
+
+    The SDK calls the monitor from its executor's threads, several registrations at once, so
+    the records' order varies from run to run and the URN check holds a lock.
+    """
 
     def __init__(self, mocks: pulumi_mocks.Mocks) -> None:
         super().__init__(mocks)
         self.records: list[RecordedResource] = []
         self._urns: set[str] = set()
+        self._lock = threading.Lock()
 
     def _record(
         self,
@@ -109,22 +115,25 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
         custom: bool,
         property_dependencies: dict[str, list[str]] | None = None,
     ) -> None:
-        if urn in self._urns:
-            # The engine's own words (pulumi pkg/diag/errors.go, error 2001).
-            raise DuplicateURNError(f"Duplicate resource URN '{urn}'; try giving it a unique name")
-        self._urns.add(urn)
-        self.records.append(
-            RecordedResource(
-                urn=urn,
-                type=request.type,
-                name=request.name,
-                parent=request.parent,
-                custom=custom,
-                inputs=_plain(rpc.deserialize_properties(properties, keep_unknowns=True)),
-                dependencies=sorted(request.dependencies),
-                property_dependencies=property_dependencies or {},
-            )
+        record = RecordedResource(
+            urn=urn,
+            type=request.type,
+            name=request.name,
+            parent=request.parent,
+            custom=custom,
+            inputs=_plain(rpc.deserialize_properties(properties, keep_unknowns=True)),
+            dependencies=sorted(request.dependencies),
+            property_dependencies=property_dependencies or {},
         )
+        # Two registrations of one URN on two threads must not both pass the check.
+        with self._lock:
+            if urn in self._urns:
+                # The engine's own words (pulumi pkg/diag/errors.go, error 2001).
+                raise DuplicateURNError(
+                    f"Duplicate resource URN '{urn}'; try giving it a unique name"
+                )
+            self._urns.add(urn)
+            self.records.append(record)
 
     def RegisterResource(self, request: Any) -> Any:
         response = super().RegisterResource(request)

@@ -3,6 +3,7 @@ plan reports it in one line instead of passing what `pulumi up` would refuse."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pulumi
@@ -10,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from runtime.cli import app
-from stacks import plan
+from stacks import mock_engine, plan
 from stacks.mock_engine import DuplicateURNError, PlanMocks, ProgramRun, run_program
 
 
@@ -25,6 +26,31 @@ def test_a_repeated_urn_is_refused_with_the_engines_message() -> None:
     message = str(caught.value)
     assert message.startswith("Duplicate resource URN 'urn:pulumi:dev-us-west-2::llm-serving::")
     assert message.endswith("test:index:Thing::same'; try giving it a unique name")
+
+
+class _SlowSet(set):
+    """A set whose membership test yields the GIL for a while, as a thread switch can."""
+
+    def __contains__(self, item: object) -> bool:
+        found = super().__contains__(item)
+        time.sleep(0.05)
+        return found
+
+
+class _SlowCheckMonitor(mock_engine._RecordingMonitor):
+    def __init__(self, mocks: PlanMocks) -> None:
+        super().__init__(mocks)
+        self._urns = _SlowSet()
+
+
+def test_a_repeat_registered_on_another_thread_at_once_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The SDK registers from its executor's threads: without a lock both registrations could be
+    # between the check and the insert at once, and both then passed as the first.
+    monkeypatch.setattr(mock_engine, "_RecordingMonitor", _SlowCheckMonitor)
+    with pytest.raises(DuplicateURNError):
+        run_program(_twice, "dev-us-west-2", {}, PlanMocks({}))
 
 
 def test_same_name_of_another_type_is_not_a_repeat() -> None:
