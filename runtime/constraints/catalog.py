@@ -194,22 +194,28 @@ def _parse_line(path: Path, number: int, line: str) -> tuple[str, str]:
     return item_id, text
 
 
+_Stamp = tuple[int, int, int, int]
+
+
 @lru_cache(maxsize=64)
-def _load_cached(directory: Path, name: str, mtimes_ns: tuple[int, int]) -> Catalog:
+def _load_cached(directory: Path, name: str, stamps: tuple[_Stamp, _Stamp]) -> Catalog:
     return load_catalog(directory, name)
 
 
-def _mtime_ns(path: Path) -> int:
+def _stamp(path: Path) -> _Stamp:
+    # Not the mtime alone: the kernel moves it in ticks of milliseconds, and a file rewritten
+    # (or replaced) within the tick it was read in would otherwise stay cached as it was.
     try:
-        return path.stat().st_mtime_ns
+        st = path.stat()
     except OSError:
-        return -1
+        return (-1, -1, -1, -1)
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def load_catalog_cached(directory: Path, name: str) -> Catalog:
-    """``load_catalog`` cached per process; a rewritten file (new mtime) is read again."""
-    mtimes = (_mtime_ns(directory / f"{name}.jsonl"), _mtime_ns(metadata_path(directory, name)))
-    return _load_cached(directory, name, mtimes)
+    """``load_catalog`` cached per process; a rewritten or replaced file is read again."""
+    stamps = (_stamp(directory / f"{name}.jsonl"), _stamp(metadata_path(directory, name)))
+    return _load_cached(directory, name, stamps)
 
 
 def tokenizer_encoder(tokenizer: Any) -> Encoder:

@@ -3,6 +3,7 @@ ambiguous piece is refused with a message that names the field."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -80,6 +81,16 @@ def test_a_rewritten_sidecar_is_read_again(tmp_path: Path) -> None:
     assert load_catalog_cached(tmp_path, "films").matching == "canonical"
     write_matching(tmp_path, "films", "decoded")
     assert load_catalog_cached(tmp_path, "films").matching == "decoded"
+
+
+def test_a_catalog_rewritten_within_one_mtime_tick_is_read_again(tmp_path: Path) -> None:
+    path = write_catalog(tmp_path, "films", [("f1", "red")])
+    before = path.stat()
+    assert load_catalog_cached(tmp_path, "films").ids == ("f1",)
+    write_catalog(tmp_path, "films", [("f1", "red"), ("f2", "blue")])
+    # As if in the same tick of the kernel's clock: the mtime did not move.
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert load_catalog_cached(tmp_path, "films").ids == ("f1", "f2")
 
 
 @pytest.mark.parametrize(
