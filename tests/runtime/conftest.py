@@ -1,4 +1,5 @@
-"""Shared fixtures of the runtime tests: moto's S3 server over real HTTP on loopback."""
+"""Shared fixtures of the runtime tests: moto's S3 server over real HTTP on loopback, and the
+stop of every pod a test started."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import Any
 import boto3
 import pytest
 from moto.server import ThreadedMotoServer
+
+from tests.runtime.pod import Pod
 
 
 @pytest.fixture(scope="session")
@@ -45,3 +48,20 @@ def bucket(s3_client: Any) -> str:
     name = f"models-{uuid.uuid4().hex[:12]}"
     s3_client.create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture(autouse=True)
+def pods_stopped(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every pod the test started is stopped when it ends, failed or not: else a failed
+    assertion leaves its entrypoint and Triton stand-in running under the tests that follow."""
+    started: list[Pod] = []
+    start = Pod.start
+
+    def recorded(pod: Pod) -> Pod:
+        started.append(pod)
+        return start(pod)
+
+    monkeypatch.setattr(Pod, "start", recorded)
+    yield
+    for pod in started:
+        pod.stop_if_running()

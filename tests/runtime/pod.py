@@ -286,6 +286,19 @@ class Pod:
         self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout=timeout), self.log.text()
 
+    def stop_if_running(self) -> None:
+        """Stop the entrypoint, and with it its servers, if a test left it running."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        for server in self.leftover_servers():
+            server.kill()
+
     def leftover_servers(self) -> list[psutil.Process]:
         """Processes still running with this pod's Triton HTTP port in their argv (orphans)."""
         flag = f"--http-port={self.port('triton_http')}"
