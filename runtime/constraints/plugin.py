@@ -2,14 +2,18 @@
 
 vLLM loads every class of that group into each engine: the V1 model runner constructs it as
 ``cls(vllm_config, device, is_pin_memory)``, Model Runner V2 (vLLM >= 0.32) as
-``cls(vllm_config, req_states)`` and first checks that it derives from its V2
-``LogitsProcessor``. This class passes that check and builds the processor that matches the
-constructor call, so one installed package serves both runners.
+``cls(vllm_config, req_states)``. Each runner's loaders check that a class derives from that
+runner's ``LogitsProcessor`` (V1's name loader, which reads ``logits_processors`` in
+``model.json``, does; its entry-point loader does not), so this class derives from both
+interfaces wherever vLLM ships them and builds the processor that matches the constructor call:
+one installed package, or one name, serves both runners.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from vllm.v1.sample.logits_processor import LogitsProcessor
 
 from runtime.constraints.processor import ConstraintLogitsProcessor
 from runtime.constraints.runner_v2 import ConstraintLogitsProcessorV2, RunnerV2Processor
@@ -17,7 +21,12 @@ from runtime.constraints.runner_v2 import ConstraintLogitsProcessorV2, RunnerV2P
 __all__ = ["ConstraintProcessorEntryPoint"]
 
 
-class ConstraintProcessorEntryPoint(RunnerV2Processor):  # type: ignore[misc,valid-type,unused-ignore]
+_BASES: tuple[type, ...] = (
+    (LogitsProcessor,) if RunnerV2Processor is object else (LogitsProcessor, RunnerV2Processor)
+)
+
+
+class ConstraintProcessorEntryPoint(*_BASES):  # type: ignore[misc]
     """Builds :class:`ConstraintLogitsProcessor` (V1) or :class:`ConstraintLogitsProcessorV2`."""
 
     validate_params = ConstraintLogitsProcessor.validate_params
