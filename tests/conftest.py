@@ -8,6 +8,7 @@ import pytest
 from hypothesis import settings
 
 from stacks.mock_engine import ensure_event_loop
+from tests.support.tiny_llm import TinyLlm, tiny_llm_in
 
 # CI (CI=true) must not fail on an example that no change of ours introduced: it replays a
 # derandomized set, while local runs keep searching with fresh seeds. No per-example deadline:
@@ -26,3 +27,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     not a fixture, so that module-scoped fixtures see the loop too.
     """
     ensure_event_loop()
+
+
+@pytest.fixture(scope="session")
+def tiny_llm(tmp_path_factory: pytest.TempPathFactory) -> TinyLlm:
+    """The tiny random Llama the real-engine tests serve, built once per test session."""
+    return tiny_llm_in(tmp_path_factory.mktemp("tiny-llm"))
