@@ -431,6 +431,26 @@ def _normalise(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
+def _probe_command(names: list[str]) -> int:
+    """Print ``name<TAB>error`` per failed import, and nothing else, on stdout.
+
+    vLLM logs to stdout while it imports (its logger's default stream), so the stdout
+    descriptor points at stderr during the imports and is restored for the results.
+    """
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        failures = probe_imports(names)
+        sys.stdout.flush()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    for name, error in failures.items():
+        print(f"{name}\t{error}")
+    return 1 if failures else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m runtime.compat constraints|check|image-constraints|probe``: used by the
     image build and the entrypoint."""
@@ -454,10 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.command == "probe":
-        failures = probe_imports(args.names)
-        for name, error in failures.items():
-            print(f"{name}\t{error}")
-        return 1 if failures else 0
+        return _probe_command(args.names)
     try:
         matrix = load_matrix(args.matrix)
         pair = matrix.default if args.triton is None else matrix.for_triton(args.triton)
