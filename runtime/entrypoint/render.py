@@ -19,6 +19,16 @@ __all__ = ["link_catalogs", "plugin_processors", "render_repository", "vllm_back
 
 #: The entry-point group from which vLLM loads logits processors into every engine.
 LOGITS_PROCESSORS_GROUP = "vllm.logits_processors"
+#: vLLM's structured-output settings that let a model end its JSON: guidance keeps JSON's
+#: string grammar (xgrammar 0.2.9 lets raw control characters into strings, which JSON parsers
+#: and the frontend refuse), and no free whitespace between tokens (models loop on it until
+#: max_tokens). Measured on the real engine: tests/frontend/test_frontend_structured_real_engine.py.
+STRUCTURED_OUTPUTS_DEFAULTS: dict[str, object] = {
+    "backend": "guidance",
+    "disable_any_whitespace": True,
+}
+#: The backends that take ``disable_any_whitespace`` (vLLM refuses it for the others).
+_WHITESPACE_BACKENDS = ("xgrammar", "guidance")
 
 
 def _parameter(key: str, value: str) -> str:
@@ -93,9 +103,18 @@ def engine_arguments(
     unpacked: Path,
     logits_processor: str,
     plugin_dir: Path | None = None,
+    structured_outputs: bool = True,
 ) -> dict[str, object]:
-    """``model.json``: the manifest's engine args plus the paths and settings we always need."""
+    """``model.json``: the manifest's engine args plus the paths and settings we always need.
+
+    ``structured_outputs``: the pair's vLLM takes ``structured_outputs_config`` (0.11 and
+    later), which gets :data:`STRUCTURED_OUTPUTS_DEFAULTS` under the manifest's own keys.
+    """
     args: dict[str, object] = dict(manifest.engine_args)
+    if structured_outputs:
+        args["structured_outputs_config"] = structured_outputs_config(
+            args.get("structured_outputs_config")
+        )
     args["model"] = str(version_dir / manifest.weights)
     args["tokenizer"] = str(unpacked / manifest.tokenizer)
     # The vLLM backend bridges metrics only when stats are logged.
@@ -106,6 +125,18 @@ def engine_arguments(
     named = [*(args.get("logits_processors") or []), logits_processor]  # type: ignore[misc]
     args["logits_processors"] = [p for p in dict.fromkeys(named) if p not in plugins]
     return args
+
+
+def structured_outputs_config(given: object) -> object:
+    """The manifest's ``structured_outputs_config`` over our defaults (a non-mapping as given)."""
+    if given is None:
+        return dict(STRUCTURED_OUTPUTS_DEFAULTS)
+    if not isinstance(given, dict):
+        return given  # vLLM reports what it cannot read; we do not guess
+    merged = {**STRUCTURED_OUTPUTS_DEFAULTS, **given}
+    if "disable_any_whitespace" not in given and merged["backend"] not in _WHITESPACE_BACKENDS:
+        del merged["disable_any_whitespace"]
+    return merged
 
 
 def plugin_processors(plugin_dir: Path | None = None) -> frozenset[str]:
@@ -150,11 +181,13 @@ def render_repository(
     logits_processor: str,
     vllm_backend: str = BACKEND_NAME,
     plugin_dir: Path | None = None,
+    structured_outputs: bool = True,
 ) -> Path:
     """Write ``<repository>/<model_id>/`` (config.pbtxt and version 1); returns the model dir.
 
     ``vllm_backend`` is the backend ``vllm`` packages name (`vllm_backend_for` the pair);
-    ``plugin_dir`` is where stage 3 installed the plugins, if not into site-packages.
+    ``plugin_dir`` is where stage 3 installed the plugins, if not into site-packages;
+    ``structured_outputs`` whether the pair's vLLM takes ``structured_outputs_config``.
     """
     if repository.exists():
         shutil.rmtree(repository)
@@ -172,7 +205,9 @@ def render_repository(
             shutil.copyfile(unpacked / manifest.python_model.model_file, version / "model.py")
     # Written after the python model's files so that ours is what runs: the python backend's
     # model.py may run vLLM itself, so it gets the same engine arguments.
-    args = engine_arguments(manifest, version_dir, unpacked, logits_processor, plugin_dir)
+    args = engine_arguments(
+        manifest, version_dir, unpacked, logits_processor, plugin_dir, structured_outputs
+    )
     (version / "model.json").write_text(json.dumps(args, indent=2, sort_keys=True) + "\n")
     (model_dir / "config.pbtxt").write_text(config)
     return model_dir

@@ -239,7 +239,14 @@ class Entrypoint:
             if fallback is not None and manifest.backend == "vllm":
                 log(f"warning: {fallback}")
             render_repository(
-                manifest, folder, unpacked, repository, s.logits_processor, backend, s.plugin_dir
+                manifest,
+                folder,
+                unpacked,
+                repository,
+                s.logits_processor,
+                backend,
+                s.plugin_dir,
+                structured_outputs=pair.structured_outputs_key == "structured_outputs",
             )
             return link_catalogs(manifest, unpacked, work / "catalogs")
 

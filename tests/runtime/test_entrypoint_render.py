@@ -114,3 +114,44 @@ def test_scoring_backend_only_where_the_matrix_records_its_hook(tmp_path: Path) 
     config = (model / "config.pbtxt").read_text()
     assert 'backend: "vllm"' in config
     assert 'key: "REPORT_CUSTOM_METRICS"\n  value: { string_value: "true" }' in config
+
+
+def _rendered_args(tmp_path: Path, engine_args: dict, structured_outputs: bool = True) -> dict:
+    source = make_source(tmp_path / "src", engine_args={"max_model_len": 64, **engine_args})
+    manifest = build_package(source, tmp_path / "v")
+    model = render_repository(
+        manifest,
+        tmp_path / "v",
+        tmp_path / "u",
+        tmp_path / "repo",
+        PROCESSOR,
+        structured_outputs=structured_outputs,
+    )
+    return json.loads((model / "1" / "model.json").read_text())
+
+
+def test_structured_outputs_settings_a_weak_model_can_end_with(tmp_path: Path) -> None:
+    args = _rendered_args(tmp_path, {})
+    assert args["structured_outputs_config"] == {
+        "backend": "guidance",
+        "disable_any_whitespace": True,
+    }
+
+
+def test_the_manifests_structured_outputs_keys_win(tmp_path: Path) -> None:
+    given = {"structured_outputs_config": {"backend": "xgrammar", "reasoning_parser": "x"}}
+    assert _rendered_args(tmp_path / "a", given)["structured_outputs_config"] == {
+        "backend": "xgrammar",
+        "disable_any_whitespace": True,
+        "reasoning_parser": "x",
+    }
+    # vLLM refuses disable_any_whitespace for outlines: it is left out unless asked for.
+    given = {"structured_outputs_config": {"backend": "outlines"}}
+    assert _rendered_args(tmp_path / "b", given)["structured_outputs_config"] == {
+        "backend": "outlines"
+    }
+
+
+def test_no_structured_outputs_config_for_a_vllm_without_it(tmp_path: Path) -> None:
+    """vLLM 0.10 (the guided_decoding pairs) has no structured_outputs_config argument."""
+    assert "structured_outputs_config" not in _rendered_args(tmp_path, {}, False)
