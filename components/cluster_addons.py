@@ -8,6 +8,7 @@ from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
+import yaml
 
 from components.gpu_node_group import GPU_RESOURCE, gpu_tolerations
 
@@ -138,10 +139,14 @@ class ClusterAddons(pulumi.ComponentResource):
                     "tolerations": gpu_tolerations(),
                 },
             )
-        # The chart renders controller.trafficRouterPlugins (a list) into argo-rollouts-config.
+        # Chart 2.37.6 writes controller.trafficRouterPlugins as it is under the
+        # argo-rollouts-config ConfigMap's data (2.37.8 adds the key itself): a map of strings
+        # whose trafficRouterPlugins entry is the controller's YAML list. A list there fails the
+        # atomic release and no Rollout controller runs.
         plugins = [{"name": GATEWAY_API_PLUGIN, "location": args.gateway_api_plugin_url}]
+        config = {"trafficRouterPlugins": yaml.safe_dump(plugins, sort_keys=False)}
         rollouts = self._release(
-            "argo-rollouts", args.argo_rollouts, {"controller": {"trafficRouterPlugins": plugins}}
+            "argo-rollouts", args.argo_rollouts, {"controller": {"trafficRouterPlugins": config}}
         )
         self._grant_gateway_plugin(rollouts)
         envoy = self._release("envoy-gateway", args.envoy_gateway, {})

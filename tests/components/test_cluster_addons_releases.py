@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
+
+import yaml
 
 from components.cluster_addons import (
+    ARGO_ROLLOUTS,
     GATEWAY_CLASS,
     ClusterAddons,
     ClusterAddonsArgs,
@@ -14,6 +18,8 @@ from stacks.plan import validate_object
 from tests.components.declared import Declare
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
+#: The pinned charts' files (shared/ beside the checkout).
+CHARTS = Path(__file__).resolve().parents[3] / "shared" / "reference" / "charts"
 
 
 def test_every_release_is_pinned_to_an_exact_version(declare: Declare) -> None:
@@ -42,8 +48,10 @@ def test_every_release_is_pinned_to_an_exact_version(declare: Declare) -> None:
     plugin = releases["nvidia-device-plugin"]["values"]
     assert plugin["nodeSelector"] == {"llm-serving/ami-family": "al2023"}
     assert plugin["tolerations"] == gpu_tolerations()
-    # The chart renders this list into argo-rollouts-config's trafficRouterPlugins.
-    routers = releases["argo-rollouts"]["values"]["controller"]["trafficRouterPlugins"]
+    # The pinned chart writes this value as the argo-rollouts-config ConfigMap's data.
+    data = releases["argo-rollouts"]["values"]["controller"]["trafficRouterPlugins"]
+    assert all(isinstance(v, str) for v in data.values())
+    routers = yaml.safe_load(data["trafficRouterPlugins"])
     assert [r["name"] for r in routers] == ["argoproj-labs/gatewayAPI"]
     assert routers[0]["location"].startswith("https://github.com/argoproj-labs/")
     spec = releases["kube-prometheus-stack"]["values"]["prometheus"]["prometheusSpec"]
@@ -54,6 +62,15 @@ def test_every_release_is_pinned_to_an_exact_version(declare: Declare) -> None:
     envoy = next(r for r in declared.of_type(RELEASE) if r.inputs["name"] == "envoy-gateway")
     gateway_urn = declared.one("kubernetes:gateway.networking.k8s.io/v1:Gateway").dependencies
     assert envoy.urn in gateway_urn
+
+
+def test_the_pinned_argo_rollouts_chart_writes_router_plugins_as_configmap_data() -> None:
+    """The shape above is 2.37.6's: its template puts the value itself under ``data:``. A pin
+    without its reference folder fails here, so a chart bump is checked against its template."""
+    folder = CHARTS / f"argo-rollouts-{ARGO_ROLLOUTS.version}"
+    template = (folder / "configmap-template.yaml").read_text()
+    block = template[template.index("with .Values.controller.trafficRouterPlugins") :]
+    assert block.splitlines()[1].strip() == "{{- toYaml . | nindent 2 }}"
 
 
 def test_no_device_plugin_when_every_ami_brings_its_own(declare: Declare) -> None:
