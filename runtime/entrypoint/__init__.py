@@ -1,4 +1,5 @@
-"""The serving pod's entrypoint: start-up stages, the port gate, health and the SIGTERM drain."""
+"""The serving pod's entrypoint: start-up stages, the readiness gate, health and the SIGTERM
+drain."""
 
 from __future__ import annotations
 

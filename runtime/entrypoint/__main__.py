@@ -20,16 +20,17 @@ __all__ = ["main"]
 DESCRIPTION = (
     "The serving image's entrypoint: locate and verify the model package, unpack it, install "
     "its vLLM plugins, wipe the multiprocess metrics folder, check the Triton/vLLM pair, render "
-    "the Triton model repository, start Triton (or the OpenAI frontend with Triton embedded) "
-    "and open the public gRPC port once the model is ready; on SIGTERM, drain and stop. It "
-    "takes no arguments: everything is read from the environment variables below."
+    "the Triton model repository, start Triton (or the OpenAI frontend with Triton embedded), "
+    "which binds the public gRPC port once the model has loaded, and wait until it is ready; "
+    "on SIGTERM, drain and stop. It takes no arguments: everything is read from the "
+    "environment variables below."
 )
 
 
 def raise_open_files_limit() -> None:
-    """Take the hard limit on open files: each relayed connection holds four to six, and a
-    soft limit of 1024 (what some container runtimes set) would cap the gate at a few hundred
-    clients. Triton inherits it."""
+    """Take the hard limit on open files, for Triton, which inherits it: it holds one per
+    client connection besides its model files, and a soft limit of 1024 (what some container
+    runtimes set) would cap it at fewer clients than that."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     # An unlimited hard limit cannot be the soft one: then the soft one stays.
     if soft < hard:

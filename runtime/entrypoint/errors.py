@@ -13,7 +13,7 @@ class ExitCode(IntEnum):
     """How the entrypoint ended (stage ``n`` failing exits ``10 + n``)."""
 
     DRAINED = 0
-    """SIGTERM: the gate closed, in-flight requests finished, Triton stopped cleanly."""
+    """SIGTERM: the public port closed, in-flight requests finished, Triton stopped cleanly."""
     INTERNAL = 1
     """An unexpected error outside the stages (serving, draining): a bug, named on stderr; the
     servers were stopped."""

@@ -27,7 +27,6 @@ from typing import Any, TypeVar
 from runtime.compat import CompatError
 from runtime.constraints.catalog import CATALOG_DIR_ENV
 from runtime.entrypoint.errors import STAGES, ExitCode, StageFailed
-from runtime.entrypoint.gate import PortGate
 from runtime.entrypoint.health import HealthServer
 from runtime.entrypoint.plugins import install_plugins, scan_image
 from runtime.entrypoint.render import link_catalogs, render_repository, vllm_backend_for
@@ -114,12 +113,7 @@ class Entrypoint:
         self.state = _State()
         self.stop = asyncio.Event()
         self._probe: subprocess.Popen[str] | None = None
-        self.gate = PortGate(
-            settings.public_host,
-            settings.public_grpc_port,
-            "127.0.0.1",
-            settings.triton_grpc_port,
-        )
+        self._embedded = False
 
     async def _stage(self, number: int, work: Awaitable[T]) -> T:
         """Run stage ``number``: time and log it, and turn whatever it raises into its failure."""
@@ -183,7 +177,6 @@ class Entrypoint:
         finally:
             self._kill_probe()
             await self._stop_processes(0)
-            self.gate.close()
             health.close()
 
     def _kill_probe(self) -> None:
@@ -251,7 +244,7 @@ class Entrypoint:
             return link_catalogs(manifest, unpacked, work / "catalogs")
 
         catalogs = await self._stage(6, asyncio.to_thread(render))
-        embedded = (s.serving_mode or manifest.serving_mode) == "embedded"
+        embedded = self._embedded = (s.serving_mode or manifest.serving_mode) == "embedded"
         await self._stage(7, self._start(manifest, repository, unpacked, catalogs, embedded))
         await self._stage(8, self._open_gate(manifest, embedded))
         return await self._serve(manifest)
@@ -285,19 +278,20 @@ class Entrypoint:
                 "repackage with engine_args.max_model_len, or set "
                 "LLM_SERVING_SERVING_MODE=standalone",
             )
-        grpc_host, grpc_port = s.triton_grpc_bind(embedded)
-        argv = triton_command(s, repository, manifest.model_id, embedded)
+        _check_port_free(s.public_host, s.public_grpc_port)
+        argv = triton_command(s, repository, manifest.model_id)
         env = self._child_env(catalogs)
         try:
             triton = await asyncio.create_subprocess_exec(*argv, env=env)
         except OSError as exc:
             raise _Failed(7, f"cannot run {argv[0]}: {exc}", _FIXES["start"]) from exc
         self.state.processes.append(triton)
-        log(f"started {argv[0]} (pid {triton.pid}), gRPC on {grpc_host}:{grpc_port}")
+        log(f"started {argv[0]} (pid {triton.pid}), gRPC on {s.public_host}:{s.public_grpc_port}")
         if embedded:
             env.update(
                 {
-                    "LLM_SERVING_FRONTEND_TRITON_URL": f"127.0.0.1:{s.triton_grpc_port}",
+                    # Triton's own public port, reached on loopback: no hop in between.
+                    "LLM_SERVING_FRONTEND_TRITON_URL": s.public_grpc_url(),
                     "LLM_SERVING_FRONTEND_MODEL_NAME": manifest.model_id,
                     "LLM_SERVING_FRONTEND_TOKENIZER_DIR": str(unpacked / manifest.tokenizer),
                     "LLM_SERVING_FRONTEND_PORT": str(s.frontend_port),
@@ -358,8 +352,10 @@ class Entrypoint:
         return next((p for p in self.state.processes if p.returncode is not None), None)
 
     async def _open_gate(self, manifest: Manifest, embedded: bool) -> None:
+        """Wait for the model (and in embedded mode the frontend) to be ready. Triton binds the
+        public gRPC port only once its startup models have loaded, so the port was closed until
+        now; this checks that it really was, and that it is open now."""
         deadline = time.monotonic() + self.settings.ready_timeout_seconds
-        direct = self.settings.triton_binds_public_port(embedded)
         while True:
             exited = self._exited()
             if exited is not None:
@@ -375,12 +371,13 @@ class Entrypoint:
             ready = status == 200
             # Triton starts its endpoints only after the startup models have loaded, so a
             # server that answers "not ready" while the public port accepts binds early.
-            if direct and status not in (None, 200) and self._public_port_accepts():
+            if status not in (None, 200) and self._public_port_accepts():
                 raise _Failed(
                     8,
                     f"the server accepts connections on the public gRPC port "
                     f"{self.settings.public_grpc_port} before model {manifest.model_id} is ready",
-                    "set LLM_SERVING_GATE=relay for a server that binds its port before loading",
+                    "set LLM_SERVING_TRITONSERVER to a tritonserver that binds its ports only "
+                    "once the startup models have loaded (Triton does)",
                 )
             if ready and embedded:
                 ready = await asyncio.to_thread(self._frontend_ready)
@@ -394,36 +391,23 @@ class Entrypoint:
                     _FIXES["gate"],
                 )
             await asyncio.sleep(0.1)
-        if direct:
-            if not await asyncio.to_thread(self._public_port_accepts):
-                raise _Failed(
-                    8,
-                    f"model {manifest.model_id} is ready but nothing listens on the public gRPC "
-                    f"port {self.settings.public_grpc_port}",
-                    _FIXES["gate"],
-                )
-            how = "served by Triton itself"
-        else:
-            try:
-                await self.gate.open()
-            except OSError as exc:
-                raise _Failed(
-                    8,
-                    f"model {manifest.model_id} is ready but the public gRPC port cannot be "
-                    f"bound: {exc}",
-                    "stop whatever listens there or set LLM_SERVING_PUBLIC_GRPC_PORT",
-                ) from exc
-            how = "relayed to Triton's loopback port"
+        if not await asyncio.to_thread(self._public_port_accepts):
+            raise _Failed(
+                8,
+                f"model {manifest.model_id} is ready but nothing listens on the public gRPC "
+                f"port {self.settings.public_grpc_port}",
+                _FIXES["gate"],
+            )
         self.state.ready = True
         log(
             f"model {manifest.model_id} ready; public gRPC port {self.settings.public_grpc_port} "
-            f"open, {how}"
+            "open, served by Triton itself"
         )
 
     async def _watch_readiness(self, model: str) -> None:
         """Follow the model's readiness while serving, so /readyz stops routing to a sick model.
 
-        The gate stays open: streams in flight finish, and Triton itself answers new requests
+        The port stays open: streams in flight finish, and Triton itself answers new requests
         for an unready model with an error the client can retry elsewhere.
         """
         while True:
@@ -444,18 +428,26 @@ class Entrypoint:
         if stop not in done:
             exited = self._exited()
             code = exited.returncode if exited is not None else "?"
-            log(f"server process exited with {code} while serving; closing the gate")
+            log(f"server process exited with {code} while serving; stopping the others")
             self.state.ready = False
-            await self.gate.stop_accepting()
             await self._stop_processes(self.settings.drain_seconds)
             return ExitCode.SERVER_EXITED
         return await self._drain()
 
     async def _drain(self) -> int:
         s = self.settings
-        log(f"SIGTERM: closing the public port, draining for up to {s.drain_seconds:g}s")
+        if self._embedded:
+            # The frontend's in-flight requests need Triton: it stops first, and Triton, which
+            # closes the public gRPC port on SIGTERM, after it. The pod has left the Service's
+            # endpoints during the preStop sleep, so no new client is routed here meanwhile.
+            log(
+                f"SIGTERM: draining the frontend, then Triton (closing the public port), for up "
+                f"to {s.drain_seconds:g}s each"
+            )
+        else:
+            # Triton closes its gRPC listener first, then finishes the requests in flight.
+            log(f"SIGTERM: closing the public port, draining for up to {s.drain_seconds:g}s")
         self.state.draining = True
-        await self.gate.stop_accepting()
         started = time.monotonic()
         clean = await self._stop_processes(s.drain_seconds)
         elapsed = time.monotonic() - started
@@ -505,13 +497,12 @@ class Entrypoint:
         return clean
 
 
-def triton_command(
-    settings: EntrypointSettings, repository: Path, model: str, embedded: bool
-) -> list[str]:
+def triton_command(settings: EntrypointSettings, repository: Path, model: str) -> list[str]:
     """The tritonserver command line: explicit model control (a half-written model on the
-    shared cache is never polled), strict readiness, exit on error, loopback HTTP for the
-    readiness checks, and the drain deadline as Triton's exit timeout."""
-    grpc_host, grpc_port = settings.triton_grpc_bind(embedded)
+    shared cache is never polled; Triton starts its endpoints only once ``--load-model`` has
+    loaded, which keeps the public gRPC port closed until then), strict readiness, exit on
+    error, loopback HTTP for the readiness checks, and the drain deadline as Triton's exit
+    timeout."""
     return [
         *settings.tritonserver_argv(),
         f"--model-repository={repository}",
@@ -519,8 +510,8 @@ def triton_command(
         f"--load-model={model}",
         "--strict-readiness=true",
         "--exit-on-error=true",
-        f"--grpc-address={grpc_host}",
-        f"--grpc-port={grpc_port}",
+        f"--grpc-address={settings.public_host}",
+        f"--grpc-port={settings.public_grpc_port}",
         "--allow-http=true",
         "--http-address=127.0.0.1",
         f"--http-port={settings.triton_http_port}",
@@ -528,6 +519,26 @@ def triton_command(
         f"--metrics-port={settings.triton_metrics_port}",
         f"--exit-timeout-secs={exit_timeout_secs(settings)}",
     ]
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Fail stage 7 if ``host:port`` cannot be bound, before Triton spends minutes loading a
+    model only to fail binding it. (Something may still take it in between: then Triton exits
+    and stage 8 reports it.)"""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as sock:
+            # As Triton's gRPC server does: a port whose last connections linger is free.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+    except OSError as exc:
+        raise _Failed(
+            7,
+            f"the public gRPC port {host}:{port}, which Triton binds, is not free: {exc}",
+            "stop whatever listens there or set LLM_SERVING_PUBLIC_GRPC_PORT",
+        ) from exc
 
 
 def exit_timeout_secs(settings: EntrypointSettings) -> int:

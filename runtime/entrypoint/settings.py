@@ -91,17 +91,21 @@ class EntrypointSettings(BaseSettings):
     frontend_command: str = Field(
         default="python3 -m runtime.frontend", description="OpenAI frontend command (embedded)"
     )
-    gate: Literal["auto", "relay"] = Field(
-        default="auto",
-        description="auto: standalone Triton binds the public gRPC port itself, which it does "
-        "only once its startup models have loaded, and closes it first on SIGTERM (no hop per "
-        "request); embedded mode relays, since Triton must outlive the frontend's drain. relay: "
-        "always bind the port when the model is ready and relay to Triton's loopback port, for "
-        "a server that binds before it is ready",
+    gate: str | None = Field(
+        default=None,
+        description="removed with the relay gate (Triton binds the public gRPC port once its "
+        "model has loaded); refused if set",
     )
     public_host: str = Field(default="0.0.0.0", description="address of the public gRPC port")
-    public_grpc_port: Port = Field(default=8001, description="public KServe gRPC port (gated)")
-    triton_grpc_port: Port = Field(default=18001, description="Triton's gRPC port, loopback")
+    public_grpc_port: Port = Field(
+        default=8001,
+        description="public KServe gRPC port: Triton's own, bound once the model has loaded",
+    )
+    triton_grpc_port: str | None = Field(
+        default=None,
+        description="removed with the relay gate (Triton's gRPC endpoint is the public port); "
+        "refused if set",
+    )
     triton_http_port: Port = Field(default=18000, description="Triton's HTTP port, loopback")
     triton_metrics_port: Port = Field(default=8002, description="Triton's metrics port")
     frontend_port: Port = Field(default=8080, description="OpenAI frontend port (embedded)")
@@ -116,6 +120,17 @@ class EntrypointSettings(BaseSettings):
     readiness_poll_seconds: Seconds = Field(
         default=2.0, gt=0, description="how often readiness is re-checked while serving"
     )
+
+    @field_validator("gate", "triton_grpc_port")
+    @classmethod
+    def _removed(cls, value: str | None) -> None:
+        # A leftover from a pod spec written for the relay gate: say so rather than ignore it.
+        if value is not None:
+            raise ValueError(
+                "this variable was removed with the relay gate: Triton binds the public gRPC "
+                "port (LLM_SERVING_PUBLIC_GRPC_PORT) itself once its model has loaded; remove "
+                "the variable from the pod spec"
+            )
 
     @field_validator("multiproc_dir")
     @classmethod
@@ -142,20 +157,15 @@ class EntrypointSettings(BaseSettings):
             return self.model_cache_root / self.model_id / self.model_version
         return None
 
-    def triton_binds_public_port(self, embedded: bool) -> bool:
-        """Whether Triton listens on the public gRPC port itself (no relay in between)."""
-        return self.gate == "auto" and not embedded
-
-    def triton_grpc_bind(self, embedded: bool) -> tuple[str, int]:
-        """The address and port Triton's gRPC endpoint binds."""
-        if self.triton_binds_public_port(embedded):
-            return self.public_host, self.public_grpc_port
-        return "127.0.0.1", self.triton_grpc_port
-
     def public_grpc_target(self) -> tuple[str, int]:
-        """Where this pod reaches its own public gRPC port."""
+        """Where this pod reaches its own public gRPC port (Triton's)."""
         wildcard = self.public_host in ("0.0.0.0", "::", "")
         return ("127.0.0.1" if wildcard else self.public_host), self.public_grpc_port
+
+    def public_grpc_url(self) -> str:
+        """`public_grpc_target` as a gRPC ``host:port`` (an IPv6 address in brackets)."""
+        host, port = self.public_grpc_target()
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     def tritonserver_argv(self) -> list[str]:
         """The tritonserver command as argv words."""

@@ -184,7 +184,6 @@ class Pod:
                 "LLM_SERVING_PUBLIC_HOST": "127.0.0.1",
                 "LLM_SERVING_HEALTH_HOST": "127.0.0.1",
                 "LLM_SERVING_PUBLIC_GRPC_PORT": str(free_port()),
-                "LLM_SERVING_TRITON_GRPC_PORT": str(free_port()),
                 "LLM_SERVING_TRITON_HTTP_PORT": str(free_port()),
                 "LLM_SERVING_TRITON_METRICS_PORT": str(free_port()),
                 "LLM_SERVING_HEALTH_PORT": str(free_port()),

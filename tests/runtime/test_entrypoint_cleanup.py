@@ -23,15 +23,16 @@ def _listen(port: int) -> socket.socket:
     return sock
 
 
-def test_taken_public_port_fails_the_gate_and_stops_triton(tmp_path: Path) -> None:
+def test_taken_public_port_fails_the_start_before_triton_loads(tmp_path: Path) -> None:
     pod = Pod.create(tmp_path)
-    pod.env.update({"LLM_SERVING_GATE": "relay", "KSERVE_STANDIN_BIND_EARLY": "1"})
-    with _listen(pod.port("public_grpc")):
+    public = pod.port("public_grpc")
+    with _listen(public):
         code, err = pod.run_to_exit(timeout=60)
-    assert code == ExitCode.STAGE_GATE, err
+    assert code == ExitCode.STAGE_START, err
     line = failure_line(err)
-    assert "stage 8/8 gate failed: model toy is ready but the public gRPC port" in line
-    assert "Traceback" not in err
+    assert f"stage 7/8 start failed: the public gRPC port 127.0.0.1:{public}" in line
+    assert "LLM_SERVING_PUBLIC_GRPC_PORT" in line
+    assert "Traceback" not in err and "started " not in err  # Triton never ran
     assert pod.leftover_servers() == []
 
 

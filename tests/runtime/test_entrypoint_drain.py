@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from runtime.entrypoint import ExitCode
 from tests.runtime.pod import Pod, http_status, infer, port_refuses, wait_for_file
 from tests.support.kserve_server import KServeStandIn
+from tests.support.ports import free_port
 
 PROMPTS = [f"the quick brown fox {i}" for i in range(8)]
 TOKENS = 30
@@ -51,19 +53,22 @@ def _wait_until_received(record: Path) -> None:
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize(
-    "gate",
-    [
-        {},  # standalone Triton binds the public port and closes it on SIGTERM itself
-        {"LLM_SERVING_GATE": "relay", "KSERVE_STANDIN_BIND_EARLY": "1"},
-    ],
-    ids=["triton-binds", "relay"],
-)
+# Triton binds the public port and closes it on SIGTERM itself; in embedded mode it gets
+# SIGTERM once the frontend has stopped (at once here: the fake frontend holds no request).
+@pytest.mark.parametrize("mode", ["standalone", "embedded"])
 def test_sigterm_during_traffic_loses_no_request(
-    tmp_path: Path, expected: dict[str, str], gate: dict[str, str]
+    tmp_path: Path, expected: dict[str, str], mode: str
 ) -> None:
     pod = Pod.create(tmp_path)
-    pod.env.update(gate)
+    pod.env["LLM_SERVING_SERVING_MODE"] = mode
+    if mode == "embedded":
+        pod.env.update(
+            {
+                "LLM_SERVING_FRONTEND_COMMAND": f"{sys.executable} -m tests.runtime.fake_frontend",
+                "LLM_SERVING_FRONTEND_PORT": str(free_port()),
+                "FAKE_FRONTEND_RECORD": str(tmp_path / "frontend-env.json"),
+            }
+        )
     record = tmp_path / "requests.jsonl"
     release = tmp_path / "release"
     pod.env["STANDIN_TOKEN_DELAY_SECONDS"] = "0.05"  # ~1.5 s per request once released
@@ -99,6 +104,7 @@ def test_sigterm_during_traffic_loses_no_request(
     assert all(t > closed_at for t in finished.values())
     assert code == 0, err
     assert "drained: every in-flight request finished" in err
+    assert ("SIGTERM: draining the frontend, then Triton" in err) == (mode == "embedded")
 
 
 def test_drain_deadline_is_reported_with_its_own_exit_code(tmp_path: Path) -> None:

@@ -27,7 +27,8 @@ def test_embedded_mode_starts_the_frontend_pointed_at_triton(tmp_path: Path) -> 
     )
     pod.start().wait_ready()
     seen = json.loads(record.read_text())
-    assert seen["LLM_SERVING_FRONTEND_TRITON_URL"] == f"127.0.0.1:{pod.port('triton_grpc')}"
+    # Triton's own public port, on loopback: the frontend takes no hop either.
+    assert seen["LLM_SERVING_FRONTEND_TRITON_URL"] == f"127.0.0.1:{pod.port('public_grpc')}"
     assert seen["LLM_SERVING_FRONTEND_MODEL_NAME"] == "toy"
     assert seen["LLM_SERVING_FRONTEND_TOKENIZER_DIR"].endswith("/package/tokenizer")
     assert seen["LLM_SERVING_FRONTEND_MAX_MODEL_LEN"] == "128"

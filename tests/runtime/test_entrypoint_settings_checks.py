@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime.entrypoint import EntrypointSettings
 from runtime.entrypoint.errors import ExitCode, StageFailed
 from runtime.entrypoint.stages import wipe_multiproc_dir
 from tests.runtime.pod import Pod
@@ -59,7 +60,6 @@ def test_multiproc_dir_overlapping_the_work_or_plugin_dir_is_refused(
         ("LLM_SERVING_READY_TIMEOUT_SECONDS", "inf"),
         ("LLM_SERVING_READINESS_POLL_SECONDS", "inf"),
         ("LLM_SERVING_SERVING_MODE", "embeded"),
-        ("LLM_SERVING_GATE", "direct"),
     ],
 )
 def test_out_of_range_setting_exits_2_naming_it(tmp_path: Path, name: str, value: str) -> None:
@@ -68,6 +68,39 @@ def test_out_of_range_setting_exits_2_naming_it(tmp_path: Path, name: str, value
     code, err = pod.run_to_exit()
     assert code == ExitCode.CONFIG, err
     assert f"invalid setting {name}: " in _config_line(err)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("LLM_SERVING_GATE", "relay"),
+        ("LLM_SERVING_GATE", "auto"),
+        ("LLM_SERVING_TRITON_GRPC_PORT", "18001"),
+    ],
+)
+def test_a_variable_of_the_removed_relay_gate_is_refused_naming_it(
+    tmp_path: Path, name: str, value: str
+) -> None:
+    # A pod spec written for the relay: one line saying to remove it, before any stage runs.
+    pod = Pod.create(tmp_path)
+    pod.env[name] = value
+    code, err = pod.run_to_exit()
+    assert code == ExitCode.CONFIG, err
+    line = _config_line(err)
+    assert f"invalid setting {name}: " in line and f"(got {value!r})" in line
+    assert "was removed with the relay gate" in line
+    assert "remove the variable from the pod spec" in line
+    assert "stage 1/8" not in err
+
+
+@pytest.mark.parametrize(
+    ("host", "url"),
+    [("0.0.0.0", "127.0.0.1:8001"), ("::", "127.0.0.1:8001"), ("fd00::5", "[fd00::5]:8001")],
+)
+def test_the_frontend_reaches_the_public_port_on_the_address_triton_binds(
+    host: str, url: str
+) -> None:
+    assert EntrypointSettings(public_host=host).public_grpc_url() == url
 
 
 def test_wipe_deletes_only_prometheus_files(tmp_path: Path) -> None:

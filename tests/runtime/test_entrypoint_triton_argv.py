@@ -16,18 +16,18 @@ from tests.support.triton_flags import POD_FLAGS, FlagError, check_pod_flags, pa
 
 
 def _command(**settings: object) -> list[str]:
-    argv = triton_command(EntrypointSettings(**settings), Path("/repo"), "toy", embedded=False)
+    argv = triton_command(EntrypointSettings(**settings), Path("/repo"), "toy")
     assert argv[0] == "tritonserver"
     return argv[1:]
 
 
-@pytest.mark.parametrize(
-    "settings", [{}, {"gate": "relay"}, {"drain_seconds": 0}], ids=["auto", "relay", "drain-0"]
-)
+@pytest.mark.parametrize("settings", [{}, {"drain_seconds": 0}], ids=["default", "drain-0"])
 def test_the_entrypoint_command_is_one_tritonserver_accepts(settings: dict[str, object]) -> None:
     given = parse_triton_flags(_command(**settings))
     check_pod_flags(given)
     assert given["load-model"] == ["toy"] and given["model-control-mode"] == ["explicit"]
+    # Triton binds the public gRPC port itself, which it does once the model has loaded.
+    assert given["grpc-address"] == ["0.0.0.0"] and given["grpc-port"] == ["8001"]
 
 
 @pytest.mark.parametrize("flag", sorted(POD_FLAGS))

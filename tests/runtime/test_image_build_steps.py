@@ -30,7 +30,6 @@ CONSTRAINTS = ROOT / "images" / "serving" / "constraints.txt"
 
 NATIVE_MODULES = (
     "runtime/constraints/_engine",
-    "runtime/entrypoint/_relay",
     "runtime/metrics_proxy/_metrics",
 )
 
@@ -154,7 +153,7 @@ def test_dockerfile_parser_reads_the_stages(stages: dict[str, Stage]) -> None:
     ("path", "ignored"),
     [
         ("runtime/__init__.py", False),
-        ("csrc/relay/relay.cc", False),
+        ("csrc/src/constraint.cc", False),
         ("runtime/__pycache__/cli.cpython-311.pyc", True),
         ("runtime/constraints/_engine.cpython-311-x86_64-linux-gnu.so", True),
         (".venv/lib/python3.11/site-packages/x.py", True),

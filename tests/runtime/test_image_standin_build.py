@@ -66,7 +66,7 @@ def _run_args(
 
 
 def _ports() -> dict[str, str]:
-    names = ("PUBLIC_GRPC", "HEALTH", "TRITON_GRPC", "TRITON_HTTP", "TRITON_METRICS")
+    names = ("PUBLIC_GRPC", "HEALTH", "TRITON_HTTP", "TRITON_METRICS")
     return {f"LLM_SERVING_{name}_PORT": str(free_port()) for name in names}
 
 
