@@ -143,10 +143,14 @@ def package_inspect(
 @package_app.command("verify")
 def package_verify(
     folder: Annotated[Path, typer.Argument(help="version folder")],
-    quick: Annotated[bool, typer.Option(help="check sizes only, not sha256")] = False,
+    quick: Annotated[
+        bool,
+        typer.Option(help="check sizes, not sha256 (archive members are checked all the same)"),
+    ] = False,
     constraints: Annotated[Path | None, typer.Option(help="extra pins to check plugins")] = None,
 ) -> None:
-    """Check every file's size and sha256, the plugins against the pins and python tensors."""
+    """Check every file's size and sha256, every archive member as the pod's unpack does, the
+    plugins against the pins and python tensors."""
     from runtime.compat import CompatError
     from runtime.package import PackageError, verify_package
 

@@ -19,9 +19,10 @@ from runtime.compat import (
     load_matrix,
 )
 from runtime.entrypoint.errors import StageFailed
+from runtime.package.archive import UnpackLimits
 from runtime.package.errors import PackageError
 from runtime.package.manifest import MANIFEST_NAME, Manifest, load_manifest
-from runtime.package.unpack import UnpackLimits, unpack_archive
+from runtime.package.unpack import unpack_archive
 from runtime.package.verify import check_file
 
 __all__ = [

@@ -147,10 +147,21 @@ CHAT_FIELDS: tuple[FieldRule, ...] = (
     FieldRule(
         "response_format",
         Policy.HONOURED,
-        "json_schema/json_object become structured outputs under the pinned key; the JSON is "
-        "validated before it is returned; text is plain. A schema's $refs must resolve within "
-        "it (nothing is ever fetched) and it nests at most 64 JSON levels and 32 subschemas "
-        "(each $ref followed counts one); otherwise a 400",
+        "json_schema/json_object become structured outputs under the pinned key; text is "
+        "plain. Without stream the JSON is validated before it is returned: output that is not "
+        "JSON satisfying the format is a 502 invalid_json_output, JSON cut by max_tokens a 400 "
+        "output_truncated (param max_tokens). With stream, content is sent as it is generated "
+        "and each choice is validated when it ends. If it fails, every chunk of it has been "
+        "sent but the one that "
+        "would carry its finish_reason (and whatever last text the engine sent with that), so "
+        "the client may hold all of the invalid JSON; the stream (HTTP 200 already) then ends, "
+        'for every choice, with one event `data: {"error": {...}}` of the same type, param and '
+        "code, without that finish_reason, a usage chunk or [DONE] (the openai client raises "
+        "APIError on it). Streamed content is unvalidated until its choice's finish_reason "
+        "arrives: discard it when the error event comes instead. A choice that fails before "
+        "the first chunk is sent gets the HTTP error itself. A schema's $refs must resolve "
+        "within it (nothing is ever fetched) and it nests at most 64 JSON levels and 32 "
+        "subschemas (each $ref followed counts one); otherwise a 400",
     ),
     FieldRule("safety_identifier", Policy.INERT, "no effect on output; never logged"),
     FieldRule(
@@ -179,7 +190,8 @@ CHAT_FIELDS: tuple[FieldRule, ...] = (
         "(finish_reason tool_calls); parameters are checked as response_format schemas are; "
         "function.strict=true validates each call's arguments against its parameters before "
         "they are returned (a mismatch withholds the response: 502 invalid_tool_call, counted "
-        "like invalid JSON)",
+        "like invalid JSON; with stream, fragments already sent stay sent and the stream ends "
+        "with that error event, as for response_format)",
     ),
     FieldRule(
         "verbosity",

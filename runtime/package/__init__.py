@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from runtime.package.archive import UnpackLimits, check_archive
 from runtime.package.build import PackageSpec, build_package
 from runtime.package.errors import PackageError
 from runtime.package.manifest import (
@@ -12,7 +13,7 @@ from runtime.package.manifest import (
     load_manifest,
     manifest_json_schema,
 )
-from runtime.package.unpack import UnpackLimits, unpack_archive
+from runtime.package.unpack import unpack_archive
 from runtime.package.verify import describe, verify_package
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "PackageSpec",
     "UnpackLimits",
     "build_package",
+    "check_archive",
     "describe",
     "load_manifest",
     "manifest_json_schema",

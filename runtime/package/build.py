@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from runtime.compat import load_matrix, vllm_requirements
 from runtime.constraints.catalog import CatalogError, read_catalog
+from runtime.package.archive import check_archive
 from runtime.package.errors import PackageError
 from runtime.package.manifest import (
     ARCHIVE_NAME,
@@ -323,8 +324,9 @@ def build_package(
 ) -> Manifest:
     """Check the source tree, then write ``package.tar``, the weights and ``manifest.json``.
 
-    Every check runs before anything is written, and the folder is built beside ``out`` and
-    renamed into place, so ``out`` appears complete or not at all.
+    Every check runs before anything is written but the archive's member checks (those of
+    ``package verify`` and the pod's unpack), run on the archive as written; the folder is built
+    beside ``out`` and renamed into place, so ``out`` appears complete or not at all.
     """
     source = source.resolve()
     out = Path(os.path.abspath(out))  # a normalised name and parent for the staging folder
@@ -366,6 +368,9 @@ def build_package(
     staging = _staging_folder(out)
     try:
         archive_files = _write_archive(files, staging / ARCHIVE_NAME)
+        # The pod's unpack and package verify run the same checks: refuse here what they would.
+        with (staging / ARCHIVE_NAME).open("rb") as handle:
+            check_archive(handle, str(out / ARCHIVE_NAME), archive_files)
         weight_files = _place_weights(weights, staging)
         manifest = _manifest(
             spec,

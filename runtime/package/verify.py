@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import hashlib
 import stat
-import tarfile
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+from runtime.package.archive import (
+    ArchiveFile,
+    UnpackLimits,
+    check_archive,
+    read_member,
+    shown_path,
+)
 from runtime.package.build import check_catalog, file_entry, image_pins
 from runtime.package.errors import PackageError
 from runtime.package.manifest import MANIFEST_NAME, FileEntry, Manifest, load_manifest
 from runtime.package.plugin_checks import check_plugin_entry_points, check_plugin_files, known_image
 from runtime.package.tensors import check_python_model
-from runtime.package.unpack import check_member, open_archive
 from runtime.package.wheels import check_against_pins, read_wheel
 
-__all__ = ["check_file", "describe", "verify_archive_members", "verify_package"]
+__all__ = ["check_file", "describe", "verify_archive", "verify_package"]
 
 _CHUNK = 1 << 20
 
@@ -54,54 +59,56 @@ def check_file(folder: Path, entry: FileEntry, *, full: bool = True) -> None:
             )
 
 
-def verify_archive_members(archive: Path, manifest: Manifest) -> None:
-    """Check every member as the entrypoint's unpack does, hash the files and compare names,
-    sizes and sha256 with ``archive_files``."""
-    expected = {entry.path: entry for entry in manifest.archive_files}
-    seen: set[str] = set()
+def verify_archive(
+    archive: Path,
+    manifest: Manifest,
+    *,
+    full: bool = True,
+    constraints: Path | None = None,
+    limits: UnpackLimits | None = None,
+) -> None:
+    """Check every member as the entrypoint's unpack does (`check_archive`, whether ``full``
+    or not), hash each file against ``archive_files`` when ``full``, and check the plugin
+    wheels and catalogs it ships as packaging and the engine read them."""
     try:
-        with open_archive(archive) as tar:
-            for member in tar:
-                check_member(member, archive)
-                if member.isdir():
-                    continue
-                entry = expected.get(member.name)
-                if entry is None or not member.isreg() or member.name in seen:
-                    raise PackageError(
-                        f"archive member {member.name} is not a regular file listed once in the "
-                        "manifest; rebuild the package"
-                    )
-                seen.add(member.name)
-                handle = tar.extractfile(member)
-                assert handle is not None  # regular members always have data
-                digest = hashlib.sha256()
-                while chunk := handle.read(_CHUNK):
-                    digest.update(chunk)
-                if member.size != entry.size or digest.hexdigest() != entry.sha256:
-                    raise PackageError(
-                        f"checksum mismatch for archive member {member.name}; rebuild the package"
-                    )
-    except tarfile.TarError as exc:
-        raise _corrupt(archive, exc) from exc
+        handle = archive.open("rb")
     except OSError as exc:
         raise _unreadable(archive, exc) from exc
-    missing = sorted(set(expected) - seen)
-    if missing:
-        raise PackageError(f"archive {archive} lacks {', '.join(missing[:5])}")
-
-
-def _member_bytes(tar: tarfile.TarFile, name: str, what: str) -> bytes:
-    """The data of regular member ``name``; ``what`` says which manifest field names it."""
+    with handle:
+        files = check_archive(handle, str(archive), manifest.archive_files, limits)
+        by_path = {member.path: member for member in files}
+        if full:
+            expected = {entry.path: entry.sha256 for entry in manifest.archive_files}
+            for member in files:
+                digest = _member_sha256(handle, archive, member)
+                if digest != expected[member.path]:
+                    raise PackageError(
+                        f"checksum mismatch for archive member {shown_path(member.path)}; "
+                        "rebuild the package"
+                    )
+        # check_archive found every archive_files entry, and the manifest's own checks put
+        # each plugin wheel and catalog among them.
+        wheels = [read_member(handle, str(archive), by_path[p.wheel]) for p in manifest.plugins]
+        catalogs = [read_member(handle, str(archive), by_path[c.path]) for c in manifest.catalogs]
     try:
-        handle = tar.extractfile(name)
-    except KeyError:
-        handle = None
-    if handle is None:
-        raise PackageError(
-            f"{what}: {name} is not a file in the archive; the archive does not match the "
-            "manifest: rebuild the package or restore it again"
-        )
-    return handle.read()
+        with tempfile.TemporaryDirectory() as tmp:
+            _check_plugins(Path(tmp), manifest, wheels, constraints)
+            for i, (catalog, data) in enumerate(zip(manifest.catalogs, catalogs, strict=True)):
+                path = Path(tmp) / f"{i}.jsonl"
+                path.write_bytes(data)
+                check_catalog(path, catalog, f"catalogs.{i}")
+    except OSError as exc:
+        raise _unreadable(archive, exc) from exc
+
+
+def _member_sha256(handle: BinaryIO, archive: Path, member: ArchiveFile) -> str:
+    digest = hashlib.sha256()
+    done = 0
+    while done < member.size:
+        part = ArchiveFile(member.path, member.offset + done, min(_CHUNK, member.size - done))
+        digest.update(read_member(handle, str(archive), part))
+        done += part.size
+    return digest.hexdigest()
 
 
 def _unreadable(archive: Path, exc: OSError) -> PackageError:
@@ -112,61 +119,44 @@ def _unreadable(archive: Path, exc: OSError) -> PackageError:
     )
 
 
-def _corrupt(archive: Path, exc: tarfile.TarError) -> PackageError:
-    return PackageError(
-        f"archive {archive} is corrupt ({exc}); publish or restore it again, or rebuild the package"
-    )
-
-
-def _check_plugins(archive: Path, manifest: Manifest, constraints: Path | None) -> None:
+def _check_plugins(
+    tmp: Path, manifest: Manifest, wheels: list[bytes], constraints: Path | None
+) -> None:
     image = image_pins(manifest.triton, constraints)
     names = known_image(image.distributions)
-    wheels = []
-    try:
-        with open_archive(archive) as tar, tempfile.TemporaryDirectory() as tmp:
-            for i, plugin in enumerate(manifest.plugins):
-                path = Path(tmp) / Path(plugin.wheel).name
-                path.write_bytes(_member_bytes(tar, plugin.wheel, f"plugins.{i}"))
-                info = read_wheel(path, plugin.wheel)
-                if (info.distribution, info.version) != (plugin.distribution, plugin.version):
-                    raise PackageError(
-                        f"plugin wheel {plugin.wheel} is {info.distribution} {info.version}, the "
-                        f"manifest says {plugin.distribution} {plugin.version}"
-                    )
-                check_against_pins(info, plugin.wheel, image.pins, image.environment, image.ranges)
-                check_plugin_files(info, plugin.wheel, names, set(image.pins))
-                wheels.append((plugin.wheel, info))
-    except tarfile.TarError as exc:  # a same-size damaged archive passes the --quick size check
-        raise _corrupt(archive, exc) from exc
-    except OSError as exc:
-        raise _unreadable(archive, exc) from exc
-    check_plugin_entry_points(wheels, image.environment)
+    infos = []
+    for i, (plugin, data) in enumerate(zip(manifest.plugins, wheels, strict=True)):
+        path = tmp / f"{i}" / Path(plugin.wheel).name
+        path.parent.mkdir()
+        path.write_bytes(data)
+        info = read_wheel(path, plugin.wheel)
+        if (info.distribution, info.version) != (plugin.distribution, plugin.version):
+            raise PackageError(
+                f"plugin wheel {plugin.wheel} is {info.distribution} {info.version}, the "
+                f"manifest says {plugin.distribution} {plugin.version}"
+            )
+        check_against_pins(info, plugin.wheel, image.pins, image.environment, image.ranges)
+        check_plugin_files(info, plugin.wheel, names, set(image.pins))
+        infos.append((plugin.wheel, info))
+    check_plugin_entry_points(infos, image.environment)
 
 
-def _check_catalogs(archive: Path, manifest: Manifest) -> None:
-    try:
-        with open_archive(archive) as tar, tempfile.TemporaryDirectory() as tmp:
-            for i, catalog in enumerate(manifest.catalogs):
-                path = Path(tmp) / f"{i}.jsonl"
-                path.write_bytes(_member_bytes(tar, catalog.path, f"catalogs.{i}"))
-                check_catalog(path, catalog, f"catalogs.{i}")
-    except tarfile.TarError as exc:
-        raise _corrupt(archive, exc) from exc
-    except OSError as exc:
-        raise _unreadable(archive, exc) from exc
-
-
-def verify_package(folder: Path, *, full: bool = True, constraints: Path | None = None) -> Manifest:
-    """Check a version folder: checksums, plugins, catalogs (as the engine reads them), tensors."""
+def verify_package(
+    folder: Path,
+    *,
+    full: bool = True,
+    constraints: Path | None = None,
+    limits: UnpackLimits | None = None,
+) -> Manifest:
+    """Check a version folder: checksums (sizes only unless ``full``), every archive member as
+    the entrypoint's unpack checks it (under ``limits``, default the pod's), plugins, catalogs
+    (as the engine reads them), tensors."""
     manifest = load_manifest(folder / MANIFEST_NAME)
     check_file(folder, manifest.archive, full=full)
     for entry in manifest.weight_files:
         check_file(folder, entry, full=full)
     archive = folder / manifest.archive.path  # the file whose checksum was just checked
-    if full:
-        verify_archive_members(archive, manifest)
-    _check_plugins(archive, manifest, constraints)
-    _check_catalogs(archive, manifest)
+    verify_archive(archive, manifest, full=full, constraints=constraints, limits=limits)
     if manifest.python_model is not None:
         check_python_model(manifest.python_model)
     return manifest

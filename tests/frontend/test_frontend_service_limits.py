@@ -72,6 +72,35 @@ def test_invalid_engine_json_ends_a_stream_with_an_error_event(broken: Served) -
     assert _invalid_count(broken) == before + 1
 
 
+def test_stream_of_invalid_json_is_what_fields_md_says(broken: Served) -> None:
+    # The invalid text goes out as generated; the chunk that would carry finish_reason is
+    # replaced by one error event, and neither usage nor [DONE] follows.
+    body = {
+        **CHAT,
+        "response_format": JSON_FORMAT,
+        "max_tokens": 20,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with httpx.stream("POST", broken.url + "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert "[DONE]" not in events
+    *chunks, last = [json.loads(e) for e in events]
+    assert last == {
+        "error": {
+            "message": last["error"]["message"],
+            "type": "server_error",
+            "param": "response_format",
+            "code": "invalid_json_output",
+        }
+    }
+    content = "".join(c["delta"].get("content") or "" for e in chunks for c in e["choices"])
+    assert content == '{"ok": true'  # the stand-in's invalid JSON, all of it sent
+    assert all(c["finish_reason"] is None for e in chunks for c in e["choices"])
+    assert all(e.get("usage") is None for e in chunks)
+
+
 def test_truncated_json_is_refused_not_returned(frontend: Served) -> None:
     before = _invalid_count(frontend)
     response = httpx.post(

@@ -12,6 +12,7 @@ import pytest
 from runtime.package import MANIFEST_NAME, load_manifest
 from runtime.package.build import file_entry
 from runtime.publish import publish
+from tests.runtime.archivemaker import add_and_seal, file_member
 from tests.runtime.pod import Pod, infer, port_refuses
 from tests.runtime.wheelmaker import make_source, make_toy_plugin
 
@@ -70,6 +71,20 @@ def test_corrupt_archive_with_a_link_stops_at_unpack(tmp_path: Path) -> None:
     line = failure_line(err)
     assert "stage 2/8 unpack failed: archive member tokenizer/evil.json is a link" in line
     assert not (pod.root / "work" / "package" / "tokenizer" / "evil.json").exists()
+
+
+def test_archive_with_a_3000_folder_path_stops_at_unpack_naming_it(tmp_path: Path) -> None:
+    # It was "unexpected RecursionError at <frozen posixpath>", naming no member.
+    pod = Pod.create(tmp_path)
+    name = "d/" * 3_000 + "f.json"
+    add_and_seal(pod.root / "version", [file_member(name)])  # stage 1 passes: only stage 2 refuses
+    code, err = pod.run_to_exit()
+    assert code == 12
+    line = failure_line(err)
+    assert "stage 2/8 unpack failed: archive member d/d/d/" in line
+    assert "has a 6006-byte path, over the 1024 a package may use" in line
+    assert "unexpected" not in line
+    assert not (pod.root / "work" / "package" / "d").exists()
 
 
 def test_plugin_that_upgrades_vllm_stops_at_plugins(

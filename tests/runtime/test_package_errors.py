@@ -143,14 +143,17 @@ def _rename_plugin_member(archive: Path) -> None:
             if member.name == WHEEL:
                 member.name = WHEEL.replace("plugins/", "pluginz/")
             tar.addfile(member, io.BytesIO(data))
-    assert archive.stat().st_size == size  # so only the member list can tell, not --quick
+    assert archive.stat().st_size == size  # so only the member checks can tell, not its size
 
 
 @pytest.mark.parametrize(
     ("damage", "expected"),
     [
         (_same_size_garbage, "package.tar is corrupt (invalid header); publish or restore it"),
-        (_rename_plugin_member, f"plugins.0: {WHEEL} is not a file in the archive"),
+        (
+            _rename_plugin_member,
+            f"archive member {WHEEL.replace('plugins/', 'pluginz/')} (",
+        ),
     ],
     ids=["same_size_garbage", "renamed_plugin_member"],
 )

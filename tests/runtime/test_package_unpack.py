@@ -19,10 +19,10 @@ from runtime.package import (
 )
 from runtime.package.build import file_entry
 from runtime.package.manifest import FileEntry
-from runtime.package.unpack import MAX_EXTENDED_HEADER_BYTES
 from tests.runtime.wheelmaker import make_source
 
 SHA = "0" * 64
+MAX_EXTENDED_HEADER_BYTES = UnpackLimits().max_header_bytes
 
 
 def test_unpack_reproduces_every_file(tmp_path: Path) -> None:
