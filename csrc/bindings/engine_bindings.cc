@@ -340,6 +340,120 @@ void Engine_Fill(BatchEngine& engine, const py::buffer& bitmask, const py::buffe
   }
 }
 
+// One step of the listed slots against their output-token lists (GIL held while the lists are
+// read, released while the engine runs): a list shorter than what its slot consumed resets the
+// slot, new tokens are advanced up to the first placeholder (-1), then the row is filled, a row
+// stopped at a placeholder only with `fill_waiting`. Writes the rows whose tokens are all known,
+// then the others, into `order` and returns how many are ready. With `wait` false the step runs
+// on the engine's threads, which keep `bitmask` referenced until it is waited for.
+py::ssize_t Engine_Step(BatchEngine& engine, const py::list& outputs, const py::buffer& rows,
+                        const py::buffer& consumed, const py::buffer& order,
+                        const py::buffer& bitmask, bool fill_waiting, bool wait) {
+  auto r = Checked<int32_t>(rows, "rows", 1, false);
+  auto c = Checked<int64_t>(consumed, "consumed", 1, true);
+  auto o = Checked<int32_t>(order, "order", 1, true);
+  auto b = Checked<int32_t>(bitmask, "bitmask", 2, true);
+  if (static_cast<std::size_t>(b.shape[1]) != engine.words()) {
+    throw ConfigError("bitmask must have " + std::to_string(engine.words()) +
+                      " int32 words per row (ceil(vocab_size / 32)), got " +
+                      std::to_string(b.shape[1]));
+  }
+  const auto count = static_cast<std::size_t>(r.shape[0]);
+  if (o.shape[0] < r.shape[0]) {
+    throw ConfigError("order must hold " + std::to_string(count) + " rows, got " +
+                      std::to_string(o.shape[0]));
+  }
+  const auto* row_ptr = static_cast<const int32_t*>(r.ptr);
+  auto* consumed_ptr = static_cast<int64_t*>(c.ptr);
+  auto* order_ptr = static_cast<int32_t*>(o.ptr);
+  const auto limit = std::min<py::ssize_t>(py::len(outputs), c.shape[0]);
+  llm_serving::StepPlan plan;
+  plan.slots.reserve(count);
+  plan.reset.reserve(count);
+  plan.fill.reserve(count);
+  plan.begin.reserve(count + 1);
+  plan.tokens.reserve(count);
+  std::vector<int32_t> waiting;
+  std::size_t ready = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const int32_t row = row_ptr[i];
+    if (row < 0 || row >= limit) {
+      throw ConfigError("row " + std::to_string(row) + " is outside the " +
+                        std::to_string(limit) + " output lists");
+    }
+    PyObject* list = PyList_GET_ITEM(outputs.ptr(), row);
+    if (!PyList_Check(list)) {
+      throw ConfigError("outputs[" + std::to_string(row) + "] must be a list");
+    }
+    const py::ssize_t size = PyList_GET_SIZE(list);
+    py::ssize_t next = consumed_ptr[row];
+    const bool reset = size < next;  // tokens were discarded: replay the list from the start
+    if (reset) next = 0;
+    for (; next < size; ++next) {
+      const long long token = PyLong_AsLongLong(PyList_GET_ITEM(list, next));
+      if (token == -1 && PyErr_Occurred()) throw py::error_already_set();
+      if (token == -1) break;
+      if (token < std::numeric_limits<int32_t>::min() ||
+          token > std::numeric_limits<int32_t>::max()) {
+        throw ConfigError("token " + std::to_string(token) + " of outputs[" +
+                          std::to_string(row) + "] is not an int32");
+      }
+      plan.tokens.push_back(static_cast<int32_t>(token));
+    }
+    consumed_ptr[row] = next;
+    const bool known = next == size;
+    plan.slots.push_back(row);
+    plan.reset.push_back(reset ? 1 : 0);
+    plan.fill.push_back(known || fill_waiting ? 1 : 0);
+    plan.begin.push_back(plan.tokens.size());
+    if (known) {
+      order_ptr[ready++] = row;
+    } else {
+      waiting.push_back(row);
+    }
+  }
+  std::copy(waiting.begin(), waiting.end(), order_ptr + ready);
+  auto* bitmask_ptr = static_cast<int32_t*>(b.ptr);
+  const auto num_rows = static_cast<std::size_t>(b.shape[0]);
+  if (wait) {
+    py::gil_scoped_release release;
+    engine.Step(std::move(plan), bitmask_ptr, num_rows);
+    return static_cast<py::ssize_t>(ready);
+  }
+  // As in Engine_Fill: the engine holds the bitmask's owner until the step is waited for.
+  std::shared_ptr<void> keep = std::make_shared<py::object>(bitmask);
+  std::shared_ptr<void> finished;
+  {
+    py::gil_scoped_release release;
+    finished = engine.StepAsync(std::move(plan), bitmask_ptr, num_rows, keep);
+  }
+  return static_cast<py::ssize_t>(ready);
+}
+
+// `logits` is the address of a C-contiguous float32 [num_rows, columns] CPU buffer: the Python
+// wrapper takes it from a tensor it checked, which spares converting the tensor every step.
+void Engine_MaskLogits(BatchEngine& engine, std::uintptr_t logits, const PyInt& num_rows,
+                       const PyInt& columns, const py::buffer& bitmask, const py::buffer& rows) {
+  const auto n = InRange<std::size_t>(num_rows, "num_rows", 0, std::numeric_limits<int64_t>::max());
+  const auto width =
+      InRange<std::size_t>(columns, "columns", 0, std::numeric_limits<int64_t>::max());
+  auto b = Checked<int32_t>(bitmask, "bitmask", 2, false);
+  auto r = Checked<int32_t>(rows, "rows", 1, false);
+  if (static_cast<std::size_t>(b.shape[1]) != engine.words()) {
+    throw ConfigError("bitmask must have " + std::to_string(engine.words()) +
+                      " int32 words per row (ceil(vocab_size / 32)), got " +
+                      std::to_string(b.shape[1]));
+  }
+  if (logits == 0 && n != 0) throw ConfigError("logits is a null address");
+  auto* logits_ptr = reinterpret_cast<float*>(logits);
+  const auto* bitmask_ptr = static_cast<const int32_t*>(b.ptr);
+  const auto bitmask_rows = static_cast<std::size_t>(b.shape[0]);
+  const auto* row_ptr = static_cast<const int32_t*>(r.ptr);
+  const auto count = static_cast<std::size_t>(r.shape[0]);
+  py::gil_scoped_release release;
+  engine.MaskLogits(logits_ptr, n, width, bitmask_ptr, bitmask_rows, row_ptr, count);
+}
+
 void Engine_Wait(BatchEngine& engine) {
   std::shared_ptr<void> finished;
   py::gil_scoped_release release;
@@ -471,6 +585,10 @@ PYBIND11_MODULE(_engine, m) {
       .def("advance_batch", &Engine_AdvanceBatch, py::arg("slots"), py::arg("tokens"))
       .def("fill", &Engine_Fill, py::arg("bitmask"), py::arg("rows"), py::arg("wait") = true)
       .def("wait", &Engine_Wait)
+      .def("step", &Engine_Step, py::arg("outputs"), py::arg("rows"), py::arg("consumed"),
+           py::arg("order"), py::arg("bitmask"), py::arg("fill_waiting"), py::arg("wait"))
+      .def("mask_logits", &Engine_MaskLogits, py::arg("logits"), py::arg("num_rows"),
+           py::arg("columns"), py::arg("bitmask"), py::arg("rows"))
       .def("active", &Engine_Active, py::arg("slot"))
       .def("slot_info", &Engine_SlotInfo, py::arg("slot"))
       .def_property_readonly("total_dead_ends", &Engine_TotalDeadEnds);

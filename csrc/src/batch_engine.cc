@@ -14,6 +14,9 @@ namespace {
 // so few rows that handing a chunk to another thread costs more than filling it.
 constexpr std::size_t kChunksPerThread = 4;
 constexpr std::size_t kMinRowsPerChunk = 16;
+// Logits a masking chunk covers: waking a worker pays only above about a megabyte of floats,
+// so a small vocabulary's batch is masked by the calling thread alone.
+constexpr std::size_t kMaskFloatsPerChunk = std::size_t{1} << 18;
 
 }  // namespace
 
@@ -59,20 +62,14 @@ void BatchEngine::Add(std::size_t slot, std::shared_ptr<const Constraint> constr
   auto state = std::make_unique<SlotState>(std::move(constraint));
   std::lock_guard<std::mutex> lock(mutex_);
   pool_.Wait();
-  RemoveLocked(slot);
   slots_[slot] = std::move(state);
-}
-
-void BatchEngine::RemoveLocked(std::size_t slot) {
-  if (slots_[slot]) removed_dead_ends_ += slots_[slot]->dead_ends();
-  slots_[slot].reset();
 }
 
 void BatchEngine::Remove(std::size_t slot) {
   CheckSlot(slot, "slot");
   std::lock_guard<std::mutex> lock(mutex_);
   pool_.Wait();
-  RemoveLocked(slot);
+  slots_[slot].reset();
 }
 
 void BatchEngine::Move(std::size_t from, std::size_t to) {
@@ -81,7 +78,6 @@ void BatchEngine::Move(std::size_t from, std::size_t to) {
   std::lock_guard<std::mutex> lock(mutex_);
   pool_.Wait();
   if (from == to) return;
-  RemoveLocked(to);
   slots_[to] = std::move(slots_[from]);
 }
 
@@ -147,6 +143,83 @@ void BatchEngine::Stage(int32_t* bitmask, std::size_t num_rows, const int32_t* r
   }
   bitmask_ = reinterpret_cast<uint32_t*>(bitmask);
   num_fill_rows_ = kept;
+  stepping_ = false;
+}
+
+void BatchEngine::StageStep(StepPlan plan, int32_t* bitmask, std::size_t num_rows) {
+  pool_.Wait();
+  const std::size_t count = plan.slots.size();
+  if (plan.reset.size() != count || plan.fill.size() != count || plan.begin.size() != count + 1 ||
+      plan.begin.back() != plan.tokens.size()) {
+    throw ConfigError("inconsistent step plan");
+  }
+  std::size_t i = 0;
+  std::string error;
+  bool inactive = false;
+  for (; i < count; ++i) {
+    const int32_t slot = plan.slots[i];
+    if (slot < 0 || static_cast<std::size_t>(slot) >= slots_.size()) {
+      error = "slot " + std::to_string(slot) + " is not in 0.." +
+              std::to_string(slots_.size() - 1);
+      break;
+    }
+    const auto index = static_cast<std::size_t>(slot);
+    if (seen_[index] != 0) {
+      error = "slot " + std::to_string(slot) + " is listed twice";
+      break;
+    }
+    if (!slots_[index]) {
+      error = "slot " + std::to_string(slot) + " holds no constraint";
+      inactive = true;
+      break;
+    }
+    if (plan.fill[i] != 0 && index >= num_rows) {
+      error = "row " + std::to_string(slot) + " is outside the bitmask's " +
+              std::to_string(num_rows) + " rows";
+      break;
+    }
+    seen_[index] = 1;
+  }
+  for (std::size_t j = 0; j < i; ++j) seen_[static_cast<std::size_t>(plan.slots[j])] = 0;
+  if (inactive) throw StateError(error);
+  if (!error.empty()) throw ConfigError(error);
+  step_ = std::move(plan);
+  stepping_ = true;
+  bitmask_ = reinterpret_cast<uint32_t*>(bitmask);
+  num_fill_rows_ = count;
+}
+
+std::shared_ptr<void> BatchEngine::StepAsync(StepPlan plan, int32_t* bitmask,
+                                             std::size_t num_rows,
+                                             std::shared_ptr<void> keep_alive) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  StageStep(std::move(plan), bitmask, num_rows);
+  // A single chunk is left to Wait(): a small step costs less than waking a worker, which
+  // on a busy core preempts the caller for about as long as the step takes.
+  Launch(/*wake_workers=*/false);
+  std::swap(keep_alive_, keep_alive);
+  return keep_alive;
+}
+
+void BatchEngine::Step(StepPlan plan, int32_t* bitmask, std::size_t num_rows) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  StageStep(std::move(plan), bitmask, num_rows);
+  Launch(/*wake_workers=*/false);
+  pool_.Wait();
+}
+
+uint64_t BatchEngine::RunStep(std::size_t begin, std::size_t end) {
+  uint64_t dead_ends = 0;
+  for (std::size_t i = begin; i < end; ++i) {
+    const auto slot = static_cast<std::size_t>(step_.slots[i]);
+    SlotState& state = *slots_[slot];
+    if (step_.reset[i] != 0) state.Reset();
+    for (std::size_t t = step_.begin[i]; t < step_.begin[i + 1]; ++t) {
+      state.Advance(step_.tokens[t]);
+    }
+    if (step_.fill[i] != 0) dead_ends += FillCounting(state, bitmask_ + slot * words_);
+  }
+  return dead_ends;
 }
 
 void BatchEngine::Launch(bool wake_workers) {
@@ -179,11 +252,53 @@ std::shared_ptr<void> BatchEngine::Wait() {
   return std::move(keep_alive_);
 }
 
-void BatchEngine::RunChunk(std::size_t begin, std::size_t end) noexcept {
-  for (std::size_t i = begin; i < end; ++i) {
-    const auto row = static_cast<std::size_t>(rows_[i]);
-    slots_[row]->FillRow(bitmask_ + row * words_);
+void BatchEngine::MaskLogits(float* logits, std::size_t num_rows, std::size_t columns,
+                             const int32_t* bitmask, std::size_t bitmask_rows,
+                             const int32_t* rows, std::size_t count) {
+  if (columns > words_ * 32) {
+    throw ConfigError("logits have " + std::to_string(columns) + " columns, the bitmask covers " +
+                      std::to_string(words_ * 32) + " tokens");
   }
+  std::size_t masked = 0;  // rows before the first one past the logits
+  for (std::size_t i = 0; i < count; ++i) {
+    if (rows[i] < 0 || static_cast<std::size_t>(rows[i]) >= bitmask_rows) {
+      throw ConfigError("row " + std::to_string(rows[i]) + " is outside the bitmask's " +
+                        std::to_string(bitmask_rows) + " rows");
+    }
+    // Increasing rows never share a chunk's row with another chunk.
+    if (i > 0 && rows[i] <= rows[i - 1]) throw ConfigError("rows must be strictly increasing");
+    if (static_cast<std::size_t>(rows[i]) < num_rows) masked = i + 1;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  pool_.Wait();
+  mask_task_.logits = logits;
+  mask_task_.columns = columns;
+  mask_task_.bitmask = reinterpret_cast<const uint32_t*>(bitmask);
+  mask_task_.words = words_;
+  mask_task_.rows = rows;
+  const std::size_t chunk =
+      std::max<std::size_t>(kMaskFloatsPerChunk / std::max<std::size_t>(columns, 1), 1);
+  pool_.Submit(&mask_task_, masked, chunk, /*wake_workers=*/false);
+  pool_.Wait();
+}
+
+uint64_t BatchEngine::FillCounting(SlotState& state, uint32_t* row) {
+  const uint64_t before = state.dead_ends();
+  state.FillRow(row);
+  return state.dead_ends() - before;
+}
+
+void BatchEngine::RunChunk(std::size_t begin, std::size_t end) noexcept {
+  uint64_t dead_ends = 0;
+  if (stepping_) {
+    dead_ends = RunStep(begin, end);
+  } else {
+    for (std::size_t i = begin; i < end; ++i) {
+      const auto row = static_cast<std::size_t>(rows_[i]);
+      dead_ends += FillCounting(*slots_[row], bitmask_ + row * words_);
+    }
+  }
+  if (dead_ends != 0) dead_ends_.fetch_add(dead_ends, std::memory_order_relaxed);
 }
 
 bool BatchEngine::active(std::size_t slot) {
@@ -206,11 +321,7 @@ SlotInfo BatchEngine::Info(std::size_t slot) {
 uint64_t BatchEngine::total_dead_ends() {
   std::lock_guard<std::mutex> lock(mutex_);
   pool_.Wait();
-  uint64_t total = removed_dead_ends_;
-  for (const auto& slot : slots_) {
-    if (slot) total += slot->dead_ends();
-  }
-  return total;
+  return dead_ends_.load(std::memory_order_relaxed);
 }
 
 }  // namespace llm_serving

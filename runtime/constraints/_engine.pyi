@@ -125,6 +125,14 @@ class Engine:
     ) -> None: ...
     def advance_batch(self, slots: _Buffer, tokens: _Buffer) -> None: ...
     def fill(self, bitmask: _Buffer, rows: _Buffer, wait: bool = True) -> None: ...
+    def mask_logits(
+        self,
+        logits: typing.SupportsInt | typing.SupportsIndex,
+        num_rows: typing.SupportsInt | typing.SupportsIndex,
+        columns: typing.SupportsInt | typing.SupportsIndex,
+        bitmask: _Buffer,
+        rows: _Buffer,
+    ) -> None: ...
     def move(
         self,
         source: typing.SupportsInt | typing.SupportsIndex,
@@ -135,6 +143,16 @@ class Engine:
     def slot_info(
         self, slot: typing.SupportsInt | typing.SupportsIndex
     ) -> dict[str, typing.Any]: ...
+    def step(
+        self,
+        outputs: list,
+        rows: _Buffer,
+        consumed: _Buffer,
+        order: _Buffer,
+        bitmask: _Buffer,
+        fill_waiting: bool,
+        wait: bool,
+    ) -> int: ...
     def swap(
         self,
         a: typing.SupportsInt | typing.SupportsIndex,

@@ -9,13 +9,13 @@ a list that got shorter (tokens discarded) resets the state and replays it.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from runtime.constraints import _engine
 from runtime.constraints.engine import ConstraintEngine, compile_plan
+from runtime.constraints.masking import apply_bitmask_inplace
 from runtime.constraints.metrics import CounterSync
 from runtime.constraints.plan import ConstraintPlan, resolve_constraints
 from runtime.constraints.registry import CatalogRegistry
@@ -25,8 +25,7 @@ __all__ = ["ConstraintBatch", "build_plan"]
 
 logger = logging.getLogger(__name__)
 
-#: Placeholder that vLLM's async scheduling puts in output lists until the token is known.
-PLACEHOLDER = -1
+_NO_ROWS = np.zeros(0, dtype=np.int32)
 
 
 def build_plan(
@@ -48,15 +47,13 @@ def build_plan(
     )
 
 
-@dataclass
-class _Slot:
-    output: list[int]
-    consumed: int = 0
-    waiting: bool = False
-
-
 class ConstraintBatch:
-    """Slots ``0..max_batch-1``; ``start_fill`` / ``finish_fill`` produce the step's bitmask."""
+    """Slots ``0..max_batch-1``; ``start_fill`` / ``finish_fill`` produce the step's bitmask.
+
+    A step costs no per-row Python: ``start_fill`` makes one native call over the constrained
+    slots (a sorted array rebuilt only when they change), which reads the new tokens from the
+    lists and leaves advancing and filling to the engine's threads; ``finish_fill`` waits.
+    """
 
     def __init__(
         self,
@@ -76,14 +73,34 @@ class ConstraintBatch:
         if pin_memory:
             self.bitmask = self.bitmask.pin_memory()
         self._bitmask_np = self.bitmask.numpy()
-        self._slots: list[_Slot | None] = [None] * max_batch
-        self._ready = np.zeros(max_batch, dtype=np.int32)
+        #: Each slot's live output-token list (None: unconstrained) and how many of its tokens
+        #: the engine has consumed; both move with the slot.
+        self._outputs: list[list[int] | None] = [None] * max_batch
+        self._consumed = np.zeros(max_batch, dtype=np.int64)
+        self._constrained = np.zeros(max_batch, dtype=bool)
+        self._rows: np.ndarray | None = _NO_ROWS
+        #: The native sync's output: rows ready to fill, then rows stopped at a placeholder.
+        self._order = np.zeros(max_batch, dtype=np.int32)
+        #: Rows of the current step whose fill waits for their placeholders to be replaced.
+        self._late = _NO_ROWS
+        #: Whether this step's fill is pending (or rows still wait on placeholders).
+        self._stepping = False
         #: Requests whose configuration failed at add time; they may only end (fail closed).
         self.rejected_requests = 0
         self._counters = CounterSync()
 
     def constrained_rows(self) -> np.ndarray:
-        return np.asarray([i for i, s in enumerate(self._slots) if s is not None], np.int32)
+        """The constrained slots, ascending (int32; shared, do not modify)."""
+        if self._rows is None:
+            self._rows = np.flatnonzero(self._constrained).astype(np.int32)
+        return self._rows
+
+    def _bind(self, slot: int, output: list[int] | None, consumed: int = 0) -> None:
+        self._outputs[slot] = output
+        self._consumed[slot] = consumed
+        if self._constrained[slot] != (output is not None):
+            self._constrained[slot] = output is not None
+            self._rows = None
 
     def add(self, slot: int, config: object | None, output: list[int], eos: int | None) -> None:
         """Bind ``slot`` to a request (None config: the slot becomes unconstrained)."""
@@ -108,48 +125,29 @@ class ConstraintBatch:
                 1, 0, [0], np.zeros((0, 3), np.int32), eos or 0, [], self.vocab_size
             )
         self.engine.add(slot, constraint)
-        self._slots[slot] = _Slot(output=output)
+        self._bind(slot, output)
 
     def remove(self, slot: int) -> None:
-        if self._slots[slot] is not None:
+        if self._outputs[slot] is not None:
             self.engine.remove(slot)
-            self._slots[slot] = None
+            self._bind(slot, None)
 
     def move(self, source: int, target: int) -> None:
         """``target`` takes over ``source``'s request; ``source`` becomes empty."""
-        if self._slots[source] is None:
+        output = self._outputs[source]
+        if output is None:
             self.remove(target)
             return
         self.engine.move(source, target)
-        self._slots[target], self._slots[source] = self._slots[source], None
+        consumed = int(self._consumed[source])
+        self._bind(source, None)
+        self._bind(target, output, consumed)
 
     def swap(self, a: int, b: int) -> None:
         self.engine.swap(a, b)
-        self._slots[a], self._slots[b] = self._slots[b], self._slots[a]
-
-    def _sync(self, index: int, slot: _Slot, slots: list[int], tokens: list[int]) -> None:
-        """Queue the slot's new known tokens (in order) for one batched advance."""
-        output = slot.output
-        if len(output) < slot.consumed:
-            self.engine.reset(index)
-            slot.consumed = 0
-        new = output[slot.consumed :]
-        if not new:
-            slot.waiting = False
-            return
-        try:
-            known = new.index(PLACEHOLDER)
-        except ValueError:
-            known = len(new)
-        if known:
-            slots.extend([index] * known)
-            tokens.extend(new[:known])
-            slot.consumed += known
-        slot.waiting = known < len(new)
-
-    def _advance(self, slots: list[int], tokens: list[int]) -> None:
-        if tokens:
-            self.engine.advance_batch(np.asarray(slots, np.int32), np.asarray(tokens, np.int32))
+        output_a, consumed_a = self._outputs[a], int(self._consumed[a])
+        self._bind(a, self._outputs[b], int(self._consumed[b]))
+        self._bind(b, output_a, consumed_a)
 
     def start_fill(self, only: np.ndarray | None = None) -> None:
         """Consume new tokens and start filling the rows whose tokens are all known.
@@ -157,38 +155,64 @@ class ConstraintBatch:
         ``only`` limits the step to these slots (Model Runner V2 keeps idle requests in
         their slots); by default every constrained slot is filled.
         """
-        n = 0
-        indices = range(len(self._slots)) if only is None else only.tolist()
-        slots: list[int] = []
-        tokens: list[int] = []
-        for index in indices:
-            slot = self._slots[index]
-            if slot is None:
-                continue
-            self._sync(index, slot, slots, tokens)
-            if not slot.waiting:
-                self._ready[n] = index
-                n += 1
-        self._advance(slots, tokens)
-        if n:
-            self.engine.fill(self._bitmask_np, self._ready[:n], wait=False)
+        if only is None:
+            rows = self.constrained_rows()
+        else:
+            only = np.asarray(only, dtype=np.int32)
+            rows = only[self._constrained[only]]
+        if rows.size == 0:
+            self._late = _NO_ROWS
+            return
+        ready = self.engine.step(
+            self._outputs, rows, self._consumed, self._order, self._bitmask_np, wait=False
+        )
+        self._late = self._waiting(ready, rows.size)
+        self._stepping = True
+
+    def _waiting(self, ready: int, count: int) -> np.ndarray:
+        """The rows a step left at a placeholder (``order`` is overwritten by the next step)."""
+        return _NO_ROWS if ready == count else self._order[ready:count].copy()
 
     def finish_fill(self) -> np.ndarray:
         """Wait for the fill, complete rows that waited on placeholders; return all rows."""
-        self.engine.wait()
-        late = []
-        slots: list[int] = []
-        tokens: list[int] = []
-        for index, slot in enumerate(self._slots):
-            if slot is not None and slot.waiting:
-                self._sync(index, slot, slots, tokens)
-                late.append(index)
-        self._advance(slots, tokens)
-        if late:
-            self.engine.fill(self._bitmask_np, np.asarray(late, np.int32))
-        # Once per step, after this step's fills: two integer reads, no lock.
+        if not self._stepping:
+            return self.constrained_rows()
+        late = self._late
+        if late.size:
+            ready = self.engine.step(
+                self._outputs,
+                late,
+                self._consumed,
+                self._order,
+                self._bitmask_np,
+                fill_waiting=True,
+            )
+            self._late = self._waiting(ready, late.size)
+        # Once per step with constrained rows: the counters change only in fills and when a
+        # request is added (a rejected request is constrained too). Like the step above, reading
+        # the dead ends waits for the pending step first, which is all the wait this needs.
         self._counters(self)
+        self._stepping = bool(self._late.size)
         return self.constrained_rows()
+
+    def mask(self, logits: torch.Tensor, rows: np.ndarray) -> None:
+        """Set ``logits[r, j]`` (CPU) to -inf where bit j of this step's ``bitmask[r]`` is 0.
+
+        ``rows`` ascending; rows past the logits are skipped.
+        """
+        if (
+            logits.dtype is torch.float32
+            and logits.is_cpu
+            and logits.is_contiguous()
+            and not logits.requires_grad
+        ):
+            # Checked here, so the tensor's address goes to the engine as is: no index tensor,
+            # no unpacked mask, no copy, not even a numpy view (microseconds at every step).
+            n, columns = logits.shape
+            self.engine.native.mask_logits(logits.data_ptr(), n, columns, self._bitmask_np, rows)
+        else:
+            rows = rows[: np.searchsorted(rows, logits.shape[0])]
+            apply_bitmask_inplace(logits, self.bitmask, torch.from_numpy(rows).to(torch.int64))
 
     @property
     def total_dead_ends(self) -> int:

@@ -175,6 +175,55 @@ class ConstraintEngine:
             np.ascontiguousarray(_as_int32(tokens, "tokens")),
         )
 
+    def step(
+        self,
+        outputs: list[list[int] | None],
+        rows: np.ndarray,
+        consumed: np.ndarray,
+        order: np.ndarray,
+        bitmask: np.ndarray,
+        *,
+        fill_waiting: bool = False,
+        wait: bool = True,
+    ) -> int:
+        """Bring each slot of ``rows`` (int32) up to its output-token list and fill its row.
+
+        ``consumed[row]`` (int64, updated) counts the tokens of ``outputs[row]`` the slot has
+        taken: a list now shorter resets the slot and replays it, new tokens are advanced up to
+        the first placeholder (-1). Rows stopped at a placeholder are filled only with
+        ``fill_waiting``. Writes the rows whose tokens are all known, then the others, into
+        ``order`` (int32, at least as long as ``rows``) and returns how many are ready. The
+        lists are read at once; with ``wait=False`` the engine's threads do the rest, keeping
+        ``bitmask`` (int32 ``[n, words]``) referenced until :meth:`wait`.
+        """
+        return self._native.step(outputs, rows, consumed, order, bitmask, fill_waiting, wait)
+
+    def mask_logits(self, logits: Any, bitmask: Any, rows: Any) -> None:
+        """Set ``logits[r, j]`` to -inf for every r in ``rows`` (int32, strictly increasing)
+        where bit j of ``bitmask[r]`` is 0, in place; rows past the logits are skipped.
+
+        ``logits``: a C-contiguous float32 ``[n, <= words * 32]`` tensor or array on the CPU.
+        """
+        if isinstance(logits, np.ndarray):
+            if logits.dtype != np.float32:
+                raise ValueError(f"logits must be float32, got {logits.dtype}")
+            if not logits.flags.c_contiguous or not logits.flags.writeable:
+                raise ValueError("logits must be a writable C-contiguous array")
+            address = logits.ctypes.data
+        else:
+            if logits.device.type != "cpu" or not logits.is_contiguous():
+                raise ValueError(f"logits must be contiguous on the CPU, got {logits.device}")
+            # torch's only 4-byte floating dtype is float32 (checked without importing torch).
+            if not logits.dtype.is_floating_point or logits.element_size() != 4:
+                raise ValueError(f"logits must be float32, got {logits.dtype}")
+            address = logits.data_ptr()
+        if logits.ndim != 2:
+            raise ValueError(f"logits must have 2 dimensions, got {logits.ndim}")
+        n, columns = logits.shape
+        self._native.mask_logits(
+            address, n, columns, _as_int32(bitmask, "bitmask"), _as_int32(rows, "rows")
+        )
+
     def active(self, slot: int) -> bool:
         return self._native.active(slot)
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer
 from vllm import SamplingParams
@@ -163,20 +164,22 @@ class ConstraintLogitsProcessor(LogitsProcessor):
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         rows = self.batch.finish_fill()
-        rows = rows[rows < logits.shape[0]]
+        if rows.size == 0:
+            return logits
+        if self._device_bitmask is None:
+            self.batch.mask(logits, rows)
+            return logits
+        n = logits.shape[0]
+        rows = rows[: np.searchsorted(rows, n)]
         if rows.size == 0:
             return logits
         host = self.batch.bitmask
-        index = torch.from_numpy(rows).to(torch.int64)
-        if self._device_bitmask is None:
-            apply_bitmask_inplace(logits, host, index)
-            return logits
-        n = logits.shape[0]
         self._device_bitmask[:n].copy_(host[:n], non_blocking=True)
         if self.device.type == "cuda":
             self._copy_done = torch.cuda.Event()
             self._copy_done.record()
-        apply_bitmask_inplace(logits, self._device_bitmask, index.to(self.device))
+        index = torch.from_numpy(rows).to(torch.int64).to(self.device)
+        apply_bitmask_inplace(logits, self._device_bitmask, index)
         return logits
 
     @property
