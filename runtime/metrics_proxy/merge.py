@@ -1,32 +1,64 @@
-"""Joins the sources into one exposition: one family per name, each sample name in one family.
-
-The reference for the native ``_metrics.BodyWriter``, which applies the same rules as it writes.
-"""
+"""Joins the sources into one list of families: one family per name, each sample name in one
+family, each series once, every series carrying the pod's labels."""
 
 from __future__ import annotations
 
-from runtime.metrics_proxy.exposition import Family
+from collections.abc import Iterable, Sequence
 
-__all__ = ["merge_families"]
+from prometheus_client.metrics_core import Metric
+from prometheus_client.samples import Sample
+
+__all__ = ["Source", "merge_families"]
+
+Source = tuple[Iterable[Metric], bool]
+"""A source's families, and whether each of its families holds every series at most once."""
 
 
-def merge_families(sources: list[list[Family]]) -> tuple[list[Family], list[str]]:
-    """Merge sources in priority order; return the families and the names dropped as duplicates.
+def merge_families(
+    sources: Sequence[Source], constant_labels: tuple[tuple[str, str], ...]
+) -> tuple[list[Metric], list[int]]:
+    """Merge ``sources`` in priority order and label every sample with ``constant_labels``.
 
-    A family name present in an earlier source hides it in later ones: vLLM's multiprocess
-    files (all processes, all families) come before Triton's bridge, which forwards only part
-    of them. A sample name another family already uses is dropped too; repeated series are
-    dropped when encoding (``Encoder``), after the pod's labels are applied.
+    A family name present in an earlier source hides it in later ones: the proxy's own
+    families come first, then vLLM's multiprocess files (all processes, all families), then
+    Triton, whose bridge forwards only part of vLLM's. A sample name another family already
+    uses is dropped too, and so is a series (name and labels) already written. The pod's
+    labels win over a source's label of the same name. Returns the families and, per
+    source, how many of its families were hidden.
     """
+    constant = dict(constant_labels)
+    constant_names = constant.keys()
     owner: dict[str, str] = {}  # sample name -> family name
-    merged: dict[str, Family] = {}
-    dropped: list[str] = []
-    for families in sources:
+    names: set[str] = set()
+    hidden: list[int] = []
+    merged: list[Metric] = []
+    for families, unique in sources:
+        dropped = 0
         for fam in families:
-            if fam.name in merged:
-                dropped.append(fam.name)
+            name = fam.name
+            if name in names:
+                dropped += 1
                 continue
-            kept = [s for s in fam.samples if owner.setdefault(s.name, fam.name) == fam.name]
-            if kept or not fam.samples:
-                merged[fam.name] = Family(fam.name, fam.type, fam.help, kept)
-    return list(merged.values()), dropped
+            # Series can repeat only where the source repeats them or the pod's labels
+            # replace a label of the source's; only those families pay for the check.
+            check = not unique or any(not constant_names.isdisjoint(s.labels) for s in fam.samples)
+            seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
+            samples = []
+            for s in fam.samples:
+                sample_name = s.name
+                if owner.setdefault(sample_name, name) != name:
+                    continue
+                labels = {**s.labels, **constant}
+                if check:
+                    key = (sample_name, frozenset(labels.items()))
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                samples.append(Sample(sample_name, labels, s.value, s.timestamp, s.exemplar))
+            if samples or not fam.samples:
+                names.add(name)
+                out = Metric(name, fam.documentation, fam.type, fam.unit)
+                out.samples = samples
+                merged.append(out)
+        hidden.append(dropped)
+    return merged, hidden

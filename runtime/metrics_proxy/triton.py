@@ -1,16 +1,54 @@
-"""Triton's text exposition: the reference parser and the fetch error.
+"""Triton's metrics: fetched with httpx, parsed strictly, returned as prometheus_client families.
 
-The proxy fetches (``_metrics.HttpFetcher``) and parses (``_metrics.TextParser``) natively;
-``parse_text_exposition`` is the reference the native parser is tested against.
+The parser refuses what Prometheus would refuse a whole scrape over (names, types, labels,
+separators, values, timestamps): such a body fails Triton's source alone, never the scrape.
+prometheus_client's own text parser accepts most of those lines, so it cannot stand in here.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from runtime.metrics_proxy.exposition import Family, LabelSet, Sample
+import httpx
+from prometheus_client.metrics_core import Metric
+from prometheus_client.samples import Sample as PromSample
 
-__all__ = ["SeriesCache", "TritonScrapeError", "parse_text_exposition"]
+__all__ = [
+    "Family",
+    "LabelSet",
+    "Sample",
+    "SeriesCache",
+    "TritonClient",
+    "TritonScrapeError",
+    "parse_text_exposition",
+    "to_metrics",
+]
+
+LabelSet = tuple[tuple[str, str], ...]
+"""Label pairs in the order Triton wrote them."""
+
+
+class Sample(NamedTuple):
+    """One parsed series value; ``name`` is the full sample name (``x_bucket``, ``x_total``)."""
+
+    # A NamedTuple, not a frozen dataclass: a scrape builds about a thousand of these.
+    name: str
+    labels: LabelSet
+    value: float
+
+
+@dataclass(slots=True)
+class Family:
+    """A parsed metric family: ``name`` is the base name (a counter's without ``_total``)."""
+
+    name: str
+    type: str
+    help: str
+    samples: list[Sample] = field(default_factory=list)
+
 
 _SUFFIXES = ("_total", "_bucket", "_sum", "_count", "_created")
 # Only spaces and tabs separate tokens, as in Prometheus's own parsers: any other character,
@@ -19,7 +57,7 @@ _LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.
 _BLANKS = re.compile(r"[ \t]+")
 # "#", keyword and metric name, each after a run of blanks; the rest follows one blank.
 _COMMENT = re.compile(r"#[ \t]+(HELP|TYPE)[ \t]+([^ \t]*)(?:[ \t](.*))?")
-# What the native parser takes (Go's ParseFloat, less its hex form); float() would also take
+# What Prometheus takes (Go's ParseFloat, less its hex form); float() would also take
 # underscores, non-ASCII digits and whitespace around them.
 _VALUE = re.compile(
     r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|(?i:inf|infinity|nan))"
@@ -198,3 +236,87 @@ def _family_for(
     if family is None:
         family = families[base] = Family(base, typ, help_text)
     return family
+
+
+def to_metrics(families: list[Family]) -> list[Metric]:
+    """prometheus_client families for parsed ones, keeping every sample name as Triton wrote it.
+
+    Triton's counters lack ``_total``; prometheus_client's encoders would declare them under a
+    ``_total`` name no sample has, so they (and ``untyped`` ones) become ``unknown`` families
+    named after their samples, which both formats accept and Prometheus reads the same way.
+    """
+    out: list[Metric] = []
+    for fam in families:
+        typ, name = fam.type, fam.name
+        if typ == "untyped" or (typ == "counter" and not _counter_has_total(fam)):
+            typ = "unknown"
+            name = fam.samples[0].name if fam.samples else fam.name
+        metric = Metric(name, fam.help, typ)
+        metric.samples = [PromSample(s.name, dict(s.labels), s.value) for s in fam.samples]
+        out.append(metric)
+    return out
+
+
+def _counter_has_total(family: Family) -> bool:
+    total = family.name + "_total"
+    return all(s.name in (total, family.name + "_created") for s in family.samples)
+
+
+class TritonClient:
+    """Fetches Triton's ``/metrics`` over one kept-alive connection, bounded in time and size.
+
+    ``trust_env=False``: the pod's ``HTTP_PROXY``/``NO_PROXY`` must never route a loopback
+    fetch through a proxy, nor may ``SSL_*``/``.netrc`` settings change it.
+    """
+
+    def __init__(self, url: str, timeout_s: float, max_bytes: int) -> None:
+        self.url = url
+        self._timeout_s = timeout_s
+        self._max_bytes = max_bytes
+        self._client = httpx.AsyncClient(
+            trust_env=False,
+            timeout=httpx.Timeout(timeout_s),
+            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+            headers={"Accept": "text/plain;version=0.0.4", "Accept-Encoding": "identity"},
+        )
+
+    async def fetch(self) -> str:
+        """Triton's body as text; raises ``TritonScrapeError`` with the reason of the failure."""
+        try:
+            # httpx bounds each read; this bounds the whole request, a trickling body too.
+            async with asyncio.timeout(self._timeout_s):
+                return await self._fetch()
+        except TimeoutError as exc:
+            raise TritonScrapeError(
+                "timeout", f"{self.url}: did not answer within {self._timeout_s:g} s"
+            ) from exc
+        except httpx.TimeoutException as exc:
+            raise TritonScrapeError(
+                "timeout", f"{self.url}: did not answer within {self._timeout_s:g} s"
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise TritonScrapeError("connect", f"{self.url}: {exc!r}") from exc
+
+    async def _fetch(self) -> str:
+        async with self._client.stream("GET", self.url) as response:
+            if response.status_code != 200:
+                raise TritonScrapeError(
+                    "http_status", f"{self.url}: answered {response.status_code}"
+                )
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > self._max_bytes:
+                    raise TritonScrapeError(
+                        "too_large", f"{self.url}: sent over {self._max_bytes} bytes"
+                    )
+                chunks.append(chunk)
+        try:
+            return b"".join(chunks).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TritonScrapeError("parse", f"{self.url}: body is not UTF-8: {exc}") from exc
+
+    async def aclose(self) -> None:
+        """Close the kept-alive connection."""
+        await self._client.aclose()

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from runtime.metrics_proxy.app import MetricsProxyApp, create_app
+from runtime.metrics_proxy.server import ProxyServer
 from runtime.metrics_proxy.settings import ProxySettings
 from tests.support.metrics_harness import WriterProcesses
 from tests.support.triton_metrics_server import TritonMetricsServer
@@ -51,13 +52,24 @@ def make_settings(multiproc_dir: Path, triton_url: str, **overrides: object) -> 
 
 
 class InProcessProxy:
-    """The proxy's native server started in this process on a free loopback port, and an
-    httpx client speaking to it."""
+    """The proxy's server run in this event loop on a free loopback port, and an httpx client
+    speaking to it."""
 
-    def __init__(self, app: MetricsProxyApp) -> None:
-        self.app = app
-        port = app.start()
-        self.client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30)
+    def __init__(self, server: ProxyServer) -> None:
+        self.server = server
+        self.task = asyncio.create_task(server.serve())
+        self.client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", timeout=30)
+
+    async def started(self) -> InProcessProxy:
+        while not self.server.server.started:
+            assert not self.task.done(), "the proxy's server ended at start-up"
+            await asyncio.sleep(0.01)
+        return self
+
+    async def stop(self) -> None:
+        await self.client.aclose()
+        self.server.stop()
+        await self.task
 
     async def metrics(self, **headers: str) -> httpx.Response:
         response = await self.client.get("/metrics", headers=headers)
@@ -71,12 +83,11 @@ async def proxy_factory() -> AsyncIterator:
 
     async def factory(settings: ProxySettings) -> InProcessProxy:
         proxy = InProcessProxy(
-            create_app(settings.model_copy(update={"host": "127.0.0.1", "port": 0}))
+            ProxyServer(settings.model_copy(update={"host": "127.0.0.1", "port": 0}))
         )
         started.append(proxy)
-        return proxy
+        return await proxy.started()
 
     yield factory
     for proxy in started:
-        await proxy.client.aclose()
-        proxy.app.stop()
+        await proxy.stop()

@@ -13,6 +13,7 @@ import pytest
 from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as parse_openmetrics,
 )
+from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from runtime.metrics_proxy.app import ProxyConfigError, create_app
 from runtime.metrics_proxy.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
@@ -26,13 +27,24 @@ from tests.support.vllm_metrics_writer import FAMILIES, expected_sums
 OPENMETRICS = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
 
 
+def _key(name: str, labels: dict[str, str]) -> str:
+    """A series as ``name{k="v",...}`` with the labels sorted (prometheus_client's order)."""
+    text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    return f"{name}{{{text}}}"
+
+
+def _pod(name: str, **labels: str) -> str:
+    """The key of a series that carries ``labels`` and the pod's labels."""
+    return _key(name, {**labels, **POD_LABELS})
+
+
 def _series(text: str) -> dict[str, float]:
     out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
+    for family in parse_text(text.removesuffix("# EOF\n")):
+        for sample in family.samples:
+            key = _key(sample.name, sample.labels)
             assert key not in out, f"duplicate series {key}"
-            out[key] = float(value)
+            out[key] = sample.value
     return out
 
 
@@ -103,17 +115,16 @@ async def test_values_labels_and_no_duplicates(vllm_dir: Path, triton, proxy_fac
     proxy = await proxy_factory(make_settings(vllm_dir, triton.url))
     text = (await proxy.metrics()).text
     series = _series(text)
-    pod = ",".join(f'{k}="{v}"' for k, v in POD_LABELS.items())
-    assert all(key.endswith(pod + "}") for key in series), "every series carries the pod labels"
+    for key in series:
+        assert all(f'{k}="{v}"' in key for k, v in POD_LABELS.items()), f"{key}: no pod labels"
     assert _sums(text, "vllm:") == pytest.approx(expected_sums(2, 2))
     for family in parse_text_exposition(triton.exposition()):
         if family.name in {s.name.removesuffix("_total") for s in FAMILIES}:
             continue  # bridged: vLLM's complete copy wins
         for sample in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sample.labels)
-            key = f"{sample.name}{{{labels}{',' if labels else ''}{pod}}}"
+            key = _pod(sample.name, **dict(sample.labels))
             assert series[key] == sample.value, key
-    assert series[f"metrics_proxy_duplicate_families{{{pod}}}"] == 7.0
+    assert series[_pod("metrics_proxy_duplicate_families")] == 7.0
 
 
 async def test_triton_down_gives_vllm_metrics_and_up_zero(vllm_dir: Path, proxy_factory) -> None:
@@ -121,10 +132,9 @@ async def test_triton_down_gives_vllm_metrics_and_up_zero(vllm_dir: Path, proxy_
     proxy = await proxy_factory(make_settings(vllm_dir, url))
     text = (await proxy.metrics()).text
     series = _series(text)
-    pod = ",".join(f'{k}="{v}"' for k, v in POD_LABELS.items())
-    assert series[f'metrics_proxy_source_up{{source="triton",{pod}}}'] == 0.0
-    assert series[f'metrics_proxy_source_up{{source="vllm",{pod}}}'] == 1.0
-    errors = f'metrics_proxy_source_errors_total{{source="triton",reason="connect",{pod}}}'
+    assert series[_pod("metrics_proxy_source_up", source="triton")] == 0.0
+    assert series[_pod("metrics_proxy_source_up", source="vllm")] == 1.0
+    errors = _pod("metrics_proxy_source_errors_total", source="triton", reason="connect")
     assert series[errors] == 1.0
     assert not any(k.startswith("nv_") for k in series)
     assert _sums(text, "vllm:") == pytest.approx(expected_sums(2, 2))
@@ -139,9 +149,8 @@ async def test_triton_slow_is_cut_at_the_timeout(vllm_dir: Path, proxy_factory) 
         # wide both ways, as a loaded machine can take seconds over a 0.2 s scrape.
         response = await asyncio.wait_for(proxy.metrics(), timeout=10)
         series = _series(response.text)
-    pod = ",".join(f'{k}="{v}"' for k, v in POD_LABELS.items())
-    assert series[f'metrics_proxy_source_up{{source="triton",{pod}}}'] == 0.0
-    assert series[f'metrics_proxy_source_errors_total{{source="triton",reason="timeout",{pod}}}']
+    assert series[_pod("metrics_proxy_source_up", source="triton")] == 0.0
+    assert series[_pod("metrics_proxy_source_errors_total", source="triton", reason="timeout")]
     assert any(k.startswith("vllm:kv_cache_usage_perc") for k in series)
 
 
@@ -188,10 +197,9 @@ async def test_triton_bad_answers_count_by_reason(
     finally:
         server.shutdown()
         server.server_close()
-    pod = ",".join(f'{k}="{v}"' for k, v in POD_LABELS.items())
-    assert series[f'metrics_proxy_source_up{{source="triton",{pod}}}'] == 0.0
-    assert series[f'metrics_proxy_source_errors_total{{source="triton",reason="{reason}",{pod}}}']
-    assert series[f'metrics_proxy_source_up{{source="vllm",{pod}}}'] == 1.0
+    assert series[_pod("metrics_proxy_source_up", source="triton")] == 0.0
+    assert series[_pod("metrics_proxy_source_errors_total", source="triton", reason=reason)]
+    assert series[_pod("metrics_proxy_source_up", source="vllm")] == 1.0
     assert any(key.startswith("vllm:") for key in series)
 
 
@@ -224,12 +232,11 @@ async def test_a_recent_merge_is_served_again_within_reuse_s(
 async def test_missing_or_corrupt_vllm_files_never_fail_the_scrape(
     vllm_dir: Path, triton, proxy_factory, tmp_path: Path
 ) -> None:
-    pod = ",".join(f'{k}="{v}"' for k, v in POD_LABELS.items())
     gone = await proxy_factory(make_settings(tmp_path / "missing", triton.url))
     series = _series((await gone.metrics()).text)
-    assert series[f'metrics_proxy_source_up{{source="vllm",{pod}}}'] == 0.0
-    assert series[f'metrics_proxy_source_errors_total{{source="vllm",reason="read_dir",{pod}}}']
-    assert series[f'metrics_proxy_source_up{{source="triton",{pod}}}'] == 1.0
+    assert series[_pod("metrics_proxy_source_up", source="vllm")] == 0.0
+    assert series[_pod("metrics_proxy_source_errors_total", source="vllm", reason="read_dir")]
+    assert series[_pod("metrics_proxy_source_up", source="triton")] == 1.0
 
     mixed = tmp_path / "mixed"
     shutil.copytree(vllm_dir, mixed)
@@ -238,10 +245,10 @@ async def test_missing_or_corrupt_vllm_files_never_fail_the_scrape(
     for scrape in (1, 2):
         text = (await proxy.metrics()).text
         series = _series(text)
-        errors = f'metrics_proxy_source_errors_total{{source="vllm",reason="corrupt_file",{pod}}}'
+        errors = _pod("metrics_proxy_source_errors_total", source="vllm", reason="corrupt_file")
         assert series[errors] == scrape
-        assert series[f"metrics_proxy_multiproc_corrupt_files{{{pod}}}"] == 1.0
-        assert series[f'metrics_proxy_source_up{{source="vllm",{pod}}}'] == 1.0
+        assert series[_pod("metrics_proxy_multiproc_corrupt_files")] == 1.0
+        assert series[_pod("metrics_proxy_source_up", source="vllm")] == 1.0
         assert _sums(text, "vllm:") == pytest.approx(expected_sums(2, 2))
 
 
@@ -278,7 +285,7 @@ async def test_failures_are_logged_once_per_change(
     shutil.copytree(vllm_dir, mixed)
     (mixed / "histogram_4242.db").write_bytes(b"\x10\x00")
     proxy = await proxy_factory(make_settings(mixed, f"http://127.0.0.1:{free_port()}/metrics"))
-    with caplog.at_level(logging.WARNING, logger="runtime.metrics_proxy.app"):
+    with caplog.at_level(logging.WARNING, logger="runtime.metrics_proxy.scrape"):
         for _ in range(3):
             await proxy.metrics()
         # Warnings are logged after a scrape is answered, before the next merge starts: once

@@ -1,7 +1,8 @@
-"""What the multiprocess readers cache between reads (per-file key layouts or parsed keys, open
-files, summed series and render plans) never hides a change: values, appended series,
-replaced, removed, cut and damaged files. Each test runs against the proxy's native reader
-and the Python reference reader.
+"""What the multiprocess readers keep between reads (the collector: the files it found corrupt;
+the former Python reader: per-file key layouts and summed series) never hides a change: values,
+appended series, replaced, removed, cut and damaged files. Each test runs against the proxy's
+reader (``MultiprocReader``) and prometheus_client's ``MultiProcessCollector`` behind the same
+interface (``tests/metrics_proxy/collector_reader.py``).
 
 Files are written with ``prometheus_client``'s own ``MmapedDict`` (what its multiprocess
 values write through), so each step knows exactly what is on disk; one reader is kept across
@@ -20,29 +21,13 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from runtime.metrics_proxy import _metrics
-from runtime.metrics_proxy.exposition import Family, Sample
-from runtime.metrics_proxy.multiproc import MultiprocReader, MultiprocResult
+from runtime.metrics_proxy.multiproc import MultiprocReader, MultiprocSource
+from tests.metrics_proxy.collector_reader import CollectorReader
 
 
-class _NativeReader:
-    """The native reader behind the Python reader's interface."""
-
-    def __init__(self, directory: Path) -> None:
-        self._reader = _metrics.MultiprocReader(str(directory))
-
-    def read(self) -> MultiprocResult:
-        got = self._reader.read()
-        families = [
-            Family(name, typ, help_text, [Sample(*sample) for sample in samples])
-            for name, typ, help_text, samples in got.families()
-        ]
-        return MultiprocResult(families, got.files, got.corrupt_files)
-
-
-@pytest.fixture(params=["native", "python"])
+@pytest.fixture(params=["collector", "python_reader"])
 def make_reader(request: pytest.FixtureRequest):
-    return _NativeReader if request.param == "native" else MultiprocReader
+    return CollectorReader if request.param == "collector" else MultiprocReader
 
 
 def _write(path: Path, entries: dict[tuple[str, str, tuple], float], stamp: float = 0.0) -> None:
@@ -56,11 +41,11 @@ def _write(path: Path, entries: dict[tuple[str, str, tuple], float], stamp: floa
         db.close()
 
 
-def _view(reader: MultiprocReader | _NativeReader) -> dict[tuple[str, tuple], float]:
+def _view(reader: MultiprocSource) -> dict[tuple[str, tuple], float]:
     view = {}
     for family in reader.read().families:
         for s in family.samples:
-            key = (s.name, tuple(sorted(s.labels)))
+            key = (s.name, tuple(sorted(s.labels.items())))
             assert key not in view, f"duplicate {key}"
             view[key] = s.value
     return view

@@ -1,4 +1,5 @@
-"""Parsing Triton's text format, encoding both formats, and content negotiation."""
+"""Parsing Triton's text format, merging and encoding both formats (prometheus_client's
+encoders), and content negotiation."""
 
 from __future__ import annotations
 
@@ -13,14 +14,18 @@ from prometheus_client.parser import text_string_to_metric_families as parse_pro
 from runtime.metrics_proxy.exposition import (
     CONTENT_TYPE_OPENMETRICS,
     CONTENT_TYPE_TEXT,
-    Encoder,
-    Family,
-    Sample,
+    encode,
     negotiate,
     wants_gzip,
 )
 from runtime.metrics_proxy.merge import merge_families
-from runtime.metrics_proxy.triton import TritonScrapeError, parse_text_exposition
+from runtime.metrics_proxy.triton import (
+    Family,
+    Sample,
+    TritonScrapeError,
+    parse_text_exposition,
+    to_metrics,
+)
 
 TRICKY = r"""# HELP nv_x Odd \\ help\nsecond line
 # TYPE nv_x counter
@@ -30,6 +35,14 @@ nv_x{model="plain"} +Inf
 nv_g 0.5
 untyped_thing{} NaN
 """
+
+
+def _encode(
+    families: list[Family], openmetrics: bool, labels: tuple[tuple[str, str], ...] = ()
+) -> str:
+    """Triton's parsed families as the proxy writes them: merged with the pod's labels."""
+    merged, _ = merge_families([(to_metrics(families), False)], labels)
+    return encode(merged, openmetrics).decode()
 
 
 def test_parser_reads_escapes_timestamps_and_untyped() -> None:
@@ -82,14 +95,14 @@ def test_comments_never_give_a_family_an_invalid_name() -> None:
     text = "# TYPE  counter\n# TYPE foo-bar gauge\n# TYPE _total counter\n_total 1\nok 2\n"
     families = parse_text_exposition(text)
     assert [f.name for f in families] == ["_total", "ok"]
-    assert "# TYPE _total counter\n_total 1.0\n" in Encoder(()).encode(families, False).decode()
-    body = Encoder(()).encode(families, True).decode()
+    assert "# TYPE _total untyped\n_total 1.0\n" in _encode(families, False)
+    body = _encode(families, True)
     assert [s.value for f in parse_openmetrics(body) for s in f.samples] == [1.0, 2.0]
 
 
 def test_encoded_text_round_trips_through_prometheus_client_parser() -> None:
     families = parse_text_exposition(TRICKY)
-    body = Encoder((("model_id", "m"), ("colour", "blue"))).encode(families, False).decode()
+    body = _encode(families, False, (("model_id", "m"), ("colour", "blue")))
     parsed = {f.name: f for f in parse_prometheus(body)}
     sample = parsed["nv_x"].samples[0]
     assert sample.labels == {
@@ -108,22 +121,23 @@ def test_openmetrics_counters_without_total_become_unknown() -> None:
         Family("vllm:t", "counter", "client style", [Sample("vllm:t_total", (), 2.0)]),
         Family("u", "untyped", "", [Sample("u", (), 3.0)]),
     ]
-    body = Encoder(()).encode(families, True).decode()
+    body = _encode(families, True)
     parsed = {f.name: f for f in parse_openmetrics(body)}
     assert parsed["nv_c"].type == "unknown" and parsed["nv_c"].samples[0].name == "nv_c"
     assert parsed["vllm:t"].type == "counter"
     assert parsed["vllm:t"].samples[0].name == "vllm:t_total"
     assert parsed["u"].type == "unknown"
-    text = Encoder(()).encode(families, False).decode()
-    assert "# TYPE nv_c counter\n" in text and "# TYPE vllm:t_total counter\n" in text
+    text = _encode(families, False)
+    # Text has no `unknown`: prometheus_client writes it as `untyped`, the same to Prometheus.
+    assert "# TYPE nv_c untyped\n" in text and "# TYPE vllm:t_total counter\n" in text
 
 
 def test_pod_labels_override_and_repeated_series_are_dropped() -> None:
     first = Family("f", "gauge", "", [Sample("f", (("colour", "x"), ("k", "1")), 1.0)])
     again = Family("g", "gauge", "", [Sample("g", (("k", "1"),), 2.0)] * 2)
-    body = Encoder((("colour", "blue"),)).encode([first, again], False).decode()
+    body = _encode([first, again], False, (("colour", "blue"),))
     lines = [line for line in body.splitlines() if not line.startswith("#")]
-    assert lines == ['f{k="1",colour="blue"} 1.0', 'g{k="1",colour="blue"} 2.0']
+    assert lines == ['f{colour="blue",k="1"} 1.0', 'g{colour="blue",k="1"} 2.0']
 
 
 def test_merge_prefers_earlier_sources_and_owns_sample_names() -> None:
@@ -133,8 +147,8 @@ def test_merge_prefers_earlier_sources_and_owns_sample_names() -> None:
         Family("vllm:p_total", "untyped", "t", [Sample("vllm:p_total", (), 1.0)]),
         Family("nv_y", "gauge", "t", [Sample("nv_y", (), 1.0)]),
     ]
-    merged, dropped = merge_families([vllm, triton])
-    assert dropped == ["vllm:p"]
+    merged, dropped = merge_families([(to_metrics(vllm), True), (to_metrics(triton), False)], ())
+    assert dropped == [0, 1]
     assert [(f.name, [s.value for s in f.samples]) for f in merged] == [
         ("vllm:p", [5.0]),
         ("nv_y", [1.0]),
@@ -200,7 +214,7 @@ _values = st.floats(allow_nan=False) | st.sampled_from([float("inf"), float("-in
 def test_text_encoding_round_trips_through_the_triton_parser(series, help_text) -> None:
     samples = [Sample("nv_x", (("a", a), ("b", b)), v) for (a, b), v in series.items()]
     family = Family("nv_x", "gauge", help_text, samples)
-    body = Encoder(()).encode([family], False).decode()
+    body = _encode([family], False)
     (parsed,) = parse_text_exposition(body)
     assert parsed.samples == samples
     assert parsed.help == help_text
@@ -215,10 +229,8 @@ def test_text_encoding_round_trips_through_the_triton_parser(series, help_text) 
 )
 def test_openmetrics_encoding_parses_back_with_prometheus_client(series, help_text) -> None:
     samples = [Sample("vllm:x_total", (("a", a),), v) for a, v in series.items()]
-    body = Encoder((("colour", "blue"),)).encode(
-        [Family("vllm:x", "counter", help_text, samples)], True
-    )
-    (parsed,) = parse_openmetrics(body.decode())
+    body = _encode([Family("vllm:x", "counter", help_text, samples)], True, (("colour", "blue"),))
+    (parsed,) = parse_openmetrics(body)
     # Parsers skip the blanks between the name and the help text (Prometheus does too), so
     # leading spaces of a help text never survive any exposition format.
     assert parsed.documentation == help_text.lstrip(" ")

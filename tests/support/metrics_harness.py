@@ -78,9 +78,19 @@ class WriterProcesses:
 
 
 class ProxyProcess:
-    """``python -m runtime.metrics_proxy`` on a free loopback port, configured by env."""
+    """``python -m runtime.metrics_proxy`` on a free loopback port, configured by env.
 
-    def __init__(self, multiproc_dir: Path, triton_url: str, **env: str) -> None:
+    ``command`` replaces ``-m runtime.metrics_proxy`` (the benchmark's variant of the proxy).
+    """
+
+    def __init__(
+        self,
+        multiproc_dir: Path,
+        triton_url: str,
+        command: tuple[str, ...] = ("-m", "runtime.metrics_proxy"),
+        **env: str,
+    ) -> None:
+        self.command = command
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {
@@ -95,7 +105,7 @@ class ProxyProcess:
 
     def __enter__(self) -> ProxyProcess:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "runtime.metrics_proxy"],
+            [sys.executable, *self.command],
             env=self.env,
             cwd=_REPO,
             stdout=subprocess.DEVNULL,
