@@ -41,7 +41,7 @@ from runtime.constraints.engine import (
     compile_vocabulary,
 )
 from runtime.constraints.plan import ConstraintPlan, ItemListPlan
-from runtime.constraints.reference import ReferenceConstraint, _build_trie
+from tests.constraints.reference import ReferenceConstraint, _build_trie
 
 VOCAB = 128_256
 EOS, SEP, TERM, PREFIX = 2, 10, 11, 12

@@ -10,10 +10,10 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
+from components.gateway import GATEWAY_PLUGIN
 from components.gpu_node_group import GPU_RESOURCE, gpu_tolerations
 
 __all__ = [
-    "GATEWAY_API_PLUGIN",
     "GATEWAY_CLASS",
     "GATEWAY_PORT",
     "ChartPin",
@@ -22,7 +22,6 @@ __all__ = [
 ]
 
 GATEWAY_CLASS = "envoy-gateway"
-GATEWAY_API_PLUGIN = "argoproj-labs/gatewayAPI"
 # The shared Gateway's one listener: plain HTTP, which carries gRPC as h2c too.
 GATEWAY_PORT = 80
 # What the Gateway API plugin changes: route weights, and its own state in a ConfigMap of the
@@ -143,7 +142,7 @@ class ClusterAddons(pulumi.ComponentResource):
         # argo-rollouts-config ConfigMap's data (2.37.8 adds the key itself): a map of strings
         # whose trafficRouterPlugins entry is the controller's YAML list. A list there fails the
         # atomic release and no Rollout controller runs.
-        plugins = [{"name": GATEWAY_API_PLUGIN, "location": args.gateway_api_plugin_url}]
+        plugins = [{"name": GATEWAY_PLUGIN, "location": args.gateway_api_plugin_url}]
         config = {"trafficRouterPlugins": yaml.safe_dump(plugins, sort_keys=False)}
         rollouts = self._release(
             "argo-rollouts", args.argo_rollouts, {"controller": {"trafficRouterPlugins": config}}

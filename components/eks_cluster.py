@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
 
 from components.iam import role_name, service_trust_policy
-from stacks.config import RegionStackConfig
 
-__all__ = ["ClusterHandles", "adopt_cluster", "create_cluster", "kubeconfig"]
+__all__ = ["ClusterArgs", "ClusterHandles", "adopt_cluster", "create_cluster", "kubeconfig"]
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,19 @@ class ClusterHandles:
     oidc_provider_arn: pulumi.Output[str]
 
 
-def create_cluster(name: str, config: RegionStackConfig, parent: pulumi.Resource) -> ClusterHandles:
+@dataclass(frozen=True)
+class ClusterArgs:
+    """A cluster the stack creates."""
+
+    name: str
+    """EKS cluster name."""
+    version: str
+    """Kubernetes version (``1.33``)."""
+    subnet_ids: Sequence[str]
+    """Private subnets of the control plane's network interfaces."""
+
+
+def create_cluster(name: str, args: ClusterArgs, parent: pulumi.Resource) -> ClusterHandles:
     """Create the EKS cluster (API authentication, control-plane logs) and its OIDC provider."""
     role = aws.iam.Role(
         f"{name}-cluster-role",
@@ -44,11 +56,11 @@ def create_cluster(name: str, config: RegionStackConfig, parent: pulumi.Resource
     )
     cluster = aws.eks.Cluster(
         f"{name}-cluster",
-        name=config.cluster.name,
-        version=config.cluster.version,
+        name=args.name,
+        version=args.version,
         role_arn=role.arn,
         vpc_config=aws.eks.ClusterVpcConfigArgs(
-            subnet_ids=config.network.private_subnet_ids,
+            subnet_ids=list(args.subnet_ids),
             endpoint_private_access=True,
             endpoint_public_access=True,
         ),
@@ -75,10 +87,10 @@ def create_cluster(name: str, config: RegionStackConfig, parent: pulumi.Resource
     )
 
 
-def adopt_cluster(config: RegionStackConfig, parent: pulumi.Resource) -> ClusterHandles:
+def adopt_cluster(cluster_name: str, parent: pulumi.Resource) -> ClusterHandles:
     """Look up an existing cluster by name, and the IAM OIDC provider of its issuer."""
     found = aws.eks.get_cluster_output(
-        name=config.cluster.name, opts=pulumi.InvokeOutputOptions(parent=parent)
+        name=cluster_name, opts=pulumi.InvokeOutputOptions(parent=parent)
     )
     issuer_url = found.identities.apply(lambda ids: ids[0].oidcs[0].issuer)
     provider = aws.iam.get_open_id_connect_provider_output(

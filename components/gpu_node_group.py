@@ -11,8 +11,9 @@ import pulumi
 import pulumi_aws as aws
 
 from components.iam import node_role
-from components.naming import physical_name
 from components.node_launch import encrypted_root_volume, imdsv2_only
+from contracts.labels import AMI_FAMILY_LABEL, GPU_RESOURCE, NODE_GROUP_LABEL
+from contracts.naming import physical_name
 
 __all__ = [
     "AMI_FAMILY_LABEL",
@@ -28,9 +29,6 @@ __all__ = [
     "node_selector",
 ]
 
-GPU_RESOURCE = "nvidia.com/gpu"
-NODE_GROUP_LABEL = "llm-serving/node-group"
-AMI_FAMILY_LABEL = "llm-serving/ami-family"
 # Nodes whose AMI needs the NVIDIA device plugin as a DaemonSet (AL2023; Bottlerocket has it).
 DEVICE_PLUGIN_NODES: Mapping[str, str] = MappingProxyType({AMI_FAMILY_LABEL: "al2023"})
 AMI_TYPES = ("AL2023_x86_64_NVIDIA", "BOTTLEROCKET_x86_64_NVIDIA")

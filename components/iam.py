@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pulumi
 import pulumi_aws as aws
 
-from components.naming import physical_name
+from contracts.naming import physical_name
 
 __all__ = ["ROLE_NAME_LIMIT", "node_role", "role_name", "service_trust_policy"]
 

@@ -17,7 +17,8 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from components.gpu_node_group import NODE_GROUP_LABEL, gpu_tolerations
-from components.naming import dns_label
+from contracts.labels import MODEL_ID_LABEL, MODEL_VERSION_LABEL
+from contracts.naming import dns_label
 
 __all__ = [
     "ACCESS_MODE",
@@ -260,8 +261,8 @@ class ModelCache(pulumi.ComponentResource):
         labels = {
             "app.kubernetes.io/name": "model-materialize",
             "app.kubernetes.io/part-of": "llm-serving",
-            "llm-serving/model-id": dns_label(model_id),
-            "llm-serving/model-version": dns_label(version),
+            MODEL_ID_LABEL: dns_label(model_id),
+            MODEL_VERSION_LABEL: dns_label(version),
         }
         script = materialize_script(model_id, version, self._args.restore_batch_size)
         return k8s.batch.v1.Job(

@@ -15,8 +15,9 @@ import pulumi_aws as aws
 
 from components.gpu_node_group import NODE_GROUP_NAME_LIMIT
 from components.iam import node_role
-from components.naming import physical_name
 from components.node_launch import encrypted_root_volume, imdsv2_only
+from contracts.labels import NODE_ROLE_LABEL
+from contracts.naming import physical_name
 
 __all__ = [
     "AMI_TYPE",
@@ -27,7 +28,6 @@ __all__ = [
 ]
 
 AMI_TYPE = "AL2023_x86_64_STANDARD"
-NODE_ROLE_LABEL = "llm-serving/node-role"
 SYSTEM_NODE_LABELS = {NODE_ROLE_LABEL: "system"}
 
 

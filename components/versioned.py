@@ -15,8 +15,16 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.naming import kubernetes_name, route_label
-from components.red_black import GatewayRef, copy_tree
+from components.gateway import GATEWAY_API, GatewayRef
+from components.pod_templates import copy_tree
+from contracts.labels import (
+    CREATED_AT_ANNOTATION,
+    MODEL_ID_LABEL,
+    MODEL_VERSION_LABEL,
+    NEWEST_ANNOTATION,
+    STRATEGY_LABEL,
+)
+from contracts.naming import kubernetes_name, route_label
 
 __all__ = [
     "VersionSpec",
@@ -24,10 +32,7 @@ __all__ = [
     "VersionedConfigError",
     "VersionedModel",
     "age_annotations",
-    "dns_label",
 ]
-
-GATEWAY_API = "gateway.networking.k8s.io/v1"
 
 
 class VersionedConfigError(ValueError):
@@ -83,8 +88,9 @@ class VersionedArgs:
     versions given by ``service_name``."""
 
 
-def dns_label(value: str) -> str:
-    """``value`` as a DNS label (lower case, ``.`` and ``_`` become ``-``)."""
+def _route_label(value: str) -> str:
+    """:func:`contracts.naming.route_label` of ``value``; raises `VersionedConfigError` where
+    that is no DNS label."""
     label = route_label(value)
     if not label or len(label) > 63:
         raise VersionedConfigError(f"{value!r} cannot be a DNS label (1-63 of a-z, 0-9, -)")
@@ -93,9 +99,9 @@ def dns_label(value: str) -> str:
 
 def age_annotations(spec: VersionSpec, newest: bool) -> dict[str, str]:
     """Annotations of a version's Service that the advisory age policy reads."""
-    annotations = {"llm-serving/newest": "true" if newest else "false"}
+    annotations = {NEWEST_ANNOTATION: "true" if newest else "false"}
     if spec.created_at is not None:
-        annotations["llm-serving/created-at"] = spec.created_at
+        annotations[CREATED_AT_ANNOTATION] = spec.created_at
     return annotations
 
 
@@ -104,7 +110,7 @@ def _validate(args: VersionedArgs) -> None:
         raise VersionedConfigError(f"model {args.model_id}: versions is empty; list at least one")
     seen: set[str] = set()
     for index, spec in enumerate(args.versions):
-        label = dns_label(spec.version)
+        label = _route_label(spec.version)
         if label in seen:
             raise VersionedConfigError(
                 f"model {args.model_id}: versions[{index}] {spec.version!r} repeats a version"
@@ -146,11 +152,11 @@ class VersionedModel(pulumi.ComponentResource):
         self.endpoints = {}
         for spec in args.versions:
             services[spec.version] = self._create_version(spec, spec.version == newest)
-            host = f"{dns_label(spec.version)}.{dns_label(args.model_id)}.{args.domain}"
+            host = f"{_route_label(spec.version)}.{_route_label(args.model_id)}.{args.domain}"
             self.endpoints[spec.version] = self._endpoints(services[spec.version], host)
         weighted = [s for s in args.versions if s.route_weight is not None]
         if weighted:
-            host = f"{dns_label(args.model_id)}.{args.domain}"
+            host = f"{_route_label(args.model_id)}.{args.domain}"
             self._create_routes(
                 f"{name}-shared", host, [(services[s.version], s.route_weight) for s in weighted]
             )
@@ -159,17 +165,17 @@ class VersionedModel(pulumi.ComponentResource):
     def _meta(self, version: str, **extra: Any) -> dict[str, Any]:
         labels = {
             **self._args.labels,
-            "llm-serving/model-id": self._args.model_id,
-            "llm-serving/model-version": version,
-            "llm-serving/strategy": "versioned",
+            MODEL_ID_LABEL: self._args.model_id,
+            MODEL_VERSION_LABEL: version,
+            STRATEGY_LABEL: "versioned",
         }
         return {"namespace": self._args.namespace, "labels": labels, **extra}
 
     def _create_version(self, spec: VersionSpec, newest: bool) -> pulumi.Input[str]:
         """The version's workload (unless it brings its own Service) and routes; returns the
         name of the Service its routes point at."""
-        args, prefix = self._args, f"{self._name}-{dns_label(spec.version)}"
-        host = f"{dns_label(spec.version)}.{dns_label(args.model_id)}.{args.domain}"
+        args, prefix = self._args, f"{self._name}-{_route_label(spec.version)}"
+        host = f"{_route_label(spec.version)}.{_route_label(args.model_id)}.{args.domain}"
         if spec.service_name is not None:
             self._create_routes(prefix, host, [(spec.service_name, None)], version=spec.version)
             return spec.service_name
@@ -220,11 +226,6 @@ class VersionedModel(pulumi.ComponentResource):
             ("GRPCRoute", gateway.grpc_section, self._args.grpc_port),
             ("HTTPRoute", gateway.http_section, self._args.http_port),
         ):
-            parent: dict[str, Any] = {"name": gateway.name}
-            if gateway.namespace is not None:
-                parent["namespace"] = gateway.namespace
-            if section is not None:
-                parent["sectionName"] = section
             refs = []
             for service_name, weight in backends:
                 ref: dict[str, Any] = {"name": service_name, "port": port}
@@ -237,7 +238,7 @@ class VersionedModel(pulumi.ComponentResource):
                 kind=kind,
                 metadata=self._meta(version),
                 spec={
-                    "parentRefs": [parent],
+                    "parentRefs": [gateway.parent_ref(section)],
                     "hostnames": [host],
                     "rules": [{"backendRefs": refs}],
                 },

@@ -9,7 +9,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from policy.findings import GPU_RESOURCE, Props
+from contracts.labels import GPU_RESOURCE
+from policy.findings import Props
 
 __all__ = [
     "BUCKET_CONFIGURATION_READS",

@@ -12,7 +12,6 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 __all__ = [
-    "GPU_RESOURCE",
     "WORKLOAD_TYPES",
     "Props",
     "containers_of",
@@ -21,8 +20,6 @@ __all__ = [
 ]
 
 Props = Mapping[str, Any]
-
-GPU_RESOURCE = "nvidia.com/gpu"
 
 # Kubernetes types whose pods the policies inspect, and where their pod template lives.
 WORKLOAD_TYPES: dict[str, tuple[str, ...]] = {

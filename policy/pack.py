@@ -22,8 +22,8 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import UnknownValueError
 
+from contracts.compat import load_matrix
 from policy import aws, versions, workloads
-from policy.compat_pairs import load_pairs
 from policy.findings import Props
 
 __all__ = ["PACK_NAME", "build_policies"]
@@ -105,7 +105,7 @@ def _gpu_launch_templates_policy() -> StackValidationPolicy:
 
 def build_policies(compat_path: Path | None = None) -> list[Policy]:
     """Every policy of the pack; ``compat_path`` overrides ``images/compat.toml``."""
-    pairs = load_pairs(compat_path)
+    pairs = load_matrix(compat_path).supported
 
     def serving_pair(resource_type: str, props: Props) -> list[str]:
         return workloads.check_serving_pair_supported(resource_type, props, pairs)

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from contracts.labels import (
+    CREATED_AT_ANNOTATION,
+    MODEL_VERSION_LABEL,
+    NEWEST_ANNOTATION,
+    STRATEGY_LABEL,
+)
 from policy.findings import Props
 
-__all__ = [
-    "CREATED_AT_ANNOTATION",
-    "NEWEST_ANNOTATION",
-    "STRATEGY_LABEL",
-    "check_versioned_age",
-]
-
-STRATEGY_LABEL = "llm-serving/strategy"
-CREATED_AT_ANNOTATION = "llm-serving/created-at"
-NEWEST_ANNOTATION = "llm-serving/newest"
+__all__ = ["check_versioned_age"]
 
 
 def check_versioned_age(
@@ -41,7 +38,7 @@ def check_versioned_age(
     age = now - created_at
     if age <= idle:
         return []
-    version = labels.get("llm-serving/model-version", "?")
+    version = labels.get(MODEL_VERSION_LABEL, "?")
     return [
         f"Versioned deployment {metadata.get('name')} (version {version}) is {age.days} days old, "
         f"beyond the idle window of {idle}; run `llm-serving versions gc` to retire it if idle"

@@ -7,8 +7,8 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from contracts.labels import GPU_RESOURCE, TRITON_ANNOTATION, VLLM_ANNOTATION
 from policy.findings import (
-    GPU_RESOURCE,
     Props,
     containers_of,
     pod_template_of,
@@ -17,8 +17,6 @@ from policy.findings import (
 
 __all__ = [
     "ROLLOUT_TYPE",
-    "TRITON_ANNOTATION",
-    "VLLM_ANNOTATION",
     "check_gpu_pods_tolerate_taint",
     "check_gpu_startup_probes",
     "check_images_pinned",
@@ -27,9 +25,6 @@ __all__ = [
 ]
 
 ROLLOUT_TYPE = "kubernetes:argoproj.io/v1alpha1:Rollout"
-# The serving pod template declares the Triton release and vLLM version its image carries.
-TRITON_ANNOTATION = "llm-serving/triton-release"
-VLLM_ANNOTATION = "llm-serving/vllm-version"
 
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 # A release tag starts with a version number: 25.09, v1.2.3, 26.08-vllm-python-py3.

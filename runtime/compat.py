@@ -1,4 +1,9 @@
-"""The Triton release ↔ vLLM version matrix (``images/compat.toml``) and checks against it."""
+"""Checks of the serving image against the Triton/vLLM matrix: installed vLLM and pins, backend
+imports, the image's pip constraints, and vLLM's recorded requirements.
+
+The matrix and its reader are :mod:`contracts.compat`; its names are imported here for the
+serving image's modules, which reach the matrix through this module.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +14,23 @@ import os
 import subprocess
 import sys
 import tempfile
-import tomllib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from importlib.metadata import Distribution, PackageNotFoundError, distributions
 from importlib.metadata import version as dist_version
 from pathlib import Path
-from typing import Any, Literal
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from contracts.compat import (
+    MATRIX_ENV_VAR,
+    CompatError,
+    CompatMatrix,
+    CompatPair,
+    default_matrix_path,
+    load_matrix,
+    read_toml,
+)
 
 __all__ = [
     "MATRIX_ENV_VAR",
@@ -41,111 +52,7 @@ __all__ = [
     "vllm_requirements",
 ]
 
-MATRIX_ENV_VAR = "LLM_SERVING_COMPAT_MATRIX"
-_FILE_NAME = "compat.toml"
 _REQUIREMENTS_FILE = "vllm-requirements.toml"
-_IMAGE_REPOSITORY = "nvcr.io/nvidia/tritonserver"
-
-
-class CompatError(ValueError):
-    """A Triton/vLLM pair, or the matrix file itself, is not usable; the message says why."""
-
-
-@dataclass(frozen=True)
-class CompatPair:
-    """One supported Triton container release and the vLLM it ships."""
-
-    triton: str
-    vllm: str
-    structured_outputs_key: str
-    python: str
-    backend_modules: tuple[str, ...]
-    """What the backend imports: ``module``, or ``module:name`` for a name it takes from one."""
-    pins: tuple[tuple[str, str], ...] = ()
-    """Further ``(distribution, exact version)`` pins of the image beside vllm."""
-    response_hook: str | None = None
-    """The stock vLLM backend's response-building method (``module:Class.method``), or
-    ``None`` where it is not established for this release."""
-
-    @property
-    def image(self) -> str:
-        """The NGC image of this release with the vLLM backend."""
-        return f"{_IMAGE_REPOSITORY}:{self.triton}-vllm-python-py3"
-
-
-@dataclass(frozen=True)
-class CompatMatrix:
-    """Every supported pair, in file order, and the release the serving image is built from."""
-
-    pairs: tuple[CompatPair, ...]
-    default_triton: str
-
-    @property
-    def default(self) -> CompatPair:
-        """The pair the serving image is built from."""
-        return self.for_triton(self.default_triton)
-
-    @property
-    def releases(self) -> tuple[str, ...]:
-        """Supported Triton releases, in file order."""
-        return tuple(pair.triton for pair in self.pairs)
-
-    def for_triton(self, release: str) -> CompatPair:
-        """The pair of a Triton release (``26.08``); raises `CompatError` listing the supported."""
-        for pair in self.pairs:
-            if pair.triton == release:
-                return pair
-        raise CompatError(
-            f"Triton release {release!r} is not in the compatibility matrix; "
-            f"supported releases: {', '.join(self.releases)}"
-        )
-
-
-class _PairModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    triton: str = Field(pattern=r"^\d{2}\.\d{2}$", description="Triton release, YY.MM")
-    vllm: str = Field(pattern=r"^\d+(\.\d+)+$", description="exact vLLM version")
-    structured_outputs_key: Literal["guided_decoding", "structured_outputs"]
-    python: str = Field(pattern=r"^3\.\d+$")
-    backend_modules: list[str] = Field(
-        min_length=1, description="module or module:name, as the backend imports them"
-    )
-    pins: dict[str, str] = Field(default_factory=dict)
-    response_hook: str | None = Field(
-        default=None,
-        pattern=r"^[\w.]+:[\w]+\.[\w]+$",
-        description="the stock backend's response hook, module:Class.method",
-    )
-
-    @field_validator("backend_modules")
-    @classmethod
-    def _import_names(cls, names: list[str]) -> list[str]:
-        for name in names:
-            module, _, attribute = name.partition(":")
-            if not module or (":" in name and not attribute.isidentifier()):
-                raise ValueError(f"{name!r} is not `module` or `module:name`")
-        return names
-
-    @field_validator("pins")
-    @classmethod
-    def _no_vllm_in_pins(cls, pins: dict[str, str]) -> dict[str, str]:
-        if any(_normalise(name) == "vllm" for name in pins):
-            raise ValueError("vllm is pinned by the pair's `vllm` field, not in `pins`")
-        return pins
-
-
-class _MatrixModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    format_version: Literal[1]
-    default_triton: str
-    pairs: list[_PairModel] = Field(min_length=1)
-
-
-def default_matrix_path() -> Path:
-    """Where the matrix lives: beside this module when installed, else in the source checkout."""
-    return _shipped(_FILE_NAME)
 
 
 def _shipped(name: str) -> Path:
@@ -155,20 +62,11 @@ def _shipped(name: str) -> Path:
     return installed if installed.is_file() else here.parent / "images" / name
 
 
-def _read_toml(path: Path, what: str) -> dict[str, Any]:
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CompatError(f"cannot read {what} {path}: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise CompatError(f"{path} is not valid TOML: {exc}") from exc
-
-
 def vllm_requirements(version: str, path: Path | None = None) -> tuple[str, ...]:
     """vLLM ``version``'s own requirements (Requires-Dist, extras left out), as
     ``images/vllm-requirements.toml`` records them; raises `CompatError` for an unknown one."""
     path = path or _shipped(_REQUIREMENTS_FILE)
-    raw = _read_toml(path, "vLLM's requirements")
+    raw = read_toml(path, "vLLM's requirements")
     if raw.get("format_version") != 1:
         raise CompatError(f"{path}: format_version must be 1")
     entry = raw.get("vllm", {}).get(version)
@@ -223,44 +121,6 @@ def requirements_text(requires: dict[str, list[str]]) -> str:
         lines += [f"  {json.dumps(line)}," for line in _requires_dist(kept)]
         lines.append("]")
     return "\n".join(lines) + "\n"
-
-
-def load_matrix(path: Path | None = None) -> CompatMatrix:
-    """Read and validate the matrix (``path``, else ``$LLM_SERVING_COMPAT_MATRIX``, else the
-    shipped file); raises `CompatError` naming the file and the bad field."""
-    if path is None:
-        override = os.environ.get(MATRIX_ENV_VAR)
-        path = Path(override) if override else default_matrix_path()
-    raw = _read_toml(path, "the compatibility matrix")
-    try:
-        model = _MatrixModel.model_validate(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise CompatError(f"{path}: field {where}: {first['msg']}") from exc
-    seen: set[str] = set()
-    for pair in model.pairs:
-        if pair.triton in seen:
-            raise CompatError(f"{path}: Triton release {pair.triton} is listed twice")
-        seen.add(pair.triton)
-    if model.default_triton not in seen:
-        raise CompatError(
-            f"{path}: default_triton {model.default_triton!r} is not one of the listed pairs "
-            f"({', '.join(sorted(seen))})"
-        )
-    pairs = tuple(
-        CompatPair(
-            triton=pair.triton,
-            vllm=pair.vllm,
-            structured_outputs_key=pair.structured_outputs_key,
-            python=pair.python,
-            backend_modules=tuple(pair.backend_modules),
-            pins=tuple(sorted(pair.pins.items())),
-            response_hook=pair.response_hook,
-        )
-        for pair in model.pairs
-    )
-    return CompatMatrix(pairs=pairs, default_triton=model.default_triton)
 
 
 def provides_vllm(dist: Distribution) -> bool:
@@ -424,10 +284,6 @@ def image_constraints_text(pair: CompatPair, pair_file: str, installed: dict[str
         + "# Every other distribution of the image, as installed (a plugin may not move them).\n"
         + "".join(line + "\n" for line in rest if line.partition("==")[0] not in pinned)
     )
-
-
-def _normalise(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
 
 
 def _probe_command(names: list[str]) -> int:

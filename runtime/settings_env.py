@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic import AliasChoices, ValidationError
+from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings
 
 __all__ = ["environment_help", "parse_command_line", "setting_errors", "variable_for"]
@@ -37,6 +38,8 @@ def setting_errors(model: type[BaseSettings], exc: ValidationError) -> str:
 
 
 def _default(value: object) -> str:
+    if value is PydanticUndefined:
+        return "required"
     if value is None:
         return "unset"
     if isinstance(value, bool):

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import pulumi
 
-from components.region_platform import RegionPlatform, RegionPlatformArgs
 from components.shared_artifacts import SharedArtifacts, SharedArtifactsArgs
-from runtime.metrics_proxy.assets import load_alert_groups, load_dashboard
+from contracts.promql import load_alert_groups, load_dashboard
 from stacks.config import (
     GLOBAL_STACK,
     NAMESPACE,
@@ -20,6 +19,7 @@ from stacks.config import (
     region_entry,
     vllm_version_for,
 )
+from stacks.region_platform import RegionPlatform, RegionPlatformArgs
 
 stack = pulumi.get_stack()
 settings = pulumi.Config(NAMESPACE)

@@ -4,6 +4,9 @@ Every key lives under the ``llm-serving:`` namespace except ``aws:region``. A re
 (``<env>-<region>``) is a :class:`RegionStackConfig`; the ``global`` stack is a
 :class:`GlobalStackConfig`. Bad or missing keys raise :class:`StackConfigError`, whose message
 names the key and the stack file.
+
+Over 400 lines for a reason: it is the one schema of the stack files (every key, its checks and
+the message naming it), kept in one module so that a key and its rules are found in one place.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from pydantic import (
     model_validator,
 )
 
-from components.naming import dns_label, route_label
-from runtime.compat import CompatError, load_matrix
+from contracts.compat import CompatError, load_matrix
+from contracts.naming import dns_label, route_label
 
 __all__ = [
     "GLOBAL_STACK",
@@ -213,7 +216,7 @@ class ModelConfig(_Strict):
     def object_names(self) -> dict[tuple[str, str], tuple[str | int, ...]]:
         """``(kind, name)`` of the objects whose names its id and versions make, each with the
         key that makes it: the workload and its Service (``<id>`` Red-Black, ``<id>-<version>``
-        Versioned, as ``components.model_strategies`` names them) and the materialize Jobs."""
+        Versioned, as ``stacks.model_strategies`` names them) and the materialize Jobs."""
         names: dict[tuple[str, str], tuple[str | int, ...]] = {}
         for index, version in self._served():
             key: tuple[str | int, ...] = ("versions", index, "version")

@@ -9,6 +9,7 @@ import numpy as np
 from runtime.constraints import _engine
 from runtime.constraints.catalog import TokenizedCatalog
 from runtime.constraints.plan import ConstraintPlan
+from runtime.constraints.threads import default_num_threads
 from runtime.constraints.token_bytes import TokenBytes
 
 __all__ = [
@@ -131,7 +132,7 @@ class ConstraintEngine:
     """
 
     def __init__(self, max_batch: int, vocab_size: int, num_threads: int | None = None) -> None:
-        threads = _engine.default_num_threads() if num_threads is None else num_threads
+        threads = default_num_threads() if num_threads is None else num_threads
         self._native = _engine.Engine(max_batch, vocab_size, threads)
 
     @property

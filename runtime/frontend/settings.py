@@ -48,7 +48,6 @@ class FrontendSettings(BaseSettings):
     max_concurrent_streams: int = Field(
         default=256, ge=1, description="Open streams beyond this are answered 429."
     )
-    max_model_len: int = Field(default=8192, ge=1, description="Context length of the model.")
     embedding_size: int | None = Field(
         default=None,
         ge=1,
@@ -59,6 +58,12 @@ class FrontendSettings(BaseSettings):
     )
     host: str = Field(default="0.0.0.0", description="Address uvicorn binds.")
     port: int = Field(default=8080, ge=0, le=65535, description="Port uvicorn binds.")
+    # Required, and last so that other settings' errors lead the one-line report.
+    max_model_len: int = Field(
+        ge=1,
+        description="Context length of the model: the package manifest's max_model_len, which "
+        "the entrypoint passes (the frontend has no default of its own).",
+    )
 
     @property
     def model_id(self) -> str:

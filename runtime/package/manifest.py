@@ -268,6 +268,12 @@ class Manifest(_Strict):
                 raise ValueError(f"duplicate {kind}: {', '.join(dupes)}")
         return self
 
+    @property
+    def max_model_len(self) -> int | None:
+        """The context length ``engine_args`` sets (a validated count), ``None`` where unset."""
+        value = self.engine_args.get("max_model_len")
+        return None if value is None else int(value)
+
     def to_json(self) -> str:
         """The manifest as written to ``manifest.json`` (stable key order, trailing newline)."""
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"

@@ -14,7 +14,7 @@ from components.cluster_addons import (
     ClusterAddonsArgs,
 )
 from components.gpu_node_group import gpu_tolerations
-from stacks.plan import validate_object
+from stacks.kubernetes_objects import validate_object
 from tests.components.declared import Declare
 
 RELEASE = "kubernetes:helm.sh/v3:Release"

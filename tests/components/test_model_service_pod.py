@@ -11,21 +11,18 @@ import pulumi_kubernetes as k8s
 import pytest
 
 from components.gpu_node_group import GPU_RESOURCE, gpu_tolerations, node_selector
-from components.model_service import ModelService, ModelServiceArgs, build_pod_template
-from components.serving_pod import (
-    API_KEYS_DIR,
-    API_KEYS_SECRET_KEY,
-    GRPC_PORT,
-    HEALTH_PORT,
-    METRICS_PORT,
-    MULTIPROC_DIR,
-    SCRATCH_DIR,
-    pod_selector,
-    serving_mode_from_manifest,
+from components.model_service import (
+    ModelService,
+    ModelServiceArgs,
+    RolloutWorkload,
+    build_pod_template,
 )
+from components.model_service import args as pod
+from components.model_service.args import serving_mode_from_manifest
+from components.model_service.pod import pod_selector
 from runtime.entrypoint.settings import EntrypointSettings
 from runtime.frontend.settings import FrontendSettings
-from stacks.plan import validate_object
+from stacks.kubernetes_objects import validate_object
 from tests.components.declared import Declare, Declared
 
 
@@ -66,9 +63,9 @@ def test_pod_template_is_plain_and_follows_contract_5() -> None:
     assert env["LLM_SERVING_MODEL_ID"] == "llama"
     assert env["LLM_SERVING_MODEL_VERSION"] == "v2"
     assert env["LLM_SERVING_COLOUR"] == "stable"
-    assert env["PROMETHEUS_MULTIPROC_DIR"] == MULTIPROC_DIR == "/var/run/llm-serving/prometheus"
-    assert env["LLM_SERVING_WORK_DIR"] == SCRATCH_DIR
-    assert {"name": "scratch", "mountPath": SCRATCH_DIR} in serving["volumeMounts"]
+    assert env["PROMETHEUS_MULTIPROC_DIR"] == pod.MULTIPROC_DIR == "/var/run/llm-serving/prometheus"
+    assert env["LLM_SERVING_WORK_DIR"] == pod.SCRATCH_DIR
+    assert {"name": "scratch", "mountPath": pod.SCRATCH_DIR} in serving["volumeMounts"]
     assert isinstance(env["LLM_SERVING_PACKAGE_S3_URI"], pulumi.Output)
     mounts = {m["name"]: m for m in serving["volumeMounts"]}
     assert mounts["model-cache"] == {
@@ -107,11 +104,11 @@ def test_gpu_requests_equal_limits_and_pods_land_on_gpu_nodes() -> None:
 def test_probes_are_sized_for_a_gpu_cold_start() -> None:
     serving = _containers(build_pod_template(_args(startup_timeout_s=1500)))["triton"]
     startup = serving["startupProbe"]
-    assert startup["httpGet"] == {"path": "/readyz", "port": HEALTH_PORT}
+    assert startup["httpGet"] == {"path": "/readyz", "port": pod.HEALTH_PORT}
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 1500
-    assert serving["readinessProbe"]["grpc"] == {"port": GRPC_PORT}
+    assert serving["readinessProbe"]["grpc"] == {"port": pod.GRPC_PORT}
     liveness = serving["livenessProbe"]
-    assert liveness["httpGet"] == {"path": "/livez", "port": HEALTH_PORT}
+    assert liveness["httpGet"] == {"path": "/livez", "port": pod.HEALTH_PORT}
     # Liveness alone would kill a pod within a minute; only the startup probe covers loading.
     assert liveness["periodSeconds"] * liveness["failureThreshold"] < 60
 
@@ -122,16 +119,18 @@ def test_sidecar_shares_the_multiprocess_volume() -> None:
     proxy, serving = containers["metrics-proxy"], containers["triton"]
 
     def multiproc_volume(container: dict[str, Any]) -> str:
-        return next(m["name"] for m in container["volumeMounts"] if m["mountPath"] == MULTIPROC_DIR)
+        return next(
+            m["name"] for m in container["volumeMounts"] if m["mountPath"] == pod.MULTIPROC_DIR
+        )
 
     assert multiproc_volume(proxy) == multiproc_volume(serving)
     volume = next(v for v in template["spec"]["volumes"] if v["name"] == multiproc_volume(proxy))
     assert "emptyDir" in volume
     env = {e["name"]: e["value"] for e in proxy["env"]}
-    assert env["PROMETHEUS_MULTIPROC_DIR"] == MULTIPROC_DIR
+    assert env["PROMETHEUS_MULTIPROC_DIR"] == pod.MULTIPROC_DIR
     assert env["LLM_SERVING_MODEL_VERSION"] == "v2"
-    assert proxy["ports"] == [{"name": "metrics", "containerPort": METRICS_PORT}]
-    assert proxy["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": METRICS_PORT}
+    assert proxy["ports"] == [{"name": "metrics", "containerPort": pod.METRICS_PORT}]
+    assert proxy["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": pod.METRICS_PORT}
 
 
 @pytest.fixture
@@ -261,7 +260,7 @@ def test_a_rollout_brings_workload_and_services(declare: Declare) -> None:
     declared = declare(
         lambda: ModelService(
             "s",
-            _args(service_name="llama", create_workload=False, create_service=False),
+            _args(service_name="llama", rollout=RolloutWorkload()),
         )
     )
     types = {r.type.rsplit(":", 1)[-1] for r in declared.run.resources}
@@ -308,14 +307,18 @@ def test_embedded_frontend_gets_what_the_entrypoint_does_not_pass() -> None:
     env = _env(serving)
     # The frontend's settings (LLM_SERVING_FRONTEND_*) that the entrypoint leaves unset.
     assert env["LLM_SERVING_FRONTEND_SERVED_MODEL_ID"] == "llama"
-    assert env["LLM_SERVING_FRONTEND_API_KEYS_FILE"] == f"{API_KEYS_DIR}/{API_KEYS_SECRET_KEY}"
+    assert (
+        env["LLM_SERVING_FRONTEND_API_KEYS_FILE"] == f"{pod.API_KEYS_DIR}/{pod.API_KEYS_SECRET_KEY}"
+    )
     # The entrypoint takes the release from the image config, and hands it to the frontend.
     assert env["LLM_SERVING_TRITON_RELEASE"] == "26.08"
     mount = next(m for m in serving["volumeMounts"] if m["name"] == "api-keys")
-    assert mount == {"name": "api-keys", "mountPath": API_KEYS_DIR, "readOnly": True}
+    assert mount == {"name": "api-keys", "mountPath": pod.API_KEYS_DIR, "readOnly": True}
     volume = next(v for v in template["spec"]["volumes"] if v["name"] == "api-keys")
     assert volume["secret"]["secretName"] == "llama-keys"
-    assert volume["secret"]["items"] == [{"key": API_KEYS_SECRET_KEY, "path": API_KEYS_SECRET_KEY}]
+    assert volume["secret"]["items"] == [
+        {"key": pod.API_KEYS_SECRET_KEY, "path": pod.API_KEYS_SECRET_KEY}
+    ]
 
 
 def test_pod_env_names_are_settings_the_processes_read(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -329,9 +332,12 @@ def test_pod_env_names_are_settings_the_processes_read(monkeypatch: pytest.Monke
     for name, value in env.items():
         if isinstance(value, str):
             monkeypatch.setenv(name, value)
+    # The entrypoint adds the manifest's max_model_len; the pod sets no length of its own.
+    assert "LLM_SERVING_FRONTEND_MAX_MODEL_LEN" not in env
+    monkeypatch.setenv("LLM_SERVING_FRONTEND_MAX_MODEL_LEN", "4096")
     frontend = FrontendSettings()
-    assert frontend.model_id == "llama-chat"
-    assert str(frontend.api_keys_file) == f"{API_KEYS_DIR}/{API_KEYS_SECRET_KEY}"
+    assert frontend.model_id == "llama-chat" and frontend.max_model_len == 4096
+    assert str(frontend.api_keys_file) == f"{pod.API_KEYS_DIR}/{pod.API_KEYS_SECRET_KEY}"
     entrypoint = EntrypointSettings()
     assert entrypoint.triton_release == "26.08"
     assert entrypoint.drain_seconds == 45

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from components.observability import DASHBOARD_LABEL, Observability, ObservabilityArgs
-from stacks.plan import validate_object
+from stacks.kubernetes_objects import validate_object
 from tests.components.declared import Declare
 
 DASHBOARD = {"title": "llm-serving", "panels": [{"type": "timeseries", "title": "TTFT"}]}

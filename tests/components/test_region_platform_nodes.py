@@ -8,9 +8,9 @@ from functools import cache
 import pytest
 
 from components.gpu_node_group import NODE_GROUP_LABEL
-from components.region_platform import RegionPlatform, RegionPlatformArgs
 from stacks.config import RegionStackConfig, load_stack_config
 from stacks.mock_engine import ProgramRun, run_program
+from stacks.region_platform import RegionPlatform, RegionPlatformArgs
 from tests.components.declared import KnownOutputMocks
 
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"

@@ -7,10 +7,10 @@ import re
 from collections import Counter
 from functools import cache
 
-from components.region_platform import RegionPlatform, RegionPlatformArgs
 from stacks.config import RegionStackConfig, load_stack_config
+from stacks.kubernetes_objects import kubernetes_objects
 from stacks.mock_engine import ProgramRun, run_program
-from stacks.plan import kubernetes_objects
+from stacks.region_platform import RegionPlatform, RegionPlatformArgs
 from tests.components.declared import KnownOutputMocks
 
 STACK = "staging-ap-northeast-1"

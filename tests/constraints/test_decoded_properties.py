@@ -20,9 +20,9 @@ from runtime.constraints.engine import (
     compile_plan,
     compile_vocabulary,
 )
-from runtime.constraints.reference import ReferenceConstraint, words_per_row
 from runtime.constraints.schema import ConstraintConfigError
 from tests.constraints.decoded_support import EOS, item_lists, plan_for, tokenize, toy
+from tests.constraints.reference import ReferenceConstraint, words_per_row
 from tests.constraints.test_processor_properties import _run_history
 from tests.constraints.test_runner_v2_properties import _run as _run_v2
 

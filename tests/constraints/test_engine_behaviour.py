@@ -17,9 +17,9 @@ from runtime.constraints.catalog import (
 )
 from runtime.constraints.engine import ConstraintEngine, compile_catalog, compile_plan
 from runtime.constraints.plan import ConstraintPlan, ItemListPlan, resolve_constraints
-from runtime.constraints.reference import ReferenceConstraint, words_per_row
 from runtime.constraints.schema import parse_constraints
 from tests.constraints.conftest import WORDS
+from tests.constraints.reference import ReferenceConstraint, words_per_row
 from tests.constraints.toy import word_tokenizer
 
 VOCAB = 40

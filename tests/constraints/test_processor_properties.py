@@ -18,9 +18,9 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdateBuilder, MoveDirectionality
 
 from runtime.constraints.processor import ConstraintLogitsProcessor
-from runtime.constraints.reference import ReferenceConstraint, words_per_row
 from tests.constraints.conftest import vllm_config
 from tests.constraints.decoded_support import spells_valid_list
+from tests.constraints.reference import ReferenceConstraint, words_per_row
 from tests.constraints.toy import catalog_model, word_tokenizer
 
 ITEM_WORDS = ["a", "b", "c", "d", "e"]

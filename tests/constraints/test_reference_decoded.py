@@ -10,7 +10,6 @@ import numpy as np
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from runtime.constraints.reference import ReferenceConstraint, words_per_row
 from runtime.constraints.schema import ConstraintConfigError
 from tests.constraints.decoded_support import (
     EOS,
@@ -20,6 +19,7 @@ from tests.constraints.decoded_support import (
     tokenize,
     toy,
 )
+from tests.constraints.reference import ReferenceConstraint, words_per_row
 
 
 def _decoded_plan(items: list[tuple[str, str]], config: dict[str, Any]) -> Any:

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 from vllm import SamplingParams
 
-from runtime.constraints.reference import ReferenceConstraint
 from runtime.constraints.runner_v2 import ConstraintLogitsProcessorV2
 from tests.constraints.conftest import vllm_config
 from tests.constraints.mrv2_standin import RequestStatesStandIn, logits_context
+from tests.constraints.reference import ReferenceConstraint
 from tests.constraints.test_processor_properties import (
     EOS,
     ITEM_WORDS,

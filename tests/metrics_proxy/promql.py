@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.metrics_proxy.assets import load_alert_groups, load_dashboard, rollout_queries
+from contracts.promql import (
+    load_alert_groups,
+    load_dashboard,
+    render_rollout_query,
+    rollout_queries,
+)
 
 __all__ = ["Expression", "alert_expressions", "all_expressions", "dashboard_expressions"]
 
@@ -49,16 +54,16 @@ def alert_expressions() -> list[Expression]:
 
 
 def rollout_expressions(model_id: str, model_version: str, colour: str) -> list[Expression]:
-    """Rollout-analysis queries with Argo's ``{{args.*}}`` placeholders filled."""
-    found = []
-    for name, query in rollout_queries().items():
-        query = (
-            query.replace("{{args.model_id}}", model_id)
-            .replace("{{args.model_version}}", model_version)
-            .replace("{{args.colour}}", colour)
+    """Rollout-analysis queries with their placeholders filled."""
+    return [
+        Expression(
+            f"rollout:{name}",
+            render_rollout_query(
+                query, model_id=model_id, colour=colour, model_version=model_version
+            ),
         )
-        found.append(Expression(f"rollout:{name}", query))
-    return found
+        for name, query in rollout_queries().items()
+    ]
 
 
 def all_expressions(model_id: str, model_version: str, colour: str) -> list[Expression]:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-import re
 import subprocess
 
+import pytest
 import yaml
 
-from runtime.metrics_proxy.assets import (
+from contracts.promql import (
+    ANY_VERSION,
+    ROLLOUT_PLACEHOLDERS,
+    AssetError,
     load_alert_groups,
     load_dashboard,
+    placeholders_of,
+    render_rollout_query,
     rollout_queries,
     rollout_success_conditions,
 )
@@ -54,13 +59,23 @@ def test_alerts_cover_required_conditions() -> None:
     }
 
 
-def test_rollout_queries_use_argo_placeholders() -> None:
+def test_rollout_queries_use_explicit_placeholders() -> None:
     queries = rollout_queries()
     assert {"success_ratio", "ttft_p95"} <= set(queries)
     for name, query in queries.items():
-        placeholders = set(re.findall(r"\{\{args\.(\w+)\}\}", query))
-        assert placeholders == {"model_id", "model_version", "colour"}, name
+        assert placeholders_of(query) == ROLLOUT_PLACEHOLDERS, name
+        assert "{{" not in query, name
     assert set(rollout_success_conditions()) == set(queries)
+
+
+def test_rendered_queries_match_one_version_or_any() -> None:
+    query = rollout_queries()["ttft_p95"]
+    one = render_rollout_query(query, model_id="m", colour="blue", model_version="v2")
+    assert 'model_id="m", model_version="v2", colour="blue"' in one
+    anyone = render_rollout_query(query, model_id="m", colour="c", model_version=ANY_VERSION)
+    assert 'model_version!=""' in anyone
+    with pytest.raises(AssetError, match="version"):
+        render_rollout_query('x{v="${version}"}', model_id="m", colour="c", model_version=None)
 
 
 def test_promtool_parses_every_expression(tmp_path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from runtime.metrics_proxy.assets import ALERTS_FILE, asset_text, load_alert_groups
+from contracts.promql import ALERTS_FILE, asset_text, load_alert_groups
 from runtime.metrics_proxy.triton import parse_text_exposition
 from tests.metrics_proxy.promql import all_expressions
 from tests.support.metrics_harness import ProxyProcess, WriterProcesses

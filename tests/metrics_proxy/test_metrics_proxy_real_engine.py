@@ -33,9 +33,8 @@ from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as parse_openmetrics,
 )
 
-from runtime.metrics_proxy.assets import ALERTS_FILE, asset_text
-from runtime.metrics_proxy.exposition import Family
-from runtime.metrics_proxy.triton import parse_text_exposition
+from contracts.promql import ALERTS_FILE, asset_text
+from runtime.metrics_proxy.triton import Family, parse_text_exposition
 from tests.metrics_proxy.promql import Expression, alert_expressions, all_expressions
 from tests.support.metrics_harness import ProxyProcess
 from tests.support.prometheus import PrometheusServer
@@ -380,13 +379,14 @@ def test_values_are_the_engines_own(run: Run) -> None:
 
 
 def test_scrapes_while_the_engine_wrote_were_whole(run: Run) -> None:
-    up = re.compile(r'metrics_proxy_source_up\{source="vllm",[^}]*\} 1\.0\n')
+    up = re.compile(r'metrics_proxy_source_up\{[^}]*\bsource="vllm"[^}]*\} 1\.0\n')
     corrupt = re.compile(r"metrics_proxy_multiproc_corrupt_files\{[^}]*\} 0\.0\n")
     for status, body in [*run.scrapes_during_run, (200, run.body)]:
         assert status == 200
         assert up.search(body) and corrupt.search(body), body
     # vLLM's own series (engine label; the Triton bridge's have none) came during the run.
-    assert any('vllm:prompt_tokens_total{engine="0"' in body for _, body in run.scrapes_during_run)
+    engine = re.compile(r'vllm:prompt_tokens_total\{[^}]*\bengine="0"')
+    assert any(engine.search(body) for _, body in run.scrapes_during_run)
 
 
 def test_promtool_check_metrics_passes(run: Run) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from runtime.metrics_proxy.assets import ALERTS_FILE, asset_text, load_alert_groups
+from contracts.promql import ALERTS_FILE, asset_text, load_alert_groups
 
 RULE_TESTS = Path(__file__).parent / "rules" / "alerts.test.yaml"
 

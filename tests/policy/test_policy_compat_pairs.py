@@ -1,4 +1,4 @@
-"""The pack reads the Triton/vLLM pairs from the repository's images/compat.toml."""
+"""The pack reads the Triton/vLLM pairs through the one matrix reader, ``contracts.compat``."""
 
 from __future__ import annotations
 
@@ -6,25 +6,28 @@ from pathlib import Path
 
 import pytest
 
-from policy.compat_pairs import CompatFileError, load_pairs, pairs_from_document
-from runtime.compat import load_matrix
+from contracts.compat import CompatError, load_matrix
 
 
-def test_pairs_match_the_runtime_matrix() -> None:
+def test_supported_pairs_come_from_the_repository_matrix() -> None:
     matrix = load_matrix(Path(__file__).resolve().parents[2] / "images" / "compat.toml")
-    pairs = load_pairs()
-    assert ("26.08", "0.27.1") in pairs
-    assert (matrix.default.triton, matrix.default.vllm) in pairs
-    assert ("26.08", "0.33.0") not in pairs
-
-
-def test_release_keyed_tables_are_read_too() -> None:
-    assert pairs_from_document({"triton": {"26.07": {"vllm": "0.24.0"}}}) == {("26.07", "0.24.0")}
+    assert ("26.08", "0.27.1") in matrix.supported
+    assert (matrix.default.triton, matrix.default.vllm) in matrix.supported
+    assert ("26.08", "0.33.0") not in matrix.supported
 
 
 def test_missing_or_empty_file_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(CompatFileError, match="not found"):
-        load_pairs(tmp_path / "compat.toml")
+    with pytest.raises(CompatError, match="cannot read"):
+        load_matrix(tmp_path / "compat.toml")
     (tmp_path / "compat.toml").write_text("format_version = 1\n", encoding="utf-8")
-    with pytest.raises(CompatFileError, match="no Triton/vLLM pair"):
-        load_pairs(tmp_path / "compat.toml")
+    with pytest.raises(CompatError, match="default_triton"):
+        load_matrix(tmp_path / "compat.toml")
+
+
+def test_policy_names_stay_free_of_copies() -> None:
+    # The pack spells no label, annotation or matrix file of its own: contracts owns them.
+    root = Path(__file__).resolve().parents[2] / "policy"
+    for path in root.glob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        assert '"llm-serving/' not in text, path
+        assert "tomllib" not in text, path

@@ -16,8 +16,8 @@ from functools import cache
 
 import pytest
 
+from contracts.compat import load_matrix
 from policy import aws, workloads
-from policy.compat_pairs import load_pairs
 from policy.findings import Props
 from policy.versions import check_versioned_age
 from stacks.config import RegionStackConfig, load_stack_config
@@ -32,7 +32,7 @@ Validator = Callable[[str, Props], list[str]]
 
 
 def _mandatory() -> dict[str, Validator]:
-    pairs = load_pairs()
+    pairs = load_matrix().supported
     return {
         "gpu-node-groups-tainted": aws.check_gpu_node_group_tainted,
         "gpu-pods-tolerate-taint": workloads.check_gpu_pods_tolerate_taint,

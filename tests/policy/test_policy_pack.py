@@ -59,7 +59,12 @@ SCRIPT = textwrap.dedent(
 
 def run_pack(cases: list[dict], tmp_path: Path) -> dict:
     compat = tmp_path / "compat.toml"
-    compat.write_text('[[pair]]\ntriton = "26.08"\nvllm = "0.27.1"\n', encoding="utf-8")
+    compat.write_text(
+        'format_version = 1\ndefault_triton = "26.08"\n[[pairs]]\ntriton = "26.08"\n'
+        'vllm = "0.27.1"\nstructured_outputs_key = "structured_outputs"\npython = "3.12"\n'
+        'backend_modules = ["vllm"]\n',
+        encoding="utf-8",
+    )
     return run_in_policy_venv(SCRIPT, cases, str(compat))
 
 

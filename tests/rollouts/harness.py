@@ -6,7 +6,8 @@ from typing import Any
 
 import pulumi
 
-from components.red_black import GatewayRef, RedBlackArgs, RedBlackRollout
+from components.gateway import GatewayRef
+from components.red_black import RedBlackArgs, RedBlackRollout
 from tests.rollouts.mocks import RecordingMocks
 from tests.rollouts.samples import pod_template, queries, success_conditions
 

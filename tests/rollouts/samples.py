@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.metrics_proxy.assets import rollout_queries, rollout_success_conditions
+from contracts.promql import rollout_queries, rollout_success_conditions
 
 DIGEST = "sha256:" + "cd" * 32
 IMAGE = f"123456789012.dkr.ecr.us-east-1.amazonaws.com/llm-serving@{DIGEST}"

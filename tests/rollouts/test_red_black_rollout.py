@@ -8,12 +8,8 @@ import kubernetes_validate
 import pulumi
 import pytest
 
-from components.red_black import (
-    GATEWAY_PLUGIN,
-    GatewayRef,
-    RedBlackConfigError,
-    RedBlackRollout,
-)
+from components.gateway import GATEWAY_PLUGIN, GatewayRef
+from components.red_black import RedBlackConfigError, RedBlackRollout
 from policy.workloads import (
     check_gpu_pods_tolerate_taint,
     check_images_pinned,
@@ -257,9 +253,10 @@ def test_each_revision_gets_its_own_status_job() -> None:
         ({"queries": {"success_ratio": "up"}}, "ttft_p95"),
         ({"replicas": 0}, "replicas"),
         (
-            {"queries": {"success_ratio": "up", "ttft_p95": 'x{v=~"{{args.model_version}}"}'}},
-            "outside a label matcher",
+            {"queries": {"success_ratio": "up", "ttft_p95": 'x{model_version="${version}"}'}},
+            "names the placeholder version",
         ),
+        ({"queries": {"success_ratio": "up", "ttft_p95": 'x{a="$"}'}}, "malformed placeholder"),
     ],
 )
 def test_bad_arguments_name_the_field(overrides: dict[str, Any], field: str) -> None:

@@ -10,7 +10,7 @@ import kubernetes_validate
 import pulumi
 import pytest
 
-from components.red_black import GatewayRef
+from components.gateway import GatewayRef
 from components.versioned import (
     VersionedArgs,
     VersionedConfigError,

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.versions_gc import (
+from operations.versions_gc import (
     GcError,
     ModelVersions,
     coverage_query,

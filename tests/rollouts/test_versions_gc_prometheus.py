@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from runtime.cli import app
+from operations.cli import app
 from tests.rollouts.prometheus import PrometheusServer, Recording, serve
 
 STEP = 300.0

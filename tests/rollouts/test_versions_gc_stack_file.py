@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from runtime.cli import app
+from operations.cli import app
 
 STACK = """\
 config:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from runtime.publish import publish
+from operations.publish import publish
 
 #: The part size the publish tests use (S3's minimum).
 PART = 5 << 20

@@ -8,15 +8,19 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from runtime import compat
-from runtime.compat import (
+from contracts.compat import (
+    MATRIX_ENV_VAR,
     CompatError,
     CompatPair,
+    default_matrix_path,
+    load_matrix,
+)
+from runtime import compat
+from runtime.compat import (
     check_pins,
     check_vllm_version,
     constraints_text,
     image_constraints_text,
-    load_matrix,
     probe_imports,
 )
 
@@ -279,6 +283,6 @@ def test_main_prints_constraints_and_checks(
 def test_environment_override_of_the_matrix_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(compat.MATRIX_ENV_VAR, str(write(tmp_path, GOOD)))
+    monkeypatch.setenv(MATRIX_ENV_VAR, str(write(tmp_path, GOOD)))
     assert load_matrix().default.backend_modules == ("json",)
-    assert len(load_matrix(compat.default_matrix_path()).pairs) == len(PUBLISHED)
+    assert len(load_matrix(default_matrix_path()).pairs) == len(PUBLISHED)

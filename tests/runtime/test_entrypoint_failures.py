@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from operations.publish import publish
 from runtime.package import MANIFEST_NAME, load_manifest
 from runtime.package.build import file_entry
-from runtime.publish import publish
 from tests.runtime.archivemaker import add_and_seal, file_member
 from tests.runtime.pod import Pod, infer, port_refuses
 from tests.runtime.wheelmaker import make_source, make_toy_plugin

@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-import runtime.publish as publish_module
+import operations.publish.planning as planning_module
+import operations.publish.upload as upload_module
+from operations.publish import PublishError, publish
 from runtime.package import MANIFEST_NAME, PackageError, build_package, load_manifest
 from runtime.package.build import file_entry
-from runtime.publish import PublishError, publish
 from tests.runtime.wheelmaker import build_multipart_version, make_source
 
 PART = 5 << 20
@@ -71,14 +72,14 @@ def test_only_the_records_of_the_versions_files_are_deleted(
 def _rewrite_after_check(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
     """Let `_check_local` pass, then rewrite ``path`` with other bytes of the same size, as a
     writer to the hard-linked source file would between the check and the upload."""
-    check = publish_module._check_local
+    check = upload_module._check_local
 
     def check_then_rewrite(folder: Path, entry: Any) -> None:
         check(folder, entry)
         if entry.path == path:
             (folder / entry.path).write_bytes(b"\x01" * entry.size)
 
-    monkeypatch.setattr(publish_module, "_check_local", check_then_rewrite)
+    monkeypatch.setattr(upload_module, "_check_local", check_then_rewrite)
 
 
 def test_single_put_of_changed_bytes_is_refused(
@@ -137,14 +138,14 @@ def test_manifest_rewritten_while_planning_is_not_what_is_published(
 ) -> None:
     planned = (version / MANIFEST_NAME).read_bytes()
     other = build_multipart_version(tmp_path / "other")
-    parse = publish_module.parse_manifest
+    parse = planning_module.parse_manifest
 
     def parse_then_rewrite(body: bytes, path: Path) -> Any:
         manifest = parse(body, path)
         path.write_bytes((other / MANIFEST_NAME).read_bytes())
         return manifest
 
-    monkeypatch.setattr(publish_module, "parse_manifest", parse_then_rewrite)
+    monkeypatch.setattr(planning_module, "parse_manifest", parse_then_rewrite)
     publish(s3_client, version, bucket, part_size=PART)
     body = s3_client.get_object(Bucket=bucket, Key=PREFIX + MANIFEST_NAME)["Body"].read()
     assert body == planned

@@ -15,8 +15,8 @@ import boto3
 import pytest
 from typer.testing import CliRunner
 
-from runtime.cli import app
-from runtime.publish import (
+from operations.cli import app
+from operations.publish import (
     Backoff,
     PublishError,
     Replication,
@@ -203,7 +203,7 @@ def test_no_wait_replication_warns_and_writes_the_manifest(
 ) -> None:
     replicate(client, bucket)
     standin.deny.add("GetBucketReplication")  # not even asked
-    with caplog.at_level(logging.WARNING, logger="runtime.publish"):
+    with caplog.at_level(logging.WARNING, logger="operations.publish"):
         plan = publish(client, version, bucket, part_size=PART, wait_replication=False)
     assert plan.replication == Replication(checked=False)
     assert "not waiting for replication (--no-wait-replication)" in caplog.text

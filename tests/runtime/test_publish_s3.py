@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from runtime.cli import app
+from operations.cli import app
+from operations.publish import DEFAULT_PART_SIZE, PublishError, format_plan, part_layout, publish
 from runtime.package import build_package
-from runtime.publish import DEFAULT_PART_SIZE, PublishError, format_plan, part_layout, publish
 from tests.runtime.interrupted_publish import PART, publish_cut_after_first_part
 from tests.runtime.wheelmaker import build_multipart_version, make_source
 
@@ -250,7 +250,7 @@ def test_resume_after_a_rebuild_restarts_the_upload_in_the_same_run(
     build_package(tmp_path / "src", version)
 
     client = CountingClient(s3_client)
-    with caplog.at_level(logging.WARNING, logger="runtime.publish"):
+    with caplog.at_level(logging.WARNING, logger="operations.publish"):
         plan = publish(client, version, bucket, part_size=PART, workers=2)
     item = {i.key: i for i in plan.items}[PREFIX + "weights/model.safetensors"]
     assert item.action == "restart"
@@ -310,7 +310,7 @@ def test_open_uploads_that_no_record_explains_are_aborted(
     (recorded,) = s3_client.list_multipart_uploads(Bucket=bucket)["Uploads"]
     stray = s3_client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
     client = CountingClient(s3_client)
-    with caplog.at_level(logging.WARNING, logger="runtime.publish"):
+    with caplog.at_level(logging.WARNING, logger="operations.publish"):
         plan = publish(client, version, bucket, part_size=PART, workers=2)
     assert s3_client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
     assert sorted(client.parts) == sorted({1, 2, 3} - kept)
@@ -393,7 +393,7 @@ def test_upload_raises_the_part_size_to_stay_within_the_part_limit(
     s3_client: Any, bucket: str, version: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # At two parts an upload, the 12 MiB file needs 10 MiB parts where 5 MiB were configured.
-    monkeypatch.setattr("runtime.publish._MAX_PARTS", 2)
+    monkeypatch.setattr("operations.publish.planning._MAX_PARTS", 2)
     client = CountingClient(s3_client)
     plan = publish(client, version, bucket, part_size=PART)
     item = {i.key: i for i in plan.items}[PREFIX + "weights/model.safetensors"]

@@ -10,7 +10,7 @@ import pulumi
 import pytest
 from typer.testing import CliRunner
 
-from runtime.cli import app
+from operations.cli import app
 from stacks import mock_engine, plan
 from stacks.mock_engine import DuplicateURNError, PlanMocks, ProgramRun, run_program
 

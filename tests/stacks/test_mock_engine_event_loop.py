@@ -7,7 +7,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from runtime.cli import app
+from operations.cli import app
 
 
 def test_plan_after_asyncio_run_in_the_same_process(tmp_path: Path) -> None:

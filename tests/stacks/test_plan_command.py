@@ -10,9 +10,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from runtime.cli import app
+from operations.cli import app
+from stacks.kubernetes_objects import validate_object
 from stacks.mock_engine import ProgramRun, RecordedResource
-from stacks.plan import diff_runs, validate_object
+from stacks.plan import diff_runs
 
 runner = CliRunner()
 
@@ -154,13 +155,15 @@ def test_against_plans_that_revisions_own_code(
     from stacks import plan as plan_module
 
     repo, current = tmp_path / "repo", plan_module.REPO_ROOT
-    for package in ("stacks", "components"):
+    for package in ("stacks", "components", "contracts"):
         shutil.copytree(
             current / package,
             repo / package,
             ignore=shutil.ignore_patterns("__pycache__"),
         )
-    pod = repo / "components" / "serving_pod.py"
+    (repo / "images").mkdir()
+    shutil.copy(current / "images" / "compat.toml", repo / "images" / "compat.toml")
+    pod = repo / "components" / "model_service" / "pod.py"
     current_grace = '"terminationGracePeriodSeconds": args.termination_grace_seconds'
     assert current_grace in pod.read_text()
     pod.write_text(pod.read_text().replace(current_grace, '"terminationGracePeriodSeconds": 30'))

@@ -10,8 +10,9 @@ import pytest
 from components.gpu_node_group import NODE_GROUP_LABEL
 from runtime.compat import load_matrix
 from stacks.config import RegionStackConfig, load_stack_config
+from stacks.kubernetes_objects import kubernetes_objects, validate_object
 from stacks.mock_engine import ProgramRun
-from stacks.plan import kubernetes_objects, plan_program, validate_object
+from stacks.plan import plan_program
 
 DEPLOYMENT = "kubernetes:apps/v1:Deployment"
 ROLLOUT = "kubernetes:argoproj.io/v1alpha1:Rollout"
@@ -169,8 +170,8 @@ def test_global_stack_exports_what_regions_read() -> None:
 
 
 def _served_by(config: RegionStackConfig) -> dict[str, str]:
-    from components.region_platform import RegionPlatform, RegionPlatformArgs
     from stacks.mock_engine import run_program
+    from stacks.region_platform import RegionPlatform, RegionPlatformArgs
     from tests.components.declared import KnownOutputMocks
 
     def program() -> None:
@@ -203,8 +204,8 @@ def test_a_red_black_version_change_updates_the_same_resources() -> None:
 
 
 def test_metrics_assets_ship_once_per_region() -> None:
-    from components.region_platform import RegionPlatform, RegionPlatformArgs
     from stacks.mock_engine import run_program
+    from stacks.region_platform import RegionPlatform, RegionPlatformArgs
     from tests.components.declared import KnownOutputMocks
 
     dashboard = {"uid": "llm-serving", "panels": []}

@@ -10,10 +10,10 @@ from typing import Any
 
 import pulumi
 
-from components.region_platform import RegionPlatform, RegionPlatformArgs
 from stacks.config import ModelConfig, RegionStackConfig, load_stack_config
+from stacks.kubernetes_objects import kubernetes_objects, validate_object
 from stacks.mock_engine import ProgramRun, RecordedResource, auto_name, run_program
-from stacks.plan import kubernetes_objects, validate_object
+from stacks.region_platform import RegionPlatform, RegionPlatformArgs
 from tests.components.declared import KnownOutputMocks
 
 ROLLOUT = "kubernetes:argoproj.io/v1alpha1:Rollout"

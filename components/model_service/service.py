@@ -1,9 +1,9 @@
 """``ModelService``: Triton + vLLM serving one model version, with its sidecar, IRSA and scaling.
 
-The pod itself (contract 5) is :func:`components.serving_pod.build_pod_template`; this module
-adds what surrounds it: the workload, Service, PodDisruptionBudget, scrape configuration, the
-IRSA role and the optional KEDA scaler. A rollout component may bring the workload and the
-Services instead (``create_workload``, ``create_service``).
+The pod itself (contract 5) is :func:`components.model_service.pod.build_pod_template`; this
+module adds what surrounds it: the workload, Service, PodDisruptionBudget, scrape configuration,
+the IRSA role and the optional KEDA scaler. A rollout component that builds its own workload
+around the pod template is named in :attr:`ModelServiceArgs.rollout`.
 """
 
 from __future__ import annotations
@@ -16,17 +16,10 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from components.iam import role_name
-from components.serving_pod import (
-    GRPC_PORT,
-    METRICS_PORT,
-    OPENAI_PORT,
-    ModelServiceArgs,
-    build_pod_template,
-    pod_selector,
-    serving_mode_from_manifest,
-)
+from components.model_service.args import GRPC_PORT, METRICS_PORT, OPENAI_PORT, ModelServiceArgs
+from components.model_service.pod import build_pod_template, pod_selector
 
-__all__ = ["ModelService", "ModelServiceArgs", "build_pod_template", "serving_mode_from_manifest"]
+__all__ = ["ModelService"]
 
 
 class ModelService(pulumi.ComponentResource):
@@ -55,7 +48,7 @@ class ModelService(pulumi.ComponentResource):
             opts=child,
         )
         workload = None
-        if args.create_workload:
+        if args.rollout is None:
             workload = k8s.apps.v1.Deployment(
                 f"{name}-deployment",
                 metadata=metadata,
@@ -89,7 +82,7 @@ class ModelService(pulumi.ComponentResource):
         )
         self.service_name = None
         self.grpc_endpoint = self.openai_endpoint = self.metrics_endpoint = None
-        if args.create_service:
+        if args.rollout is None:
             self._create_service(metadata, child)
         self._create_scrape_config(metadata)
         if args.max_replicas is not None:
@@ -173,7 +166,7 @@ class ModelService(pulumi.ComponentResource):
         # between rollouts: scraping them would count every series twice, so scrape the pods.
         kind, role, endpoints = (
             ("ServiceMonitor", "service-monitor", "endpoints")
-            if args.create_service
+            if args.rollout is None
             else ("PodMonitor", "pod-monitor", "podMetricsEndpoints")
         )
         k8s.apiextensions.CustomResource(
@@ -194,7 +187,10 @@ class ModelService(pulumi.ComponentResource):
     ) -> None:
         args = self._args
         # A rollout component's workload (named args.name) is declared after this component.
-        api_version, kind = ("apps/v1", "Deployment") if workload else args.external_workload
+        rollout = args.rollout
+        api_version, kind = (
+            ("apps/v1", "Deployment") if rollout is None else (rollout.api_version, rollout.kind)
+        )
         # A Rollout's replicas serve both colours, and so both versions, during a rollout.
         labels = f'model_id="{args.model_id}"'
         if workload is not None:

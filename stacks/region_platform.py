@@ -1,5 +1,8 @@
 """``RegionPlatform``: one region's cluster, its nodes, model cache and model services.
 
+The glue between a region stack's configuration and the components: it reads
+``RegionStackConfig`` and hands each component its typed ``Args``.
+
 Red-Black models run as one ``RedBlackRollout`` wrapping ``ModelService``'s pod template;
 Versioned models as one ``ModelService`` per version behind a ``VersionedModel``'s routes.
 """
@@ -15,7 +18,14 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from components.cluster_addons import ClusterAddons, ClusterAddonsArgs
-from components.eks_cluster import ClusterHandles, adopt_cluster, create_cluster, kubeconfig
+from components.eks_cluster import (
+    ClusterArgs,
+    ClusterHandles,
+    adopt_cluster,
+    create_cluster,
+    kubeconfig,
+)
+from components.gateway import GatewayRef
 from components.gpu_node_group import (
     DEVICE_PLUGIN_NODES,
     NODE_GROUP_LABEL,
@@ -23,17 +33,11 @@ from components.gpu_node_group import (
     GpuNodeGroupArgs,
 )
 from components.model_cache import ModelCache, ModelCacheArgs
-from components.model_strategies import (
-    ModelEndpoints,
-    ModelSite,
-    red_black_model,
-    versioned_model,
-)
 from components.observability import Observability, ObservabilityArgs
-from components.red_black import GatewayRef
 from components.system_node_group import SystemNodeGroup, SystemNodeGroupArgs
-from runtime.metrics_proxy.assets import rollout_queries, rollout_success_conditions
+from contracts.promql import rollout_queries, rollout_success_conditions
 from stacks.config import RegionStackConfig
+from stacks.model_strategies import ModelEndpoints, ModelSite, red_black_model, versioned_model
 
 __all__ = ["DEFAULT_TOOLS_IMAGE", "Endpoints", "RegionPlatform", "RegionPlatformArgs"]
 
@@ -62,7 +66,7 @@ class RegionPlatformArgs:
     vllm_version: str | None = None
     """vLLM of the image's Triton release (the compatibility matrix), annotated on pods."""
     analysis_queries: Mapping[str, str] = field(default_factory=rollout_queries)
-    """Red-Black analysis PromQL (the metrics proxy's ``rollout_analysis.yaml``)."""
+    """Red-Black analysis PromQL templates (``contracts/promql/rollout_analysis.yaml``)."""
     analysis_success_conditions: Mapping[str, str] = field(
         default_factory=rollout_success_conditions
     )
@@ -85,10 +89,15 @@ class RegionPlatform(pulumi.ComponentResource):
         # cluster brings its own.
         system_nodes: list[pulumi.Resource] = []
         if config.cluster.mode == "create":
-            cluster = create_cluster(name, config, self)
+            cluster_args = ClusterArgs(
+                name=config.cluster.name,
+                version=config.cluster.version,
+                subnet_ids=config.network.private_subnet_ids,
+            )
+            cluster = create_cluster(name, cluster_args, self)
             system_nodes.append(self._create_system_nodes(cluster))
         else:
-            cluster = adopt_cluster(config, self)
+            cluster = adopt_cluster(config.cluster.name, self)
         node_sg = self._node_security_group(cluster)
         provider = k8s.Provider(
             f"{name}-k8s",

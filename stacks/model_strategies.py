@@ -1,4 +1,4 @@
-"""How a region's models become services, by strategy.
+"""How a region's models become services, by strategy (glue from ``ModelConfig`` to components).
 
 A Red-Black model is one ``RedBlackRollout`` around ``ModelService``'s pod template for its last
 listed version (the ``ModelService`` keeping role, PDB, scraping and KEDA); a Versioned model is
@@ -16,16 +16,18 @@ import pulumi
 import pulumi_aws as aws
 
 from components.eks_cluster import ClusterHandles
+from components.gateway import GatewayRef
 from components.model_cache import ModelCache
 from components.model_service import (
     ModelService,
     ModelServiceArgs,
+    RolloutWorkload,
     build_pod_template,
-    serving_mode_from_manifest,
 )
-from components.naming import dns_label
-from components.red_black import GatewayRef, RedBlackArgs, RedBlackRollout
+from components.model_service.args import serving_mode_from_manifest
+from components.red_black import RedBlackArgs, RedBlackRollout
 from components.versioned import VersionedArgs, VersionedModel, VersionSpec, age_annotations
+from contracts.naming import dns_label
 from stacks.config import ModelConfig, ModelVersionConfig, RegionStackConfig
 
 __all__ = ["ModelEndpoints", "ModelSite", "red_black_model", "versioned_model"]
@@ -78,8 +80,7 @@ def red_black_model(site: ModelSite, model: ModelConfig) -> dict[str, ModelEndpo
         site,
         service_name=dns_label(model.id),
         strategy="red-black",
-        create_workload=False,
-        create_service=False,
+        rollout=RolloutWorkload(),
         also_reads=() if previous is None else (previous,),
     )
     service = ModelService(f"{site.prefix}-{service_args.name}", service_args, opts=site.opts)
