@@ -89,7 +89,9 @@ def create_app(settings: FrontendSettings, engine: Engine | None = None) -> Fast
     app = FastAPI(
         title="llm-serving OpenAI-compatible frontend",
         version="1",
-        description="Every request field is honoured, inert or refused: see FIELDS.md.",
+        description=(
+            "Every request field is honoured, inert or refused: see docs/frontend-fields.md."
+        ),
         lifespan=lifespan,
     )
     install_error_handlers(app)

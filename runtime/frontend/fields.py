@@ -2,7 +2,7 @@
 
 Each row says what the frontend does with the field; ``refuse`` returns the reason a given value
 cannot be honoured (``None`` when it can). :func:`check_fields` runs the table over a parsed
-request; ``FIELDS.md`` is generated from these rows (:func:`render_markdown`).
+request; ``docs/frontend-fields.md`` is generated from these rows (:func:`render_markdown`).
 """
 
 from __future__ import annotations
@@ -264,7 +264,7 @@ def check_fields(route: str, request: BaseModel) -> None:
 
 
 def render_markdown() -> str:
-    """The field table as Markdown (``runtime/frontend/FIELDS.md`` is this text)."""
+    """The field table as Markdown (``docs/frontend-fields.md`` is this text)."""
     lines = [
         "# OpenAI frontend: field table",
         "",

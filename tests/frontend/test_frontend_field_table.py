@@ -484,5 +484,5 @@ def test_every_request_field_has_exactly_one_row() -> None:
 
 
 def test_fields_doc_is_generated_from_the_table() -> None:
-    doc = Path(__file__).parents[2] / "runtime" / "frontend" / "FIELDS.md"
+    doc = Path(__file__).parents[2] / "docs" / "frontend-fields.md"
     assert doc.read_text() == render_markdown()

@@ -35,7 +35,7 @@ from tests.runtime.archivemaker import (
 )
 from tests.runtime.wheelmaker import make_source
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "packaging.md"
 runner = CliRunner()
 
 
@@ -280,7 +280,7 @@ def test_limits_are_the_pods_and_documented() -> None:
     # verify checks the default limits; stage 2 takes the byte ceiling from its settings.
     default = EntrypointSettings.model_fields["max_unpack_bytes"].default
     assert default == UnpackLimits().max_total_bytes
-    section = README.read_text().split("## Model packages, publishing and the serving image")[1]
+    section = README.read_text().split("## The archive check")[1]
     section = section.split("\n## ")[0]
     for field in dataclasses.fields(UnpackLimits):
         assert f"`{field.name}`" in section, f"README's package section omits {field.name}"

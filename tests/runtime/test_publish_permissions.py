@@ -1,4 +1,4 @@
-"""Publishing as an IAM user that holds only the S3 permissions the README lists.
+"""Publishing as an IAM user that holds only the S3 permissions docs/packaging.md lists.
 
 moto's S3 server runs in a process of its own with IAM enforcement on
 (``INITIAL_NO_AUTH_ACTION_COUNT``): the first requests create an administrator, every later one
@@ -22,15 +22,15 @@ import boto3
 import pytest
 from typer.testing import CliRunner
 
-from runtime.cli import app
-from runtime.publish import publish
+from operations.cli import app
+from operations.publish import publish
 from tests.runtime.interrupted_publish import PART, publish_cut_after_first_part
 from tests.runtime.wheelmaker import build_multipart_version
 from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PREFIX = "models/toy/v1/"
-# What README.md says publish needs; publish must succeed, resume included, with these alone.
+# What docs/packaging.md says publish needs; publish must succeed, resume included, with these.
 DOCUMENTED = (
     "s3:ListBucket",
     "s3:ListBucketMultipartUploads",
@@ -125,7 +125,7 @@ def _publisher(
 
 
 def test_the_readme_lists_every_permission_publish_is_granted_here() -> None:
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "packaging.md").read_text()
     assert [a for a in DOCUMENTED if f"`{a}`" not in readme] == []
 
 

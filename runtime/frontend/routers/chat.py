@@ -112,7 +112,7 @@ def _validated(
 async def create_chat_completion(
     body: ChatCompletionRequest, request: Request, _: AuthDep, state: StateDep
 ) -> Any:
-    """Create a chat completion; every field follows the field table (FIELDS.md)."""
+    """Create a chat completion; every field follows the field table (docs/frontend-fields.md)."""
     _check(state, body)
     stream = bool(body.stream)
     plan = plan_tools(body.tools, body.tool_choice, state.settings.tool_call_parser)

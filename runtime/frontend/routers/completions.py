@@ -99,7 +99,7 @@ def _prepare(
 async def create_completion(
     body: CompletionRequest, request: Request, _: AuthDep, state: StateDep
 ) -> Any:
-    """Create a text completion; every field follows the field table (FIELDS.md)."""
+    """Create a text completion; every field follows the field table (docs/frontend-fields.md)."""
     prompts, samplings = _prepare(state, body)
     n = body.n or 1
     rid = new_id("cmpl")
