@@ -15,7 +15,13 @@ from runtime.compat import CompatPair
 from runtime.package.manifest import Manifest, TensorSpec
 from runtime.serving_backend import BACKEND_NAME, RESPONSE_HOOK, STOCK_BACKEND_NAME
 
-__all__ = ["link_catalogs", "plugin_processors", "render_repository", "vllm_backend_for"]
+__all__ = [
+    "instance_kind",
+    "link_catalogs",
+    "plugin_processors",
+    "render_repository",
+    "vllm_backend_for",
+]
 
 #: The entry-point group from which vLLM loads logits processors into every engine.
 LOGITS_PROCESSORS_GROUP = "vllm.logits_processors"
@@ -72,10 +78,18 @@ def _world_size(engine_args: dict[str, object]) -> int:
     return world
 
 
-def _vllm_config(name: str, engine_args: dict[str, object], backend: str) -> str:
-    world = _world_size(engine_args)
+def instance_kind(engine_args: dict[str, object], setting: str = "auto") -> str:
+    """The ``instance_group`` kind of a vllm model: ``setting`` (`EntrypointSettings`'s
+    ``instance_kind``) unless ``auto``, which is ``KIND_GPU`` for a one-GPU engine only."""
+    if setting == "model":
+        return "KIND_MODEL"
+    if setting == "gpu":
+        return "KIND_GPU"
     # Multi-GPU engines must own device placement (Triton's KIND_GPU assumes one GPU).
-    kind = "KIND_MODEL" if world > 1 else "KIND_GPU"
+    return "KIND_MODEL" if _world_size(engine_args) > 1 else "KIND_GPU"
+
+
+def _vllm_config(name: str, backend: str, kind: str) -> str:
     return (
         f'name: "{name}"\nbackend: "{backend}"\nmax_batch_size: 0\n'
         "model_transaction_policy {\n  decoupled: true\n}\n"
@@ -182,12 +196,14 @@ def render_repository(
     vllm_backend: str = BACKEND_NAME,
     plugin_dir: Path | None = None,
     structured_outputs: bool = True,
+    kind_setting: str = "auto",
 ) -> Path:
     """Write ``<repository>/<model_id>/`` (config.pbtxt and version 1); returns the model dir.
 
     ``vllm_backend`` is the backend ``vllm`` packages name (`vllm_backend_for` the pair);
     ``plugin_dir`` is where stage 3 installed the plugins, if not into site-packages;
-    ``structured_outputs`` whether the pair's vLLM takes ``structured_outputs_config``.
+    ``structured_outputs`` whether the pair's vLLM takes ``structured_outputs_config``;
+    ``kind_setting`` the entrypoint's ``instance_kind`` (see `instance_kind`).
     """
     if repository.exists():
         shutil.rmtree(repository)
@@ -195,7 +211,8 @@ def render_repository(
     version = model_dir / "1"
     version.mkdir(parents=True)
     if manifest.backend == "vllm":
-        config = _vllm_config(manifest.model_id, manifest.engine_args, vllm_backend)
+        kind = instance_kind(manifest.engine_args, kind_setting)
+        config = _vllm_config(manifest.model_id, vllm_backend, kind)
     else:
         config = _python_config(manifest.model_id, manifest)
         assert manifest.python_model is not None

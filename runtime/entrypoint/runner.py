@@ -240,6 +240,7 @@ class Entrypoint:
                 backend,
                 s.plugin_dir,
                 structured_outputs=pair.structured_outputs_key == "structured_outputs",
+                kind_setting=s.instance_kind,
             )
             return link_catalogs(manifest, unpacked, work / "catalogs")
 
@@ -269,7 +270,7 @@ class Entrypoint:
         self, manifest: Manifest, repository: Path, unpacked: Path, catalogs: Path, embedded: bool
     ) -> None:
         s = self.settings
-        if embedded and "max_model_len" not in manifest.engine_args:
+        if embedded and manifest.max_model_len is None:
             # The frontend's context limit; its own default would not be this model's.
             raise _Failed(
                 7,
@@ -299,7 +300,7 @@ class Entrypoint:
             )
             if s.triton_release:
                 env["LLM_SERVING_FRONTEND_TRITON_RELEASE"] = s.triton_release
-            env["LLM_SERVING_FRONTEND_MAX_MODEL_LEN"] = str(manifest.engine_args["max_model_len"])
+            env["LLM_SERVING_FRONTEND_MAX_MODEL_LEN"] = str(manifest.max_model_len)
             argv_frontend = s.frontend_argv()
             if argv_frontend[1:3] == ["-m", "runtime.frontend"] and not _has_module(
                 "runtime.frontend"

@@ -85,6 +85,12 @@ class EntrypointSettings(BaseSettings):
     tritonserver: str = Field(
         default="tritonserver", description="tritonserver command (shell words)"
     )
+    instance_kind: Literal["auto", "gpu", "model"] = Field(
+        default="auto",
+        description="Triton instance kind of vllm models: auto is KIND_GPU for a one-GPU "
+        "engine (Triton pins its device) and KIND_MODEL for a multi-GPU one; model lets the "
+        "engine place itself, as where Triton sees no GPU (it refuses KIND_GPU there)",
+    )
     serving_mode: Literal["standalone", "embedded"] | None = Field(
         default=None, description="override the manifest's serving mode (standalone|embedded)"
     )

@@ -6,7 +6,9 @@ Two subclasses, each changing one thing and deferring everything else to NVIDIA'
   declares ``prompt_logprobs`` (TYPE_STRING) unless ``config.pbtxt`` already does;
 - `ScoringGenerateRequest` builds each generate response as the stock ``GenerateRequest``
   does, then, when vLLM returned prompt log-probabilities (the request's sampling parameters
-  set ``prompt_logprobs``), appends them as that output, once per request.
+  set ``prompt_logprobs``), appends them as that output, once per request; it also hands the
+  stock code vLLM's outputs with every choice of an ``n > 1`` request in them
+  (:mod:`runtime.serving_backend.choices`).
 
 The stock ``TritonPythonModel._infer`` creates its request object through the name
 ``GenerateRequest`` in its own module, so that one name is rebound to the subclass in our
@@ -20,12 +22,14 @@ the serving image, or in tests with the stand-ins of ``tests/support``.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from runtime.serving_backend import PROMPT_LOGPROBS_OUTPUT
+from runtime.serving_backend.choices import ChoiceMerger
 from runtime.serving_backend.prompt_logprobs import encode_prompt_logprobs
 from runtime.serving_backend.stock import load_stock_backend
 
@@ -42,7 +46,14 @@ _SENT = "llm_serving_prompt_logprobs_sent"
 
 
 class ScoringGenerateRequest(_stock.GenerateRequest):
-    """The stock generate request, whose responses also carry ``prompt_logprobs``."""
+    """The stock generate request, whose responses also carry ``prompt_logprobs`` and every
+    choice of an ``n > 1`` request (`ChoiceMerger`)."""
+
+    async def execute(self) -> Any:
+        """The stock request's vLLM outputs, each holding all ``n`` choices."""
+        merger = ChoiceMerger(_requested_n(self.triton_request))
+        async for request_output in super().execute():
+            yield merger.merge(request_output)
 
     def create_response(
         self, request_output: Any, request_output_state: dict[str, Any], prepend_input: bool
@@ -63,6 +74,21 @@ class ScoringGenerateRequest(_stock.GenerateRequest):
             np.asarray([encode_prompt_logprobs(positions)], dtype=np.object_),
         )
         return pb_utils.InferenceResponse(output_tensors=[*response.output_tensors(), tensor])
+
+
+def _requested_n(request: Any) -> int:
+    """``n`` of the request's ``sampling_parameters`` (1 when absent or unreadable: the stock
+    code then reports what it cannot read)."""
+    tensor = pb_utils.get_input_tensor_by_name(request, "sampling_parameters")
+    if tensor is None:
+        return 1
+    try:
+        value = tensor.as_numpy()[0]
+        parameters = json.loads(value.decode() if isinstance(value, bytes) else value)
+        n = int(parameters.get("n") or 1)
+    except (ValueError, TypeError, AttributeError):
+        return 1
+    return max(n, 1)
 
 
 class TritonPythonModel(_stock.TritonPythonModel):

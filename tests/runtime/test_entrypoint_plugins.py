@@ -254,3 +254,25 @@ def test_a_plugin_folder_holding_foreign_files_is_not_emptied(tmp_path: Path) ->
     line = failure_line(err)
     assert "holds files this entrypoint did not install (precious.txt)" in line
     assert (folder / "precious.txt").read_text() == "not ours\n"
+
+
+@pytest.mark.parametrize("isolated", [True, False])
+def test_plugin_folder_comes_first_in_an_isolated_interpreter(
+    tmp_path: Path, isolated: bool
+) -> None:
+    # Triton's Python backend stub runs isolated (-I: PYTHONPATH ignored), as here with -I;
+    # the .pth the package installs puts the plugin folder first there, and only there.
+    env = {**os.environ, "LLM_SERVING_PLUGIN_DIR": str(tmp_path)}
+    env.pop("PYTHONPATH", None)
+    flags = ["-I"] if isolated else []
+    done = subprocess.run(
+        [sys.executable, *flags, "-c", "import json, sys; print(json.dumps(sys.path))"],
+        env=env,
+        cwd=tmp_path.parent,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    path = json.loads(done.stdout)
+    assert (path[0] == str(tmp_path)) is isolated
+    assert path.count(str(tmp_path)) == int(isolated)

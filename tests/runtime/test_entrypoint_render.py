@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from runtime.compat import load_matrix
 from runtime.entrypoint.render import render_repository, vllm_backend_for
 from runtime.frontend.tensors import FRONTEND_INPUTS, FRONTEND_OUTPUTS
@@ -56,6 +58,25 @@ def test_single_gpu_uses_kind_gpu_and_rerender_replaces(tmp_path: Path) -> None:
     model = render_repository(manifest, tmp_path / "v", tmp_path / "u", repo, PLUGIN)
     assert json.loads((model / "1" / "model.json").read_text())["logits_processors"] == []
     assert sorted(p.name for p in repo.iterdir()) == ["toy"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "parallel", "kind"),
+    [
+        ("auto", 1, "KIND_GPU"),
+        ("auto", 2, "KIND_MODEL"),
+        ("model", 1, "KIND_MODEL"),
+        ("gpu", 1, "KIND_GPU"),
+    ],
+)
+def test_instance_kind_setting(tmp_path: Path, setting: str, parallel: int, kind: str) -> None:
+    engine_args = {"max_model_len": 64, "tensor_parallel_size": parallel}
+    manifest = build_package(make_source(tmp_path / "src", engine_args=engine_args), tmp_path / "v")
+    model = render_repository(
+        manifest, tmp_path / "v", tmp_path / "u", tmp_path / "repo", PROCESSOR,
+        kind_setting=setting,
+    )  # fmt: skip
+    assert f"kind: {kind}\n" in (model / "config.pbtxt").read_text()
 
 
 def test_python_backend_repository(tmp_path: Path) -> None:

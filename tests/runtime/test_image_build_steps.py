@@ -28,10 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "images" / "serving" / "Dockerfile"
 CONSTRAINTS = ROOT / "images" / "serving" / "constraints.txt"
 
-NATIVE_MODULES = (
-    "runtime/constraints/_engine",
-    "runtime/metrics_proxy/_metrics",
-)
+NATIVE_MODULES = ("runtime/constraints/_engine",)
+#: What the image runs or reads beside ``runtime``: every tracked file must be in the wheel.
+SHIPPED_PACKAGES = ("runtime", "contracts", "operations")
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -177,8 +176,14 @@ def test_wheel_holds_the_native_modules_and_every_runtime_file(built_wheel: Path
     for module in NATIVE_MODULES:
         assert any(n.startswith(module) and n.endswith(".so") for n in names), module
     assert {"runtime/compat.toml", "runtime/vllm-requirements.toml"} <= names
+    # Site-packages' own .pth: puts LLM_SERVING_PLUGIN_DIR on the path of Triton's isolated stub.
+    assert "llm_serving_plugin_dir.pth" in names
     tracked = subprocess.run(
-        ["git", "ls-files", "runtime"], cwd=ROOT, capture_output=True, text=True, check=True
+        ["git", "ls-files", *SHIPPED_PACKAGES],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split()
     missing = [p for p in tracked if (ROOT / p).exists() and p not in names]
     assert not missing, f"files the runtime ships but the wheel lacks: {missing}"

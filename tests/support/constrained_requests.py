@@ -4,7 +4,7 @@ Requests are in :mod:`tests.support.real_engine`'s spec format. Every constraint
 item lists over a canonical and a decoded catalog (prefix, separator, terminator, bounds,
 ``unique``, ``allow``, ``deny``), token machines, banned tokens alone and on top of a list.
 :func:`violations` replays a request's ``token_ids`` through the pure-Python reference
-(:class:`runtime.constraints.reference.ReferenceConstraint`, the engine's oracle) and, for item
+(:class:`tests.constraints.reference.ReferenceConstraint`, the engine's oracle) and, for item
 lists, parses the decoded text against the catalog independently of both.
 """
 
@@ -22,11 +22,11 @@ from tokenizers import Tokenizer
 
 from runtime.constraints.catalog import load_catalog, tokenize_catalog, tokenizer_encoder
 from runtime.constraints.plan import ConstraintPlan, resolve_constraints
-from runtime.constraints.reference import ReferenceConstraint
 from runtime.constraints.schema import parse_constraints
 from runtime.constraints.token_bytes import token_bytes_table
+from tests.constraints.reference import ReferenceConstraint
 
-__all__ = ["CatalogSet", "mixed_requests", "random_prompt", "violations"]
+__all__ = ["CatalogSet", "item_list_text_errors", "mixed_requests", "random_prompt", "violations"]
 
 _COLOURS = ("red", "green", "blue", "amber", "violet", "grey", "white", "black")
 _THINGS = ("sky", "sea", "moon", "river", "stone", "field", "tower", "garden", "bridge")
@@ -157,7 +157,7 @@ def _allowed(reference: ReferenceConstraint, token: int) -> bool:
     return bool(bits[token])
 
 
-def _item_list_text_errors(catalogs: CatalogSet, config: dict[str, Any], text: str) -> list[str]:
+def item_list_text_errors(catalogs: CatalogSet, config: dict[str, Any], text: str) -> list[str]:
     """Parse ``text`` as ``prefix item (sep item)* terminator`` with a greedy-free search."""
     spec = config["item_list"]
     catalog = load_catalog(catalogs.folder, spec["catalog"])
@@ -207,5 +207,5 @@ def violations(catalogs: CatalogSet, request: dict[str, Any], output: dict[str, 
         return [f"stopped without end of sequence in {tokens}"]
     if "item_list" in config and output["finish_reason"] == "stop":
         body = [t for t in tokens if t != eos]
-        return _item_list_text_errors(catalogs, config, catalogs.tokenizer.decode(body))
+        return item_list_text_errors(catalogs, config, catalogs.tokenizer.decode(body))
     return []

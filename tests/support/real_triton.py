@@ -35,11 +35,13 @@ import hashlib
 import importlib.metadata as md
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,8 +66,10 @@ __all__ = [
     "TritonPorts",
     "TritonServer",
     "TritonUnavailable",
+    "entrypoint_env",
     "prepare_triton",
     "triton_env",
+    "write_test_matrix",
     "write_vllm_model",
 ]
 
@@ -264,7 +268,10 @@ def _install_backends(install: TritonInstall) -> None:
     """The stub beside ``libtriton_python.so``, the stock vLLM backend, and ours."""
     backends = install.backends_dir
     stub = "triton_python_backend_stub"
-    shutil.copy2(install.server_dir / "python_backend_stubs" / "3.11" / stub, backends / "python")
+    # Renamed into place: a server still running the old copy keeps it ("text file busy").
+    staged = backends / "python" / f".{stub}.{os.getpid()}"
+    shutil.copy2(install.server_dir / "python_backend_stubs" / "3.11" / stub, staged)
+    staged.replace(backends / "python" / stub)
     stock = backends / STOCK_BACKEND_NAME
     shutil.rmtree(stock, ignore_errors=True)
     shutil.copytree(STOCK_BACKEND_SOURCE, stock, copy_function=shutil.copyfile)
@@ -369,6 +376,48 @@ class TritonPorts:
     @property
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics}/metrics"
+
+
+def write_test_matrix(path: Path) -> Path:
+    """The compat matrix of the test pair, written to ``path``: the one place that names it.
+
+    Triton 2.51 (release :data:`TRITON_RELEASE`) is no release of ``images/compat.toml``;
+    here it serves the default pair's vLLM with the stock backend of
+    :data:`STOCK_BACKEND_SOURCE`, so the pair is the default one's (vLLM, structured-output
+    key, response hook, probed modules) under this release and the stub's Python 3.11, with
+    no image pins (the stub's venv is no image).
+    """
+    matrix = tomllib.loads((ROOT / "images" / "compat.toml").read_text())
+    default = next(p for p in matrix["pairs"] if p["triton"] == matrix["default_triton"])
+    pair = {**default, "triton": TRITON_RELEASE, "python": "3.11"}
+    pair.pop("pins", None)
+    lines = ["format_version = 1", f'default_triton = "{TRITON_RELEASE}"', "", "[[pairs]]"]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in pair.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def entrypoint_env(install: TritonInstall, matrix: Path) -> dict[str, str]:
+    """The environment ``python -m runtime.entrypoint`` runs this real Triton in
+    (:func:`triton_env` plus the entrypoint's settings): its command line with the backends,
+    the test pair's release and matrix, ``KIND_MODEL`` (Triton refuses ``KIND_GPU`` where
+    it sees no GPU) and the frontend on this interpreter (the stub's venv, first on ``PATH``,
+    lacks the frontend's packages)."""
+    command = [
+        str(install.tritonserver),
+        f"--backend-directory={install.backends_dir}",
+        "--allow-gpu-metrics=false",
+    ]
+    return triton_env(
+        install,
+        {
+            "LLM_SERVING_TRITONSERVER": shlex.join(command),
+            "LLM_SERVING_TRITON_RELEASE": TRITON_RELEASE,
+            "LLM_SERVING_COMPAT_MATRIX": str(matrix),
+            "LLM_SERVING_INSTANCE_KIND": "model",
+            "LLM_SERVING_FRONTEND_COMMAND": shlex.join([sys.executable, "-m", "runtime.frontend"]),
+        },
+    )
 
 
 def write_vllm_model(
