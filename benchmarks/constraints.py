@@ -13,6 +13,9 @@ bytes, punctuation), the items are their tokens' text, and the engine walks the 
 byte trie jointly with the catalog's byte trie each step.
 
     python -m benchmarks.constraints [--quick] [--json PATH]
+
+Over 400 lines on purpose: a benchmark is one runnable file (``python -m benchmarks.<name>``)
+holding its servers, clients and table together.
 """
 
 from __future__ import annotations

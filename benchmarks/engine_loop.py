@@ -31,6 +31,9 @@ turn with ours on the same requests: ``baseline_in_engine`` rows, a change side 
 in three rounds (under 2 minutes on 2 cores; the full run about 3).
 
     python -m benchmarks.engine_loop [--quick] [--json PATH] [--baseline-processor MODULE:CLASS]
+
+Over 400 lines on purpose: a benchmark is one runnable file (``python -m benchmarks.<name>``)
+holding its servers, clients and table together.
 """
 
 from __future__ import annotations
