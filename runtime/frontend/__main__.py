@@ -61,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         http="httptools",
         access_log=False,
         log_level="info",
+        timeout_keep_alive=settings.keep_alive_s,
     )
     return 0
 

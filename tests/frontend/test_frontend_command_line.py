@@ -9,6 +9,7 @@ import pytest
 
 from runtime.frontend.settings import FrontendSettings
 from tests.support.programs import check_help, check_refused_arguments, run_program
+from tests.support.tiny_llm import TinyLlm
 
 _frontend = partial(run_program, "runtime.frontend")
 
@@ -46,3 +47,22 @@ def test_a_bad_setting_exits_1_with_one_line_naming_the_variable(
     (line,) = done.stderr.splitlines()
     assert line.startswith(f"llm-serving frontend: invalid setting {variable}: "), line
     assert problem in line and f"(got {value!r})" in line
+
+
+def test_idle_connections_outlive_client_pools(
+    monkeypatch: pytest.MonkeyPatch, tiny_llm: TinyLlm
+) -> None:
+    # uvicorn's own 5 s equals the openai SDK's pool expiry: a request sent after a 5 s pause
+    # could reuse a connection the server was closing (seen as APIConnectionError).
+    from runtime.frontend import __main__ as frontend_main
+
+    served: dict[str, object] = {}
+    monkeypatch.setattr(frontend_main.uvicorn, "run", lambda app, **kw: served.update(kw))
+    monkeypatch.setattr(frontend_main.signal, "signal", lambda *_: None)
+    monkeypatch.setenv("LLM_SERVING_FRONTEND_MAX_MODEL_LEN", "128")
+    monkeypatch.setenv("LLM_SERVING_FRONTEND_TOKENIZER_DIR", str(tiny_llm.path))
+    assert frontend_main.main([]) == 0
+    assert served["timeout_keep_alive"] == 75.0
+    monkeypatch.setenv("LLM_SERVING_FRONTEND_KEEP_ALIVE_S", "9.5")
+    assert frontend_main.main([]) == 0
+    assert served["timeout_keep_alive"] == 9.5
