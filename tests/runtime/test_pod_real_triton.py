@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -29,11 +30,19 @@ import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from contracts.promql import ALERTS_FILE, asset_text
 from runtime.entrypoint import ExitCode
+from tests.metrics_proxy.promql import (
+    alert_expressions,
+    dashboard_expressions,
+    rollout_expressions,
+)
 from tests.runtime.pod import Pod, http_status, port_refuses
 from tests.runtime.real_pod import MODEL, real_pod
 from tests.runtime.test_entrypoint_failures import failure_line
 from tests.support.constrained_requests import CatalogSet, item_list_text_errors
+from tests.support.metrics_harness import ProxyProcess
+from tests.support.prometheus import PrometheusServer
 from tests.support.tiny_llm import TinyLlm
 
 # The module's pod pays for a real Triton start and vLLM load (a minute or more on 2 cores).
@@ -368,6 +377,74 @@ def test_score_is_vllms_prompt_logprobs(served: Served) -> None:
         assert row["num_tokens"] == len(expected)
         assert row["token_logprobs"] == pytest.approx(expected, abs=2e-3)
         assert row["logprob"] == pytest.approx(sum(expected), abs=5e-3)
+
+
+def test_one_metrics_body_from_real_triton_and_the_real_engine(
+    served: Served, tmp_path: Path
+) -> None:
+    # The sidecar of the pod: Triton's own metrics port and the engine's multiprocess files.
+    labels = {"LLM_SERVING_MODEL_ID": MODEL, "LLM_SERVING_MODEL_VERSION": "v1"}
+    rules = tmp_path / ALERTS_FILE
+    rules.write_text(asset_text(ALERTS_FILE))
+    triton_url = f"http://127.0.0.1:{served.pod.port('triton_metrics')}/metrics"
+    with (
+        ProxyProcess(
+            Path(served.pod.env["PROMETHEUS_MULTIPROC_DIR"]),
+            triton_url,
+            **labels,
+            LLM_SERVING_COLOUR="blue",
+        ) as proxy,
+        PrometheusServer(
+            tmp_path / "prometheus", {"pod": proxy.url.removeprefix("http://")}, [rules]
+        ) as prometheus,
+    ):
+        client = served.openai()
+        # vLLM sets its scheduler gauges at its first step.
+        client.completions.create(model=MODEL, prompt="x = ", max_tokens=4)
+        body = httpx.get(f"{proxy.url}/metrics", timeout=30).text
+        samples = [
+            sample for family in text_string_to_metric_families(body) for sample in family.samples
+        ]
+        names = {sample.name for sample in samples}
+        assert {"nv_inference_request_success", "nv_inference_count"} <= names
+        # vLLM's own families come from its files (Triton's bridge has no gauges).
+        assert {"vllm:num_requests_running", "vllm:generation_tokens_total"} <= names
+        assert {"metrics_proxy_source_up"} <= names
+        for sample in samples:
+            assert sample.labels.get("model_id") == MODEL, sample
+            assert sample.labels.get("colour") == "blue", sample
+        up = {s.labels["source"]: s.value for s in samples if s.name == "metrics_proxy_source_up"}
+        assert up == {"triton": 1.0, "vllm": 1.0}
+        prometheus.wait_until_scraped()
+        # Traffic over several scrapes, so that rates and histogram quantiles have data. Every
+        # panel and rollout query answers, but the GPU panels (Triton exports nv_gpu_* only
+        # where it sees a GPU); alerts answer only when they fire, so each one's series must
+        # exist and Prometheus must evaluate its rule cleanly.
+        expressions = [
+            expr
+            for expr in dashboard_expressions(MODEL) + rollout_expressions(MODEL, "v1", "blue")
+            if "nv_gpu_" not in expr.promql
+        ]
+        alert_series = {
+            f'{name}{{model_id="{MODEL}"}}'
+            for expr in alert_expressions()
+            for name in re.findall(r"\b(?:vllm:|nv_|metrics_proxy_)[a-z_:]+", expr.promql)
+        }
+        deadline = time.monotonic() + 90
+        while True:
+            client.completions.create(model=MODEL, prompt="x = ", max_tokens=16, temperature=1.0)
+            empty = [
+                (expr.origin, expr.promql)
+                for expr in expressions
+                if not prometheus.query(expr.promql)
+            ]
+            empty += [("alert series", s) for s in alert_series if not prometheus.query(s)]
+            if not empty or time.monotonic() > deadline:
+                break
+        assert empty == [], "\n".join(map(str, empty))
+        rules = httpx.get(f"{prometheus.url}/api/v1/rules", timeout=10).json()["data"]["groups"]
+        health = {r["name"]: (r["health"], r.get("lastError")) for g in rules for r in g["rules"]}
+        assert health and all(h == ("ok", None) or h[0] == "ok" for h in health.values()), health
 
 
 def test_sigterm_during_streams_drains_every_request(served: Served) -> None:
