@@ -5,7 +5,8 @@ processor and a plugin's processor) and the real OpenAI frontend; tests drive it
 official ``tritonclient`` and ``openai`` clients. Nothing in the path is a stand-in.
 
 One pod serves the module; its last test sends SIGTERM during two streams. A client that
-disconnects and a model that fails to load get pods of their own.
+disconnects, an embedding model and a model that fails to load (standalone) get pods of their
+own.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from tests.runtime.test_entrypoint_failures import failure_line
 from tests.support.constrained_requests import CatalogSet, item_list_text_errors
 from tests.support.metrics_harness import ProxyProcess
 from tests.support.prometheus import PrometheusServer
+from tests.support.real_engine import BASE_ENGINE_ARGS
 from tests.support.tiny_llm import TinyLlm
 
 # The module's pod pays for a real Triton start and vLLM load (a minute or more on 2 cores).
@@ -553,9 +555,33 @@ def test_client_that_disconnects_leaves_nothing_running(tiny_llm: TinyLlm, tmp_p
     assert 6 <= stopped_at - before < 600
 
 
+def test_embeddings_are_the_pooling_models_vectors(tiny_llm: TinyLlm, tmp_path: Path) -> None:
+    # The same weights served as vLLM's pooling runner (last token, normalised): the stock
+    # backend's embedding_request input, which /v1/embeddings sends.
+    pooling = {**BASE_ENGINE_ARGS, "max_model_len": 256, "runner": "pooling", "convert": "embed"}
+    pod = real_pod(tmp_path, tiny_llm, engine_args=pooling)
+    served = _served(pod, tiny_llm)
+    texts = ["def parse(text):", "import json"]
+    reply = served.openai().embeddings.create(model=MODEL, input=texts)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llm.path)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llm.path, torch_dtype=torch.float32)
+    for item, text in zip(reply.data, texts, strict=True):
+        ids = tokenizer(text)["input_ids"]
+        with torch.no_grad():
+            hidden = model.model(torch.tensor([ids])).last_hidden_state[0, -1]
+        expected = torch.nn.functional.normalize(hidden, dim=0).tolist()
+        assert item.embedding == pytest.approx(expected, abs=1e-3)
+    assert reply.usage.prompt_tokens == sum(len(tokenizer(t)["input_ids"]) for t in texts)
+
+
 def test_model_that_fails_to_load_exits_at_the_gate(tiny_llm: TinyLlm, tmp_path: Path) -> None:
     # Longer than the model's 2048 positions: vLLM refuses the engine, Triton the model.
-    pod = real_pod(tmp_path, tiny_llm, engine_args={"dtype": "float32", "max_model_len": 4096})
+    pod = real_pod(
+        tmp_path,
+        tiny_llm,
+        serving_mode="standalone",
+        engine_args={"dtype": "float32", "max_model_len": 4096},
+    )
     code, err = pod.run_to_exit(timeout=600)
     assert code == ExitCode.STAGE_GATE, err[-4000:]
     line = failure_line(err)
