@@ -1,6 +1,10 @@
 """A stand-in for Triton Inference Server + its vLLM backend, speaking KServe v2 gRPC.
 
-Triton and vLLM need a GPU and an NGC image, so tests run this instead: a real gRPC server on
+Real Triton runs in the tests (``tests/support/real_triton.py``, the whole pod in
+``tests/runtime/test_pod_real_triton.py``); this stand-in stays where a test must force what a
+real model or server will not do on purpose: scripted replies (tool calls), exact texts, a
+failure, a delay or a readiness change at a chosen moment, in milliseconds instead of a minute's
+start. It is a real gRPC server on
 ``tritonclient.grpc.service_pb2_grpc`` (the same service definitions Triton serves) that
 answers ``ServerLive``/``ServerReady``/``ModelReady``/``ModelMetadata``/``ModelConfig``,
 ``grpc.health.v1.Health/Check``, ``ModelInfer`` and ``ModelStreamInfer`` with the vLLM

@@ -1,7 +1,9 @@
 """A stand-in for vLLM's ``AsyncLLM.generate``, built on the toy model and vLLM's real output
 classes (``vllm.outputs.RequestOutput``/``CompletionOutput``, ``vllm.logprobs.Logprob``).
 
-vLLM's engine needs a GPU; its output classes do not, so backend tests get real
+The real engine runs under real Triton in ``tests/runtime/test_pod_real_triton.py``; the
+backend's unit tests use this for outputs they choose (exact texts and log-probabilities, every
+shape of streamed and final output) without a minute's engine start. They get real
 ``RequestOutput`` objects whose text and (prompt) log-probabilities come from
 :class:`tests.support.toy_model.ToyModel`, the model the KServe stand-in serves. Outputs are
 cumulative, as vLLM's default ``RequestOutputKind.CUMULATIVE``: every one repeats the prompt

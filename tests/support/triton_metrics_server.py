@@ -1,6 +1,8 @@
 """Stand-in for Triton's metrics endpoint (port 8002): an HTTP server replaying its exposition.
 
-Triton needs a GPU and its container, so this server renders, in Triton's text format and
+Real Triton's metrics port is scraped in ``tests/runtime/test_pod_real_triton.py``; this
+replay stays where a test needs exact values, GPU families (Triton exports them only where it
+sees a GPU), a bad body or a slow endpoint. It renders, in Triton's text format and
 label scheme (``model``/``version``, ``gpu_uuid``, failure ``reason``), the families FACTS.md
 lists for each model, plus the 8 ``vllm:*`` families Triton's vLLM backend bridges. Counters
 advance only on ``advance()``, so tests know the exact values; ``delay_s`` makes it slow.

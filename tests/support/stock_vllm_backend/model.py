@@ -1,6 +1,8 @@
 """Stand-in of NVIDIA's stock Triton vLLM backend (``/opt/tritonserver/backends/vllm/``).
 
-The real backend needs the NGC image and a GPU. This folder has its shape where ours depends
+The real backend runs under real Triton in the tests (``tests/support/real_triton.py``); this
+stand-in serves the ``llm_serving_vllm`` backend's unit tests, which run in this interpreter
+without Triton's stub. It has the real backend's shape where ours depends
 on it (triton-inference-server/vllm_backend ``src/model.py`` at Triton 25.12 to 26.08):
 ``TritonPythonModel.auto_complete_config`` (a classmethod adding the stock inputs and outputs
 the configuration lacks, forcing decoupled and ``max_batch_size 0``), ``initialize(args)``

@@ -1,7 +1,8 @@
 """A stand-in for ``triton_python_backend_utils``, the module Triton's Python stub provides.
 
-The real module exists only inside the NGC image (it talks to the stub's shared memory), so
-backend tests put this folder on ``sys.path`` instead. It has the pieces the vLLM backend and
+The real module exists only inside Triton's Python stub (it talks to the stub's shared
+memory), which the real-Triton tests run; the backend's unit tests, in this interpreter, put
+this folder on ``sys.path`` instead. It has the pieces the vLLM backend and
 ours use, with the real names and call shapes: `Tensor` (``name()``, ``as_numpy()``),
 `InferenceRequest` (``inputs()``, ``parameters()``, ``get_response_sender()``),
 `InferenceResponse` (``output_tensors()``, ``has_error()``, ``error()``), `TritonError`
