@@ -45,35 +45,11 @@ from tests.support.constrained_requests import CatalogSet, item_list_text_errors
 from tests.support.metrics_harness import ProxyProcess
 from tests.support.prometheus import PrometheusServer
 from tests.support.real_engine import BASE_ENGINE_ARGS
+from tests.support.structured_schemas import FILM
 from tests.support.tiny_llm import TinyLlm
 
 # The module's pod pays for a real Triton start and vLLM load (a minute or more on 2 cores).
 pytestmark = pytest.mark.timeout(900)
-
-#: Nested and strict, every string, number and array bounded (a random model never chooses to
-#: close a string by itself).
-FILM = {
-    "type": "object",
-    "properties": {
-        "title": {"type": "string", "maxLength": 16},
-        "year": {"type": "integer", "minimum": 1900, "maximum": 2100},
-        "cast": {
-            "type": "array",
-            "maxItems": 2,
-            "items": {
-                "type": "object",
-                "properties": {
-                    "actor": {"type": "string", "maxLength": 12},
-                    "lead": {"type": "boolean"},
-                },
-                "required": ["actor", "lead"],
-                "additionalProperties": False,
-            },
-        },
-    },
-    "required": ["title", "year", "cast"],
-    "additionalProperties": False,
-}
 
 
 @dataclass
