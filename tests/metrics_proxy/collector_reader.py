@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from runtime.metrics_proxy.multiproc import MultiprocResult, mark_dead_processes
 
-__all__ = ["CollectorReader"]
+__all__ = ["CollectorReader", "collector_view"]
 
 
 def _merge(paths: list[str]) -> list[Metric]:
@@ -77,3 +78,14 @@ class CollectorReader:
 
     def _unchanged(self, name: str) -> bool:
         return self._signature(name) == self._corrupt[name]
+
+
+def collector_view(directory: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample ``MultiProcessCollector`` merges from ``directory``, by name and labels."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(directory))
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for metric in registry.collect()
+        for s in metric.samples
+    }

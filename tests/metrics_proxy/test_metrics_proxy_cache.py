@@ -17,12 +17,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
-from prometheus_client.multiprocess import MultiProcessCollector
 
 from runtime.metrics_proxy.multiproc import MultiprocReader, MultiprocSource
-from tests.metrics_proxy.collector_reader import CollectorReader
+from tests.metrics_proxy.collector_reader import CollectorReader, collector_view
 
 
 @pytest.fixture(params=["collector", "python_reader"])
@@ -49,16 +47,6 @@ def _view(reader: MultiprocSource) -> dict[tuple[str, tuple], float]:
             assert key not in view, f"duplicate {key}"
             view[key] = s.value
     return view
-
-
-def _collector_view(directory: Path) -> dict[tuple[str, tuple], float]:
-    registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=str(directory))
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for metric in registry.collect()
-        for s in metric.samples
-    }
 
 
 def _counter(labels: tuple = (("k", "a"),)) -> tuple[str, str, tuple]:
@@ -99,7 +87,7 @@ def test_a_file_grown_past_its_first_size_is_read_whole(tmp_path: Path, make_rea
     view = _view(reader)
     assert len(view) == 1501
     assert view[("c_total", (("k", f"series-01499-{'x' * 40}"),))] == 1499.0
-    assert view == _collector_view(tmp_path)
+    assert view == collector_view(tmp_path)
 
 
 def test_a_replaced_file_is_read_again(tmp_path: Path, make_reader) -> None:
@@ -152,7 +140,7 @@ def test_a_file_rewritten_in_place_holds_its_new_keys(
     expected = {("c_total", (("k", "new"),)): 3.0}
     if grown:
         expected[("c_total", (("k", "more"),))] = 1.0
-    assert _view(reader) == expected == _collector_view(directory)
+    assert _view(reader) == expected == collector_view(directory)
 
 
 def test_a_file_cut_short_in_place_is_read_again(tmp_path: Path, make_reader) -> None:
@@ -305,5 +293,5 @@ def test_random_histories_merge_as_prometheus_client(tmp_path_factory, make_read
     clock = [1_700_000_000.0]
     for number, step in enumerate(steps):
         _apply(directory, step, clock)
-        expected = _collector_view(directory)
+        expected = collector_view(directory)
         assert _view(reader) == pytest.approx(expected), f"after step {number}: {step}"

@@ -13,11 +13,10 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry
-from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+from prometheus_client.multiprocess import mark_process_dead
 
 from runtime.metrics_proxy.multiproc import MultiprocReader, ReaderFactory
-from tests.metrics_proxy.collector_reader import CollectorReader
+from tests.metrics_proxy.collector_reader import CollectorReader, collector_view
 
 GAUGE_MODES = (
     "all",
@@ -63,16 +62,6 @@ def _spawn(directory: Path, index: int) -> subprocess.Popen[str]:
     return proc
 
 
-def _collector_view(directory: Path) -> dict[tuple[str, tuple], float]:
-    registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=str(directory))
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for metric in registry.collect()
-        for s in metric.samples
-    }
-
-
 @pytest.fixture(params=["collector", "python_reader"])
 def reader(request: pytest.FixtureRequest) -> ReaderFactory:
     return CollectorReader if request.param == "collector" else MultiprocReader
@@ -104,7 +93,7 @@ def mode_dir(tmp_path_factory: pytest.TempPathFactory):
 
 def test_merge_equals_prometheus_client(mode_dir, reader) -> None:
     directory, _ = mode_dir
-    expected = _collector_view(directory)
+    expected = collector_view(directory)
     assert ("g_all", (("k", "a"), ("pid", str(os.getpid())))) not in expected
     assert len(expected) > 20
     assert _reader_view(reader, directory) == expected
@@ -115,7 +104,7 @@ def test_dead_processes_per_gauge_mode(mode_dir, reader, tmp_path: Path) -> None
     copy = tmp_path / "copy"
     shutil.copytree(directory, copy)
     # Without mark_process_dead, a dead process still counts in every mode, as upstream.
-    assert _reader_view(reader, copy) == _collector_view(copy)
+    assert _reader_view(reader, copy) == collector_view(copy)
     # With it (opt-in: the pod shares its process namespace), live* gauges drop dead pids,
     # exactly as prometheus_client's mark_process_dead does; other modes keep them.
     reference = tmp_path / "reference"
@@ -124,7 +113,7 @@ def test_dead_processes_per_gauge_mode(mode_dir, reader, tmp_path: Path) -> None
     for pid in pids - {str(alive.pid)}:
         mark_process_dead(int(pid), str(reference))
     view = _reader_view(reader, copy, mark_dead=True)
-    assert view == _collector_view(reference)
+    assert view == collector_view(reference)
     assert view[("g_livesum", (("k", "a"),))] == 31.0  # only the live process (index 3)
     assert view[("g_sum", (("k", "a"),))] == 1 + 11 + 21 + 31.0
     assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in reference.iterdir())
@@ -180,7 +169,7 @@ def test_process_killed_while_writing(reader, tmp_path: Path) -> None:
     proc.wait()
     result = reader(tmp_path, False).read()
     assert result.corrupt_files == ()
-    assert _reader_view(reader, tmp_path) == _collector_view(tmp_path)
+    assert _reader_view(reader, tmp_path) == collector_view(tmp_path)
     total = sum(s.value for f in result.families for s in f.samples)
     assert total >= 2000
 

@@ -37,7 +37,7 @@ from contracts.promql import ALERTS_FILE, asset_text
 from runtime.metrics_proxy.triton import Family, parse_text_exposition
 from tests.metrics_proxy.promql import Expression, alert_expressions, all_expressions
 from tests.support.metrics_harness import ProxyProcess
-from tests.support.prometheus import PrometheusServer
+from tests.support.prometheus import UPSTREAM_NAMING, PrometheusServer
 from tests.support.real_engine import run_engine
 from tests.support.tiny_llm import TinyLlm
 from tests.support.triton_metrics_server import TritonMetricsServer, render_exposition
@@ -138,15 +138,6 @@ REQUESTS = 6
 SHARED_PREFIX = 64
 MAX_TOKENS = 48
 
-# Promtool's lint findings about names that vLLM and Triton chose; the proxy must keep them.
-UPSTREAM_NAMING = (
-    "metric names should not contain ':'",
-    'counter metrics should have "_total" suffix',
-    "metric names should not contain abbreviated units",
-    'non-histogram and non-summary metrics should not have "_count" suffix',
-    "metric name should not include type 'histogram'",
-    'non-counter metrics should not have "_total" suffix',
-)
 # A comparison with a number: an alert's threshold.
 _THRESHOLD = re.compile(r"(==|!=|>=|<=|>|<)(\s*)(?=-?[0-9.])")
 

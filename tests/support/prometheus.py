@@ -16,7 +16,18 @@ import yaml
 
 from tests.support.ports import free_port
 
-__all__ = ["PrometheusServer"]
+__all__ = ["UPSTREAM_NAMING", "PrometheusServer"]
+
+
+# Promtool's lint findings about names that vLLM and Triton chose; the proxy must keep them.
+UPSTREAM_NAMING = (
+    "metric names should not contain ':'",
+    'counter metrics should have "_total" suffix',
+    "metric names should not contain abbreviated units",
+    'non-histogram and non-summary metrics should not have "_count" suffix',
+    "metric name should not include type 'histogram'",
+    'non-counter metrics should not have "_total" suffix',
+)
 
 
 class PrometheusServer:
