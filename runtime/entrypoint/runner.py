@@ -5,6 +5,9 @@ stderr naming the stage and the fix, exit code ``10 + stage number``: 1 locate, 
 3 plugins, 4 metrics, 5 compat, 6 render, 7 start, 8 gate. Other exit codes: `ExitCode`.
 SIGTERM before the gate opens cancels the start once the running stage ends (exit 0); after,
 it drains.
+
+Over 400 lines on purpose: start-up, serving and drain are one state machine over the same
+children and signals; the stages' own work lives in :mod:`runtime.entrypoint.stages`.
 """
 
 from __future__ import annotations
