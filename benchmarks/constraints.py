@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import write_rows
 from runtime.constraints import _engine
 from runtime.constraints.catalog import Catalog, TokenizedCatalog
 from runtime.constraints.engine import (
@@ -441,8 +442,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = run(args.quick)
     _print(rows)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=1))
+        write_rows(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import write_rows
 from tests.support.real_engine import BASE_ENGINE_ARGS, ENGINE_ENV
 from tests.support.tiny_llm import VOCAB_SIZE, TinyLlm, tiny_llm_in
 
@@ -472,8 +473,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = run(args.quick, args.baseline_processor)
     _print(rows)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=1))
+        write_rows(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
+from benchmarks import write_rows
+
 __all__ = ["main"]
 
 MODEL = "llm"
@@ -382,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = asyncio.run(_run(grpc_url, http_url, pids, args.quick))
     _print(rows)
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+        write_rows(args.json, rows)
     return 0
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.client
-import json
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from benchmarks import write_rows
 from runtime.metrics_proxy.exposition import encode
 from runtime.metrics_proxy.merge import merge_families
 from runtime.metrics_proxy.multiproc import MultiprocReader, MultiprocSource
@@ -259,7 +259,7 @@ def main() -> None:
     print()
     _verdict(rows)
     if args.json:
-        args.json.write_text(json.dumps(rows + steps, indent=2) + "\n")
+        write_rows(args.json, rows + steps)
 
 
 if __name__ == "__main__":

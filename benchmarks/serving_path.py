@@ -62,6 +62,7 @@ import openai
 import tritonclient.grpc.aio as grpcclient
 from openai import AsyncOpenAI
 
+from benchmarks import write_rows
 from runtime.serving_backend import BACKEND_NAME
 from tests.support.ports import free_port
 from tests.support.real_engine import BASE_ENGINE_ARGS, ENGINE_ENV
@@ -664,7 +665,7 @@ def main(argv: list[str] | None = None) -> int:
             {k: v for k, v in asdict(r).items() if v is not None} for r in rows
         ]
         out += [{"impl": impl, "ready_s": round(s, 2)} for impl, s in ready.items()]
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
+        write_rows(args.json, out)
     return 0
 
 

@@ -11,7 +11,6 @@ gate to measure.)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -28,6 +27,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from benchmarks import write_rows
 from runtime.entrypoint import STAGES
 from runtime.package import build_package, unpack_archive
 from runtime.package.manifest import FileEntry
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         unpack_ratio = by_impl["unpack"]["mb_per_s"] / by_impl["gnu_tar"]["mb_per_s"]
         print(f"unpack / gnu_tar speed: {unpack_ratio:.2f}")
     if args.json is not None:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+        write_rows(args.json, rows)
     return 0
 
 
