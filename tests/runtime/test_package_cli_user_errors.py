@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from runtime.cli import app
+from operations.cli import app
 from runtime.package import build_package
 from tests.runtime.wheelmaker import make_source
 
