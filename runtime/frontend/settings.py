@@ -58,10 +58,9 @@ class FrontendSettings(BaseSettings):
     )
     host: str = Field(default="0.0.0.0", description="Address uvicorn binds.")
     port: int = Field(default=8080, ge=0, le=65535, description="Port uvicorn binds.")
-    keep_alive_s: float = Field(
-        default=75.0,
-        gt=0,
-        allow_inf_nan=False,
+    keep_alive_s: int = Field(
+        default=75,
+        ge=1,
         description="Idle keep-alive connections are closed after this; above clients' pool "
         "expiry (the openai SDK's is 5 s), else a request can reuse a connection as it closes.",
     )

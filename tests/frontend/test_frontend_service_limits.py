@@ -360,7 +360,8 @@ def test_module_entry_point_serves_and_reports_bad_settings(
     root = Path(__file__).parents[2]
     proc = subprocess.Popen([sys.executable, "-m", "runtime.frontend"], env=env, cwd=root)
     try:
-        _wait_for(lambda: _ready(port), timeout=30)
+        # A cold start (tokenizer, template, gRPC channel) on a loaded 2-core machine.
+        _wait_for(lambda: _ready(port), timeout=90)
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()
         assert models["data"][0]["id"] == "llm"
     finally:
