@@ -16,6 +16,7 @@ from components.gpu_node_group import GPU_RESOURCE, gpu_tolerations
 __all__ = [
     "GATEWAY_CLASS",
     "GATEWAY_PORT",
+    "PINNED_CHARTS",
     "ChartPin",
     "ClusterAddons",
     "ClusterAddonsArgs",
@@ -76,6 +77,17 @@ KUBE_PROMETHEUS_STACK = ChartPin(
     "https://prometheus-community.github.io/helm-charts",
     "monitoring",
 )
+
+PINNED_CHARTS: tuple[ChartPin, ...] = (
+    FSX_CSI_DRIVER,
+    NVIDIA_DEVICE_PLUGIN,
+    ARGO_ROLLOUTS,
+    ENVOY_GATEWAY,
+    KEDA,
+    KUBE_PROMETHEUS_STACK,
+)
+"""Every chart the add-ons install, at its pinned version: the one place pins are recorded
+(tests check each against its copy under ``reference/charts/<chart>-<version>/``)."""
 
 
 @dataclass(frozen=True)

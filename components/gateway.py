@@ -2,14 +2,41 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GATEWAY_API", "GATEWAY_PLUGIN", "GatewayRef"]
+__all__ = [
+    "GATEWAY_API",
+    "GATEWAY_PLUGIN",
+    "GRPC_SUBDOMAIN",
+    "GatewayRef",
+    "RouteHosts",
+    "route_hosts",
+]
 
 GATEWAY_API = "gateway.networking.k8s.io/v1"
 GATEWAY_PLUGIN = "argoproj-labs/gatewayAPI"
 """Argo Rollouts' traffic-router plugin for Gateway API routes."""
+GRPC_SUBDOMAIN = "grpc"
+"""gRPC hostnames live under ``grpc.<domain>``, OpenAI HTTP hostnames directly under the domain."""
+
+
+@dataclass(frozen=True)
+class RouteHosts:
+    """The two hostnames of one served model (version): a listener accepts only one of a
+    GRPCRoute and an HTTPRoute that claim the same hostname, so they never share one."""
+
+    grpc: str
+    """Hostname of the GRPCRoute (KServe v2 gRPC)."""
+    http: str
+    """Hostname of the HTTPRoute (the OpenAI-compatible API)."""
+
+
+def route_hosts(labels: Sequence[str], domain: str) -> RouteHosts:
+    """``<labels>.grpc.<domain>`` for gRPC and ``<labels>.<domain>`` for the OpenAI HTTP API."""
+    prefix = ".".join(labels)
+    return RouteHosts(grpc=f"{prefix}.{GRPC_SUBDOMAIN}.{domain}", http=f"{prefix}.{domain}")
 
 
 @dataclass(frozen=True)

@@ -209,6 +209,11 @@ def _validate(args: GpuNodeGroupArgs) -> None:
         raise ValueError(
             "capacity_reservation_id is required with capacity_type CAPACITY_BLOCK, and only there"
         )
+    if args.capacity_reservation_id is not None and len(args.subnet_ids) != 1:
+        raise ValueError(
+            f"subnet_ids has {len(args.subnet_ids)} subnets; a Capacity Block lives in one "
+            "Availability Zone, so pass only the subnet in its zone"
+        )
     if not args.instance_types:
         raise ValueError("instance_types must name at least one GPU instance type")
     if not args.min_size <= args.desired_size <= args.max_size:

@@ -68,7 +68,10 @@ class RedBlackArgs:
     steps: tuple[int, ...] = (10, 25, 50, 100)
     """Canary weights in percent, strictly increasing and ending at 100."""
     hostnames: tuple[str, ...] = ()
-    """Hostnames for both routes (any host when empty)."""
+    """Hostnames of the HTTPRoute, the OpenAI API (any host when empty)."""
+    grpc_hostnames: tuple[str, ...] = ()
+    """Hostnames of the GRPCRoute, KServe v2 gRPC (any host when empty); never one of
+    ``hostnames`` on a shared listener (see :func:`components.gateway.route_hosts`)."""
     grpc_port: int = 8001
     """Public KServe gRPC port of the serving container."""
     http_port: int = 8080
@@ -129,6 +132,22 @@ def _validate(args: RedBlackArgs) -> None:
             )
     if args.replicas < 1:
         raise RedBlackConfigError(f"replicas is {args.replicas}; a Rollout needs at least 1")
+    _check_hostnames(args)
+
+
+def _check_hostnames(args: RedBlackArgs) -> None:
+    """A listener accepts only one of a GRPCRoute and an HTTPRoute claiming one hostname."""
+    gateway = args.gateway
+    sections = {gateway.grpc_section, gateway.http_section}
+    if None not in sections and len(sections) == 2:
+        return  # distinct listeners
+    shared = set(args.hostnames or ("*",)) & set(args.grpc_hostnames or ("*",))
+    if shared:
+        raise RedBlackConfigError(
+            f"hostnames and grpc_hostnames both claim {', '.join(sorted(shared))} on one "
+            "Gateway listener ('*' is no hostname); give the GRPCRoute its own hostname "
+            "(components.gateway.route_hosts) or its own listener (GatewayRef.grpc_section)"
+        )
 
 
 class _Rollout(pulumi.CustomResource):
@@ -211,13 +230,16 @@ class RedBlackRollout(pulumi.ComponentResource):
     def _endpoints(self, stable: k8s.core.v1.Service) -> pulumi.Output[dict[str, str]]:
         args = self._args
         host = args.hostnames[0] if args.hostnames else None
+        grpc_host = args.grpc_hostnames[0] if args.grpc_hostnames else None
 
         def render(values: list[str]) -> dict[str, str]:
             # Without a hostname the routes answer on the Gateway's address for any host.
             service = f"{values[0]}.{values[1]}.svc"
             gateway = args.gateway
             return {
-                "grpc": gateway.grpc_address(host) if host else f"{service}:{args.grpc_port}",
+                "grpc": gateway.grpc_address(grpc_host)
+                if grpc_host
+                else f"{service}:{args.grpc_port}",
                 "openai": gateway.http_url(host, "/v1")
                 if host
                 else f"http://{service}:{args.http_port}/v1",
@@ -278,16 +300,16 @@ class RedBlackRollout(pulumi.ComponentResource):
             ]
 
         routes = []
-        for kind, section, port in (
-            ("GRPCRoute", gateway.grpc_section, args.grpc_port),
-            ("HTTPRoute", gateway.http_section, args.http_port),
+        for kind, section, port, hostnames in (
+            ("GRPCRoute", gateway.grpc_section, args.grpc_port, args.grpc_hostnames),
+            ("HTTPRoute", gateway.http_section, args.http_port, args.hostnames),
         ):
             spec: dict[str, Any] = {
                 "parentRefs": [gateway.parent_ref(section)],
                 "rules": [{"backendRefs": backends(port)}],
             }
-            if args.hostnames:
-                spec["hostnames"] = list(args.hostnames)
+            if hostnames:
+                spec["hostnames"] = list(hostnames)
             routes.append(
                 k8s.apiextensions.CustomResource(
                     f"{self._name}-{kind.lower()}",

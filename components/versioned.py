@@ -15,7 +15,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.gateway import GATEWAY_API, GatewayRef
+from components.gateway import GATEWAY_API, GatewayRef, RouteHosts, route_hosts
 from components.pod_templates import copy_tree
 from contracts.labels import (
     CREATED_AT_ANNOTATION,
@@ -73,8 +73,9 @@ class VersionedArgs:
     gateway: GatewayRef
     """Gateway the routes attach to."""
     domain: str
-    """Base domain: versions answer on ``<version>.<model_id>.<domain>``, the shared route on
-    ``<model_id>.<domain>``."""
+    """Base domain: versions answer on ``<version>.<model_id>.<domain>`` (OpenAI HTTP) and
+    ``<version>.<model_id>.grpc.<domain>`` (gRPC), the shared routes on ``<model_id>.<domain>``
+    and ``<model_id>.grpc.<domain>`` (:func:`components.gateway.route_hosts`)."""
     grpc_port: int = 8001
     """Public KServe gRPC port."""
     http_port: int = 8080
@@ -152,15 +153,20 @@ class VersionedModel(pulumi.ComponentResource):
         self.endpoints = {}
         for spec in args.versions:
             services[spec.version] = self._create_version(spec, spec.version == newest)
-            host = f"{_route_label(spec.version)}.{_route_label(args.model_id)}.{args.domain}"
-            self.endpoints[spec.version] = self._endpoints(services[spec.version], host)
+            self.endpoints[spec.version] = self._endpoints(
+                services[spec.version], self._hosts(spec.version)
+            )
         weighted = [s for s in args.versions if s.route_weight is not None]
         if weighted:
-            host = f"{_route_label(args.model_id)}.{args.domain}"
+            host = route_hosts((_route_label(args.model_id),), args.domain)
             self._create_routes(
                 f"{name}-shared", host, [(services[s.version], s.route_weight) for s in weighted]
             )
         self.register_outputs({"endpoints": self.endpoints})
+
+    def _hosts(self, version: str) -> RouteHosts:
+        labels = (_route_label(version), _route_label(self._args.model_id))
+        return route_hosts(labels, self._args.domain)
 
     def _meta(self, version: str, **extra: Any) -> dict[str, Any]:
         labels = {
@@ -175,7 +181,7 @@ class VersionedModel(pulumi.ComponentResource):
         """The version's workload (unless it brings its own Service) and routes; returns the
         name of the Service its routes point at."""
         args, prefix = self._args, f"{self._name}-{_route_label(spec.version)}"
-        host = f"{_route_label(spec.version)}.{_route_label(args.model_id)}.{args.domain}"
+        host = self._hosts(spec.version)
         if spec.service_name is not None:
             self._create_routes(prefix, host, [(spec.service_name, None)], version=spec.version)
             return spec.service_name
@@ -217,14 +223,14 @@ class VersionedModel(pulumi.ComponentResource):
     def _create_routes(
         self,
         prefix: str,
-        host: str,
+        host: RouteHosts,
         backends: list[tuple[pulumi.Input[str], int | None]],
         version: str = "shared",
     ) -> None:
         gateway = self._args.gateway
-        for kind, section, port in (
-            ("GRPCRoute", gateway.grpc_section, self._args.grpc_port),
-            ("HTTPRoute", gateway.http_section, self._args.http_port),
+        for kind, section, port, hostname in (
+            ("GRPCRoute", gateway.grpc_section, self._args.grpc_port, host.grpc),
+            ("HTTPRoute", gateway.http_section, self._args.http_port, host.http),
         ):
             refs = []
             for service_name, weight in backends:
@@ -239,20 +245,20 @@ class VersionedModel(pulumi.ComponentResource):
                 metadata=self._meta(version),
                 spec={
                     "parentRefs": [gateway.parent_ref(section)],
-                    "hostnames": [host],
+                    "hostnames": [hostname],
                     "rules": [{"backendRefs": refs}],
                 },
                 opts=self._child,
             )
 
     def _endpoints(
-        self, service_name: pulumi.Input[str], host: str
+        self, service_name: pulumi.Input[str], host: RouteHosts
     ) -> pulumi.Output[dict[str, str]]:
         args = self._args
         return pulumi.Output.all(service_name, args.namespace).apply(
             lambda values: {
-                "grpc": args.gateway.grpc_address(host),
-                "openai": args.gateway.http_url(host, "/v1"),
+                "grpc": args.gateway.grpc_address(host.grpc),
+                "openai": args.gateway.http_url(host.http, "/v1"),
                 "metrics": f"http://{values[0]}.{values[1]}.svc:{args.metrics_port}/metrics",
             }
         )

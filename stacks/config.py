@@ -29,8 +29,11 @@ from pydantic import (
     model_validator,
 )
 
+from components.gateway import GRPC_SUBDOMAIN
+from components.model_service.args import pod_requests
 from contracts.compat import CompatError, load_matrix
 from contracts.naming import dns_label, route_label
+from stacks.instance_types import allocatable, instance_specs
 
 __all__ = [
     "GLOBAL_STACK",
@@ -134,6 +137,12 @@ class ModelConfig(_Strict):
                 f"{value!r} must start with a letter: a model id begins the names of its "
                 "Kubernetes Services, which must be DNS-1035 labels"
             )
+        if value == GRPC_SUBDOMAIN:
+            raise ValueError(
+                f"{value!r} is the subdomain of the gRPC hostnames (<model>.{GRPC_SUBDOMAIN}."
+                "<domain>): the model's OpenAI hostnames would be other models' gRPC ones; "
+                "rename the model"
+            )
         return value
 
     @model_validator(mode="after")
@@ -233,6 +242,26 @@ class ModelConfig(_Strict):
         return self.versions[-1:] if self.strategy == "red-black" else list(self.versions)
 
 
+def _check_instance_types(types: list[str], gpus: int | None) -> None:
+    """Every type is in ``stacks/instance_types.yaml``; with ``gpus``, each has that many GPUs."""
+    specs = instance_specs()
+    for index, name in enumerate(types):
+        spec = specs.get(name)
+        if spec is None:
+            families = sorted({n.split(".")[0] for n in specs})
+            raise _FieldError(
+                ("instance_types", index),
+                f"{name!r} is not in stacks/instance_types.yaml (families: "
+                f"{', '.join(families)}); add its specification there or pick a listed type",
+            )
+        if gpus is not None and spec.gpus != gpus:
+            raise _FieldError(
+                ("instance_types", index),
+                f"{name} has {spec.gpus} GPUs but gpus_per_node is {gpus}; a node group's "
+                "types must all have gpus_per_node GPUs",
+            )
+
+
 class NodeGroupConfig(_Strict):
     """An EKS managed GPU node group."""
 
@@ -246,6 +275,12 @@ class NodeGroupConfig(_Strict):
     gpus_per_node: int = Field(ge=1, le=16)
     root_volume_gib: int = Field(default=200, ge=20)
     capacity_reservation_id: str | None = Field(default=None, pattern=r"^cr-[0-9a-f]+$")
+    subnet_id: str | None = Field(
+        default=None,
+        pattern=r"^subnet-[0-9a-f]+$",
+        description="CAPACITY_BLOCK only: the subnet in the reservation's Availability Zone, "
+        "one of network.private_subnet_ids (a Capacity Block lives in one zone)",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> NodeGroupConfig:
@@ -256,6 +291,12 @@ class NodeGroupConfig(_Strict):
                 "capacity_reservation_id is required with capacity_type CAPACITY_BLOCK, "
                 "and only there"
             )
+        if (self.capacity_type == "CAPACITY_BLOCK") != (self.subnet_id is not None):
+            raise ValueError(
+                "subnet_id (the subnet in the Capacity Block's Availability Zone) is required "
+                "with capacity_type CAPACITY_BLOCK, and only there"
+            )
+        _check_instance_types(self.instance_types, self.gpus_per_node)
         return self
 
 
@@ -271,6 +312,7 @@ class SystemNodesConfig(_Strict):
     def _bounds(self) -> SystemNodesConfig:
         if not self.min_size <= self.desired_size <= self.max_size:
             raise ValueError("expected min_size <= desired_size <= max_size")
+        _check_instance_types(self.instance_types, None)
         return self
 
 
@@ -376,9 +418,51 @@ class RegionStackConfig(_Strict):
                     f"models[{i}].gpus: {model.gpus} GPUs do not fit on a "
                     f"{group.gpus_per_node}-GPU node of {group.name!r}"
                 )
+            self._check_fit(i, model, self.node_groups.index(group), group)
+        for at, group in enumerate(self.node_groups):
+            if (
+                group.subnet_id is not None
+                and group.subnet_id not in self.network.private_subnet_ids
+            ):
+                raise _FieldError(
+                    ("node_groups", at, "subnet_id"),
+                    f"{group.subnet_id} is not one of network.private_subnet_ids "
+                    f"({', '.join(self.network.private_subnet_ids)}); name the private subnet "
+                    f"in the Availability Zone of {group.capacity_reservation_id}",
+                )
         if self.cluster.mode == "adopt" and self.network.node_security_group_id is None:
             raise ValueError("network.node_security_group_id is required to adopt a cluster")
         return self
+
+    @staticmethod
+    def _check_fit(index: int, model: ModelConfig, at: int, group: NodeGroupConfig) -> None:
+        """The model's pod fits every instance type of its node group after the node's
+        reserved capacity (``stacks/instance_types.py``): a type it does not fit would come up
+        as a node the pod can never be scheduled on."""
+        wanted = pod_requests(model.cpu, model.memory_gib, model.gpus)
+        for t, name in enumerate(group.instance_types):
+            free = allocatable(instance_specs()[name])
+            short = [
+                f"{what} {need} > {has}"
+                for what, need, has in (
+                    ("CPU", wanted.cpu_milli / 1000, free.cpu_milli / 1000),
+                    (
+                        "memory GiB",
+                        round(wanted.memory_mib / 1024, 2),
+                        round(free.memory_mib / 1024, 2),
+                    ),
+                    ("GPUs", wanted.gpus, free.gpus),
+                )
+                if need > has
+            ]
+            if short:
+                raise _FieldError(
+                    ("node_groups", at, "instance_types", t),
+                    f"model {model.id!r} (models[{index}]) does not fit instance type {name} of "
+                    f"node group {group.name!r}: its pod requests {', '.join(short)} "
+                    "(allocatable after the node's reserved capacity); drop "
+                    f"{name} from the node group or lower the model's cpu/memory_gib/gpus",
+                )
 
     def _check_object_names(self) -> None:
         """Two models must not name the same object: Pulumi refuses the repeated resource."""

@@ -43,6 +43,12 @@ __all__ = [
 COMPUTED = "(computed)"
 MOCK_ACCOUNT = "123456789012"
 STACK_REFERENCE = "pulumi:pulumi:StackReference"
+# Output properties the cloud computes inside an object the program passes in (the engine marks
+# absent top-level outputs unknown by itself, but a nested one would read as null). Dotted paths
+# into the outputs; filled only where the program did not set them.
+NESTED_COMPUTED_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "aws:eks/cluster:Cluster": ("vpcConfig.clusterSecurityGroupId", "vpcConfig.vpcId"),
+}
 
 
 class DuplicateURNError(Exception):
@@ -180,6 +186,8 @@ class PlanMocks(pulumi_mocks.Mocks):
             and "name" not in metadata
         ):
             outputs["metadata"] = {**metadata, "name": auto_name(args.name)}
+        for path in NESTED_COMPUTED_OUTPUTS.get(args.typ, ()):
+            _set_unknown(outputs, path.split("."))
         return "", outputs
 
     def call(self, args: pulumi_mocks.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]]]:
@@ -206,6 +214,18 @@ class PlanMocks(pulumi_mocks.Mocks):
                 "key": args.args.get("key"),
             }
         return {}
+
+
+def _set_unknown(outputs: dict[str, Any], path: list[str]) -> None:
+    """Mark ``path`` unknown in ``outputs`` (as a preview would show it) unless it is set."""
+    *parents, leaf = path
+    node = outputs
+    for key in parents:
+        child = node.get(key)
+        node[key] = child = dict(child) if isinstance(child, Mapping) else {}
+        node = child
+    if node.get(leaf) is None:
+        node[leaf] = rpc.UNKNOWN
 
 
 def auto_name(resource_name: str) -> str:

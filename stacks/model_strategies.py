@@ -16,7 +16,7 @@ import pulumi
 import pulumi_aws as aws
 
 from components.eks_cluster import ClusterHandles
-from components.gateway import GatewayRef
+from components.gateway import GatewayRef, route_hosts
 from components.model_cache import ModelCache
 from components.model_service import (
     ModelService,
@@ -72,6 +72,7 @@ def red_black_model(site: ModelSite, model: ModelConfig) -> dict[str, ModelEndpo
     """One ModelService (role, PDB, scraping, KEDA) around one Rollout for the last version;
     changing the version rolls the same resources out."""
     version = model.versions[-1]
+    hosts = route_hosts((dns_label(model.id),), site.config.domain)
     previous = model.versions[-2].version if len(model.versions) > 1 else None
     # The Rollout brings the workload and the stable/canary Services the routes need.
     service_args = _service_args(
@@ -96,7 +97,8 @@ def red_black_model(site: ModelSite, model: ModelConfig) -> dict[str, ModelEndpo
             success_conditions=site.analysis_success_conditions,
             prometheus_address=service_args.prometheus_url,
             replicas=service_args.replicas,
-            hostnames=(f"{dns_label(model.id)}.{site.config.domain}",),
+            hostnames=(hosts.http,),
+            grpc_hostnames=(hosts.grpc,),
             name=service_args.name,
             scaled_externally=model.max_replicas is not None,
             depends_on=[

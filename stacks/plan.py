@@ -45,6 +45,7 @@ from stacks.mock_engine import (
     ProgramRun,
     RecordedResource,
 )
+from stacks.plan_checks import CHECKS, Finding, check_plan
 
 __all__ = [
     "KEY_PROPERTIES",
@@ -65,12 +66,14 @@ KEY_PROPERTIES: dict[str, tuple[str, ...]] = {
         "amiType",
         "capacityType",
         "instanceTypes",
+        "subnetIds",
         "scalingConfig",
         "taints",
     ),
     "aws:ec2/launchTemplate:LaunchTemplate": (
         "metadataOptions.httpTokens",
         "blockDeviceMappings",
+        "vpcSecurityGroupIds",
     ),
     "aws:fsx/lustreFileSystem:LustreFileSystem": (
         "deploymentType",
@@ -143,6 +146,8 @@ class PlanReport:
     stack: str
     run: ProgramRun
     validations: list[Validation] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    """What the cross-object checks (:mod:`stacks.plan_checks`) found."""
     differences: list[str] | None = None
     seconds: float = 0.0
 
@@ -372,6 +377,12 @@ def run_plan(
     )
     for invalid in report.invalid:
         echo(f"INVALID {invalid.path}: {invalid.error}")
+    report.findings = check_plan(run)
+    echo(
+        f"      cross-object checks ({', '.join(CHECKS)}): {len(report.findings) or 'no'} problems"
+    )
+    for finding in report.findings:
+        echo(f"PROBLEM {finding.check}: {finding.message}")
     if against:
         before = _plan_revision(against, stack)
         report.differences = diff_runs(before, run)
@@ -382,4 +393,6 @@ def run_plan(
     echo(f"[{stages}/{stages}] done in {report.seconds:.1f} s")
     if report.invalid:
         raise PlanError(f"{len(report.invalid)} Kubernetes objects failed validation")
+    if report.findings:
+        raise PlanError(f"{len(report.findings)} cross-object problems (PROBLEM lines above)")
     return report

@@ -116,7 +116,10 @@ class RegionPlatform(pulumi.ComponentResource):
                 f"{name}-{group.name}",
                 GpuNodeGroupArgs(
                     cluster_name=cluster.name,
-                    subnet_ids=config.network.private_subnet_ids,
+                    # A Capacity Block lives in one Availability Zone: only its subnet.
+                    subnet_ids=config.network.private_subnet_ids
+                    if group.subnet_id is None
+                    else [group.subnet_id],
                     security_group_ids=[cluster.security_group_id, node_sg],
                     instance_types=group.instance_types,
                     min_size=group.min_size,

@@ -23,11 +23,15 @@ __all__ = [
     "OPENAI_PORT",
     "PRESTOP_SECONDS",
     "PROXY_CONTAINER",
+    "PROXY_CPU_MILLI",
+    "PROXY_MEMORY_MIB",
     "SCRATCH_DIR",
     "SERVING_CONTAINER",
     "SERVING_MODES",
     "ModelServiceArgs",
+    "PodRequests",
     "RolloutWorkload",
+    "pod_requests",
     "serving_mode_from_manifest",
     "validate_args",
 ]
@@ -49,6 +53,28 @@ PRESTOP_SECONDS = 15
 # drain deadline plus 5 s before SIGKILL: the grace period must outlast both.
 _STOP_MARGIN_SECONDS = 5
 PROXY_CONTAINER = "metrics-proxy"
+# The metrics proxy's requests (and limits): it only merges and serves /metrics.
+PROXY_CPU_MILLI = 250
+PROXY_MEMORY_MIB = 256
+
+
+@dataclass(frozen=True)
+class PodRequests:
+    """What one serving pod requests in all (serving container and metrics proxy)."""
+
+    cpu_milli: int
+    memory_mib: int
+    gpus: int
+
+
+def pod_requests(cpu: int, memory_gib: int, gpus: int) -> PodRequests:
+    """The serving pod's total requests for a serving container of ``cpu``, ``memory_gib`` and
+    ``gpus``: what a node must have left after its reserved capacity."""
+    return PodRequests(
+        cpu_milli=cpu * 1000 + PROXY_CPU_MILLI,
+        memory_mib=memory_gib * 1024 + PROXY_MEMORY_MIB,
+        gpus=gpus,
+    )
 
 
 def serving_mode_from_manifest(text: str) -> str:

@@ -22,6 +22,8 @@ from components.model_service.args import (
     OPENAI_PORT,
     PRESTOP_SECONDS,
     PROXY_CONTAINER,
+    PROXY_CPU_MILLI,
+    PROXY_MEMORY_MIB,
     SCRATCH_DIR,
     SERVING_CONTAINER,
     ModelServiceArgs,
@@ -150,7 +152,7 @@ def build_pod_template(args: ModelServiceArgs) -> dict[str, Any]:
             ),
         ],
     }
-    sidecar_compute = {"cpu": "250m", "memory": "256Mi"}
+    sidecar_compute = {"cpu": f"{PROXY_CPU_MILLI}m", "memory": f"{PROXY_MEMORY_MIB}Mi"}
     proxy = {
         "name": PROXY_CONTAINER,
         "image": args.image,

@@ -79,13 +79,17 @@ def test_pod_tolerations_match_the_taint(declare: Declare) -> None:
 
 
 def test_capacity_block_launches_into_its_reservation(declare: Declare) -> None:
-    args = _args(capacity_type="CAPACITY_BLOCK", capacity_reservation_id="cr-0abc")
+    args = _args(
+        capacity_type="CAPACITY_BLOCK", capacity_reservation_id="cr-0abc", subnet_ids=["subnet-1"]
+    )
     declared = declare(lambda: GpuNodeGroup("h100", args))
     template = declared.one("aws:ec2/launchTemplate:LaunchTemplate").inputs
     assert template["instanceMarketOptions"] == {"marketType": "capacity-block"}
     target = template["capacityReservationSpecification"]["capacityReservationTarget"]
     assert target == {"capacityReservationId": "cr-0abc"}
-    assert declared.one("aws:eks/nodeGroup:NodeGroup").inputs["capacityType"] == "CAPACITY_BLOCK"
+    nodes = declared.one("aws:eks/nodeGroup:NodeGroup").inputs
+    assert nodes["capacityType"] == "CAPACITY_BLOCK"
+    assert nodes["subnetIds"] == ["subnet-1"]
 
 
 @pytest.mark.parametrize(
@@ -97,6 +101,10 @@ def test_capacity_block_launches_into_its_reservation(declare: Declare) -> None:
         ({"instance_types": []}, "at least one GPU instance type"),
         ({"capacity_type": "CAPACITY_BLOCK"}, "capacity_reservation_id is required"),
         ({"capacity_reservation_id": "cr-1"}, "capacity_reservation_id is required"),
+        (
+            {"capacity_type": "CAPACITY_BLOCK", "capacity_reservation_id": "cr-1"},
+            "a Capacity Block lives in one Availability Zone",
+        ),
     ],
 )
 def test_bad_args_are_refused(overrides: dict[str, object], message: str) -> None:

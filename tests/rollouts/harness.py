@@ -24,6 +24,7 @@ def make_args(**overrides: Any) -> RedBlackArgs:
         "prometheus_address": "http://prometheus.monitoring:9090",
         "replicas": 4,
         "hostnames": ("llama.models.example.com",),
+        "grpc_hostnames": ("llama.grpc.models.example.com",),
     }
     values.update(overrides)
     return RedBlackArgs(**values)

@@ -154,13 +154,16 @@ def test_plugin_names_the_declared_routes_and_services(mocks: RecordingMocks) ->
     services = {d.name: d.inputs["metadata"]["name"] for d in mocks.of_type(":Service")}
     assert canary["stableService"] == services["llama-stable"]
     assert canary["canaryService"] == services["llama-canary"]
-    for route, port in ((grpc, 8001), (http, 8080)):
+    for route, port, host in (
+        (grpc, 8001, "llama.grpc.models.example.com"),
+        (http, 8080, "llama.models.example.com"),
+    ):
         rule = route.inputs["spec"]["rules"][0]
         assert rule["backendRefs"] == [
             {"name": services["llama-stable"], "port": port, "weight": 100},
             {"name": services["llama-canary"], "port": port, "weight": 0},
         ]
-        assert route.inputs["spec"]["hostnames"] == ["llama.models.example.com"]
+        assert route.inputs["spec"]["hostnames"] == [host]
     assert grpc.inputs["spec"]["parentRefs"] == [
         {"name": "inference", "namespace": "gateway", "sectionName": "grpc"}
     ]
@@ -257,6 +260,12 @@ def test_each_revision_gets_its_own_status_job() -> None:
             "names the placeholder version",
         ),
         ({"queries": {"success_ratio": "up", "ttft_p95": 'x{a="$"}'}}, "malformed placeholder"),
+        # One listener accepts only one of a GRPCRoute and an HTTPRoute claiming one hostname.
+        (
+            {"gateway": GatewayRef(name="g"), "grpc_hostnames": ("llama.models.example.com",)},
+            "both claim llama.models.example.com",
+        ),
+        ({"gateway": GatewayRef(name="g"), "hostnames": (), "grpc_hostnames": ()}, "both claim"),
     ],
 )
 def test_bad_arguments_name_the_field(overrides: dict[str, Any], field: str) -> None:
@@ -268,7 +277,7 @@ def test_endpoints_name_the_public_host_and_the_stable_metrics() -> None:
     mocks = RecordingMocks()
     (endpoints,) = run_under_mocks(mocks, lambda: RedBlackRollout("llama", make_args()).endpoints)
     assert endpoints == {
-        "grpc": "llama.models.example.com:443",
+        "grpc": "llama.grpc.models.example.com:443",
         "openai": "https://llama.models.example.com/v1",
         "metrics": "http://llama-stable-x1y2z3.serving.svc:9400/metrics",
     }
@@ -280,7 +289,7 @@ def test_endpoints_through_a_plain_http_gateway() -> None:
     (endpoints,) = run_under_mocks(
         mocks, lambda: RedBlackRollout("llama", make_args(gateway=gateway)).endpoints
     )
-    assert endpoints["grpc"] == "llama.models.example.com:80"
+    assert endpoints["grpc"] == "llama.grpc.models.example.com:80"
     assert endpoints["openai"] == "http://llama.models.example.com/v1"
     assert GatewayRef(name="g", port=8443).http_url("h", "/v1") == "https://h:8443/v1"
 

@@ -68,7 +68,9 @@ def test_each_version_gets_deployment_service_and_routes() -> None:
         "ranker-v4-service",
     ]
     v3_route = next(d for d in mocks.declared if d.name == "ranker-v3-grpcroute")
-    assert v3_route.inputs["spec"]["hostnames"] == ["v3.ranker.models.example.com"]
+    assert v3_route.inputs["spec"]["hostnames"] == ["v3.ranker.grpc.models.example.com"]
+    v3_http = next(d for d in mocks.declared if d.name == "ranker-v3-httproute")
+    assert v3_http.inputs["spec"]["hostnames"] == ["v3.ranker.models.example.com"]
     v3_service = next(d for d in mocks.declared if d.name == "ranker-v3-service")
     assert v3_route.inputs["spec"]["rules"][0]["backendRefs"] == [
         {"name": v3_service.inputs["metadata"]["name"], "port": 8001}
@@ -80,7 +82,7 @@ def test_each_version_gets_deployment_service_and_routes() -> None:
     ]
     assert shared.inputs["spec"]["hostnames"] == ["ranker.models.example.com"]
     assert endpoints["v4"] == {
-        "grpc": "v4.ranker.models.example.com:443",
+        "grpc": "v4.ranker.grpc.models.example.com:443",
         "openai": "https://v4.ranker.models.example.com/v1",
         "metrics": "http://ranker-v4-service-x1y2z3.serving.svc:9400/metrics",
     }

@@ -116,6 +116,22 @@ def test_served_versions_follow_strategy() -> None:
             "capacity_reservation_id is required",
         ),
         (
+            lambda c: c["llm-serving:node_groups"][0].update(
+                capacity_type="CAPACITY_BLOCK", capacity_reservation_id="cr-0abc"
+            ),
+            "llm-serving:node_groups[0]",
+            "subnet_id (the subnet in the Capacity Block's Availability Zone) is required",
+        ),
+        (
+            lambda c: c["llm-serving:node_groups"][0].update(
+                capacity_type="CAPACITY_BLOCK",
+                capacity_reservation_id="cr-0abc",
+                subnet_id="subnet-0fff",
+            ),
+            "llm-serving:node_groups[0].subnet_id",
+            "is not one of network.private_subnet_ids",
+        ),
+        (
             lambda c: c.update({"llm-serving:model_cache": {"storage_capacity_gib": 3000}}),
             "llm-serving:model_cache",
             "1200 or a multiple of 2400",
@@ -310,3 +326,13 @@ def test_stack_config_errors_print_without_a_traceback_in_pulumi_up(tmp_path: Pa
             stack_config_strings(path),
             PlanMocks({}),
         )
+
+
+def test_a_model_named_like_the_grpc_subdomain_is_refused(tmp_path: Path) -> None:
+    # Its OpenAI hostnames <version>.grpc.<domain> would be other models' gRPC hostnames.
+    config = _base()
+    config["llm-serving:models"][0]["id"] = "grpc"
+    _write(tmp_path, "dev-us-west-2", config)
+    with pytest.raises(StackConfigError, match="subdomain of the gRPC hostnames") as caught:
+        load_stack_config("dev-us-west-2", stacks_dir=tmp_path)
+    assert caught.value.key == "llm-serving:models[0].id"

@@ -40,12 +40,12 @@ def test_outputs_give_every_served_version_its_endpoints(stack: str) -> None:
         served = [v.version for v in model.served_versions]
         assert sorted(endpoints[model.id]) == sorted(served)
         for version in served:
-            # Red-Black: one hostname per model; Versioned: one per version (and the shared one).
-            host = f"{model.id}.{config.domain}"
-            if model.strategy == "versioned":
-                host = f"{version}.{host}"
+            # Red-Black: one hostname pair per model; Versioned: one per version (and the
+            # shared one). gRPC hostnames live under grpc.<domain>, OpenAI ones under <domain>.
+            label = model.id if model.strategy == "red-black" else f"{version}.{model.id}"
+            host = f"{label}.{config.domain}"
             urls = endpoints[model.id][version]
-            assert urls["grpc"] == f"{host}:80"
+            assert urls["grpc"] == f"{label}.grpc.{config.domain}:80"
             assert urls["openai"] == f"http://{host}/v1"
             assert urls["metrics"].startswith("http://")
             assert urls["metrics"].endswith(f".{config.namespace}.svc:9400/metrics")
@@ -338,3 +338,35 @@ def test_an_adopted_cluster_gets_no_system_nodes() -> None:
     assert "llm-serving:system_node_group:SystemNodeGroup" not in types
     created = {r.type for r in _run("prod-us-east-1").resources}
     assert "llm-serving:system_node_group:SystemNodeGroup" in created
+
+
+@pytest.mark.parametrize("stack", REGION_STACKS)
+def test_capacity_block_groups_launch_only_in_their_reservations_subnet(stack: str) -> None:
+    config, run = _region(stack), _run(stack)
+    groups = {
+        r.name.removesuffix("-nodes"): r.inputs
+        for r in run.resources
+        if r.type == "aws:eks/nodeGroup:NodeGroup"
+    }
+    for group in config.node_groups:
+        subnets = groups[f"{stack}-{group.name}"]["subnetIds"]
+        if group.capacity_type == "CAPACITY_BLOCK":
+            assert subnets == [group.subnet_id]
+        else:
+            assert subnets == config.network.private_subnet_ids
+
+
+@pytest.mark.parametrize("stack", REGION_STACKS)
+def test_each_endpoint_is_the_hostname_of_its_own_route_kind(stack: str) -> None:
+    # endpoints say which is which: grpc is a GRPCRoute's hostname, openai an HTTPRoute's.
+    run = _run(stack)
+    hosts: dict[str, set[str]] = {"GRPCRoute": set(), "HTTPRoute": set()}
+    for resource in run.resources:
+        kind = resource.type.rsplit(":", 1)[-1]
+        if kind in hosts:
+            hosts[kind].update(resource.inputs["spec"]["hostnames"])
+    assert not hosts["GRPCRoute"] & hosts["HTTPRoute"]
+    for versions in run.outputs["endpoints"].values():
+        for urls in versions.values():
+            assert urls["grpc"].removesuffix(":80") in hosts["GRPCRoute"]
+            assert urls["openai"].removeprefix("http://").removesuffix("/v1") in hosts["HTTPRoute"]

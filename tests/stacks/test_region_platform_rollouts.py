@@ -154,7 +154,9 @@ def test_red_black_routes_attach_to_the_addons_gateway_on_the_model_hostname() -
                 "namespace": gateway.inputs["metadata"]["namespace"],
             }
         ]
-        assert route.inputs["spec"]["hostnames"] == [f"{LLAMA}.{config.domain}"]
+        grpc = route.type.endswith(":GRPCRoute")
+        host = f"{LLAMA}.grpc.{config.domain}" if grpc else f"{LLAMA}.{config.domain}"
+        assert route.inputs["spec"]["hostnames"] == [host]
     (rollout,) = _of(run, ROLLOUT, LLAMA)
     routing = rollout.inputs["spec"]["strategy"]["canary"]["trafficRouting"]
     plugin = routing["plugins"]["argoproj-labs/gatewayAPI"]
@@ -167,7 +169,7 @@ def test_red_black_output_is_the_route_of_the_served_version() -> None:
     urls = _prod().outputs["endpoints"][LLAMA]
     host = f"{LLAMA}.{config.domain}"
     assert list(urls) == ["2026-11-15"]
-    assert urls["2026-11-15"]["grpc"] == f"{host}:80"
+    assert urls["2026-11-15"]["grpc"] == f"{LLAMA}.grpc.{config.domain}:80"
     assert urls["2026-11-15"]["openai"] == f"http://{host}/v1"
 
 
@@ -193,7 +195,9 @@ def test_versioned_model_runs_every_version_with_its_own_service_and_routes() ->
         routes = [r for r in run.resources if r.type.endswith("Route") and f"-{version}-" in r.name]
         assert len(routes) == 2
         for route in routes:
-            assert route.inputs["spec"]["hostnames"] == [f"{version}.{RANKER}.{config.domain}"]
+            grpc = route.type.endswith(":GRPCRoute")
+            domain = f"grpc.{config.domain}" if grpc else config.domain
+            assert route.inputs["spec"]["hostnames"] == [f"{version}.{RANKER}.{domain}"]
             (backend,) = route.inputs["spec"]["rules"][0]["backendRefs"]
             assert backend["name"] == f"{RANKER}-{version}"
     shared = next(r for r in run.resources if r.name.endswith(f"{RANKER}-shared-httproute"))
@@ -201,7 +205,7 @@ def test_versioned_model_runs_every_version_with_its_own_service_and_routes() ->
     assert weights == {"catalog-ranker-8b-v3": 10, "catalog-ranker-8b-v4": 90}
     urls = run.outputs["endpoints"][RANKER]
     assert sorted(urls) == ["v3", "v4"]
-    assert urls["v3"]["grpc"] == f"v3.{RANKER}.{config.domain}:80"
+    assert urls["v3"]["grpc"] == f"v3.{RANKER}.grpc.{config.domain}:80"
     assert urls["v3"]["metrics"] == "http://catalog-ranker-8b-v3.llm-serving.svc:9400/metrics"
 
 

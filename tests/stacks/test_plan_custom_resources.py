@@ -1,0 +1,99 @@
+"""Every custom resource of every stack's plan against the upstream CRD schema of the pinned
+version (``../shared/reference/crds/``, whose README says how): unknown fields refused,
+``x-kubernetes-int-or-string`` as integer or string, ``x-kubernetes-preserve-unknown-fields``
+allowing anything. CEL rules (``x-kubernetes-validations``) are not evaluated: no CEL evaluator
+is installed here (``cel-python`` would be one)."""
+
+from __future__ import annotations
+
+import copy
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from stacks.kubernetes_objects import kubernetes_objects, validate_object
+from stacks.mock_engine import ProgramRun
+from stacks.plan import plan_program
+
+STACKS = ["prod-us-east-1", "prod-eu-west-1", "prod-ap-northeast-1", "dev-us-west-2", "global"]
+CRDS = Path(__file__).resolve().parents[3] / "shared" / "reference" / "crds"
+
+
+def _strict(schema: Any) -> Any:
+    """A CRD's structural schema as JSON Schema that refuses fields it does not list."""
+    if isinstance(schema, list):
+        return [_strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _strict(v) for k, v in schema.items() if not k.startswith("x-kubernetes-")}
+    if schema.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if (
+        "properties" in schema
+        and "additionalProperties" not in schema
+        and not schema.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+@cache
+def _schemas() -> dict[tuple[str, str], Any]:
+    """``(apiVersion, kind)`` to the strict schema of that served version."""
+    schemas = {}
+    for path in sorted(CRDS.glob("*.yaml")):
+        for crd in yaml.safe_load_all(path.read_text()):
+            if not crd or crd.get("kind") != "CustomResourceDefinition":
+                continue
+            spec = crd["spec"]
+            for version in spec["versions"]:
+                key = (f"{spec['group']}/{version['name']}", spec["names"]["kind"])
+                schemas[key] = _strict(version["schema"]["openAPIV3Schema"])
+    return schemas
+
+
+@cache
+def _run(stack: str) -> ProgramRun:
+    return plan_program(stack)
+
+
+def _custom(run: ProgramRun) -> list[dict[str, Any]]:
+    """The objects the Kubernetes schema does not know: custom resources."""
+    return [m for _, m in kubernetes_objects(run) if not validate_object(m)[0]]
+
+
+def _errors(manifest: dict[str, Any]) -> list[str]:
+    key = (manifest["apiVersion"], manifest["kind"])
+    schema = _schemas().get(key)
+    if schema is None:
+        return [f"{key}: no CRD in {CRDS}"]
+    body = {k: v for k, v in manifest.items() if k != "metadata"}
+    validator = jsonschema.Draft7Validator(schema)
+    return [
+        f"{manifest['kind']} {manifest['metadata'].get('name')}: "
+        f"{'.'.join(map(str, e.path)) or '(root)'}: {e.message}"
+        for e in validator.iter_errors(body)
+    ]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_custom_resource_passes_its_crd_schema(stack: str) -> None:
+    custom = _custom(_run(stack))
+    assert [e for m in custom for e in _errors(m)] == []
+    if stack != "global":
+        kinds = {m["kind"] for m in custom}
+        assert {"Gateway", "GRPCRoute", "HTTPRoute", "ScaledObject", "PrometheusRule"} <= kinds
+        assert kinds & {"Rollout", "ServiceMonitor"}
+
+
+def test_an_unknown_field_fails_its_crd_schema() -> None:
+    route = next(m for m in _custom(_run("prod-us-east-1")) if m["kind"] == "GRPCRoute")
+    route = copy.deepcopy(route)
+    route["spec"]["rules"][0]["backendRefs"][0]["weigth"] = 5
+    (error,) = _errors(route)
+    assert "spec.rules.0.backendRefs.0" in error and "'weigth' was unexpected" in error
