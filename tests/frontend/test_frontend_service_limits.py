@@ -356,12 +356,13 @@ def test_module_entry_point_serves_and_reports_bad_settings(
         "LLM_SERVING_FRONTEND_STRUCTURED_OUTPUTS_KEY": "structured_outputs",
         "LLM_SERVING_FRONTEND_HOST": "127.0.0.1",
         "LLM_SERVING_FRONTEND_PORT": str(port),
+        "LLM_SERVING_FRONTEND_MAX_MODEL_LEN": "2048",
     }
     root = Path(__file__).parents[2]
     proc = subprocess.Popen([sys.executable, "-m", "runtime.frontend"], env=env, cwd=root)
     try:
-        # A cold start (tokenizer, template, gRPC channel) on a loaded 2-core machine.
-        _wait_for(lambda: _ready(port), timeout=90)
+        _wait_for(lambda: proc.poll() is not None or _ready(port), timeout=30)
+        assert proc.poll() is None, f"the frontend exited {proc.returncode}"
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()
         assert models["data"][0]["id"] == "llm"
     finally:
