@@ -51,9 +51,10 @@ def default_num_threads(
     cpu_max: Path = CGROUP_CPU_MAX,
     affinity: Callable[[int], set[int]] = os.sched_getaffinity,
 ) -> int:
-    """``LLM_SERVING_ENGINE_THREADS`` when it is a positive whole number, else
-    :func:`pod_cpu_count`."""
-    override = environ.get(THREADS_ENV_VAR, "")
-    if override.isdigit() and int(override) > 0:
-        return int(override)
-    return pod_cpu_count(cpu_max, affinity)
+    """``LLM_SERVING_ENGINE_THREADS`` when it is a positive whole number (as ``int()`` reads
+    it: surrounding spaces and a ``+`` sign allowed), else :func:`pod_cpu_count`."""
+    try:
+        override = int(environ.get(THREADS_ENV_VAR, ""))
+    except ValueError:
+        override = 0
+    return override if override > 0 else pod_cpu_count(cpu_max, affinity)
