@@ -1,8 +1,8 @@
 """Every custom resource of every stack's plan against the upstream CRD schema of the pinned
 version (``../shared/reference/crds/``, whose README says how): unknown fields refused,
 ``x-kubernetes-int-or-string`` as integer or string, ``x-kubernetes-preserve-unknown-fields``
-allowing anything. CEL rules (``x-kubernetes-validations``) are not evaluated: no CEL evaluator
-is installed here (``cel-python`` would be one)."""
+allowing anything. The CRDs' CEL rules (``x-kubernetes-validations``) are evaluated on the same
+objects in ``test_plan_custom_resources_cel.py``."""
 
 from __future__ import annotations
 
@@ -62,9 +62,12 @@ def _run(stack: str) -> ProgramRun:
     return plan_program(stack)
 
 
-def _custom(run: ProgramRun) -> list[dict[str, Any]]:
-    """The objects the Kubernetes schema does not know: custom resources."""
-    return [m for _, m in kubernetes_objects(run) if not validate_object(m)[0]]
+@cache
+def _custom(stack: str) -> list[dict[str, Any]]:
+    """The objects of a stack's plan that the Kubernetes schema does not know: custom
+    resources. Shared between tests (and with ``test_plan_custom_resources_cel.py``): copy one
+    before changing it."""
+    return [m for _, m in kubernetes_objects(_run(stack)) if not validate_object(m)[0]]
 
 
 def _errors(manifest: dict[str, Any]) -> list[str]:
@@ -83,7 +86,7 @@ def _errors(manifest: dict[str, Any]) -> list[str]:
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_every_custom_resource_passes_its_crd_schema(stack: str) -> None:
-    custom = _custom(_run(stack))
+    custom = _custom(stack)
     assert [e for m in custom for e in _errors(m)] == []
     if stack != "global":
         kinds = {m["kind"] for m in custom}
@@ -92,7 +95,7 @@ def test_every_custom_resource_passes_its_crd_schema(stack: str) -> None:
 
 
 def test_an_unknown_field_fails_its_crd_schema() -> None:
-    route = next(m for m in _custom(_run("prod-us-east-1")) if m["kind"] == "GRPCRoute")
+    route = next(m for m in _custom("prod-us-east-1") if m["kind"] == "GRPCRoute")
     route = copy.deepcopy(route)
     route["spec"]["rules"][0]["backendRefs"][0]["weigth"] = 5
     (error,) = _errors(route)
