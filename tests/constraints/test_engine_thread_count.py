@@ -46,7 +46,9 @@ def test_a_pinned_pod_uses_the_smaller_of_quota_and_affinity(tmp_path: Path) -> 
     assert pod_cpu_count(cpu_max(tmp_path, "800000 100000"), lambda pid: {0, 1}) == 2
 
 
-@pytest.mark.parametrize(("value", "expected"), [("3", 3), (" 5 ", 5), ("+2", 2), ("0", 4), ("-1", 4), ("x", 4), ("", 4)])
+@pytest.mark.parametrize(
+    ("value", "expected"), [("3", 3), (" 5 ", 5), ("+2", 2), ("0", 4), ("-1", 4), ("x", 4), ("", 4)]
+)
 def test_the_environment_override_wins_when_valid(
     tmp_path: Path, value: str, expected: int
 ) -> None:
