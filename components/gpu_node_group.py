@@ -11,9 +11,13 @@ import pulumi
 import pulumi_aws as aws
 
 from components.iam import node_role
-from components.node_launch import encrypted_root_volume, imdsv2_only
+from components.node_launch import (
+    NODE_GROUP_NAME_LIMIT,
+    encrypted_root_volume,
+    imdsv2_only,
+    managed_node_group,
+)
 from contracts.labels import AMI_FAMILY_LABEL, GPU_RESOURCE, NODE_GROUP_LABEL
-from contracts.naming import physical_name
 
 __all__ = [
     "AMI_FAMILY_LABEL",
@@ -33,8 +37,6 @@ __all__ = [
 DEVICE_PLUGIN_NODES: Mapping[str, str] = MappingProxyType({AMI_FAMILY_LABEL: "al2023"})
 AMI_TYPES = ("AL2023_x86_64_NVIDIA", "BOTTLEROCKET_x86_64_NVIDIA")
 CAPACITY_TYPES = ("ON_DEMAND", "SPOT", "CAPACITY_BLOCK")
-# EKS refuses longer node group names; pulumi-aws would auto-name up to 255.
-NODE_GROUP_NAME_LIMIT = 63
 # AL2023's nodeadm stripes the instance-store NVMe disks into one RAID0 volume and moves the
 # kubelet and containerd directories onto it, so unpacked model packages (emptyDir) land there.
 _AL2023_USER_DATA = """MIME-Version: 1.0
@@ -130,30 +132,16 @@ class GpuNodeGroup(pulumi.ComponentResource):
         }
         role = node_role(name, self)
         template = self._create_launch_template(name, args, family)
-        group = aws.eks.NodeGroup(
-            f"{name}-nodes",
-            node_group_name=physical_name(f"{name}-nodes", NODE_GROUP_NAME_LIMIT),
-            cluster_name=args.cluster_name,
-            node_role_arn=role.arn,
-            subnet_ids=list(args.subnet_ids),
+        group = managed_node_group(
+            name,
+            args,
+            role,
+            template,
             ami_type=args.ami_type,
             capacity_type=args.capacity_type,
-            instance_types=list(args.instance_types),
-            version=args.kubernetes_version,
-            scaling_config=aws.eks.NodeGroupScalingConfigArgs(
-                min_size=args.min_size, max_size=args.max_size, desired_size=args.desired_size
-            ),
-            update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
             labels=self.labels,
+            parent=self,
             taints=[aws.eks.NodeGroupTaintArgs(key=GPU_RESOURCE, effect="NO_SCHEDULE")],
-            launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
-                id=template.id, version=template.latest_version.apply(str)
-            ),
-            opts=pulumi.ResourceOptions(
-                parent=self,
-                # The autoscaler owns the size once the group exists.
-                ignore_changes=["scalingConfig.desiredSize"],
-            ),
         )
         self.node_group_name = group.node_group_name
         self.register_outputs({"node_group_name": self.node_group_name, "labels": self.labels})

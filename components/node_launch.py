@@ -1,10 +1,44 @@
-"""Launch-template settings that every node group of the platform shares."""
+"""What every node group of the platform shares: launch-template settings and the group."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol
+
+import pulumi
 import pulumi_aws as aws
 
-__all__ = ["encrypted_root_volume", "imdsv2_only"]
+from contracts.naming import physical_name
+
+__all__ = [
+    "NODE_GROUP_NAME_LIMIT",
+    "NodeGroupPlacement",
+    "encrypted_root_volume",
+    "imdsv2_only",
+    "managed_node_group",
+]
+
+# EKS refuses longer node group names; pulumi-aws would auto-name up to 255.
+NODE_GROUP_NAME_LIMIT = 63
+
+
+class NodeGroupPlacement(Protocol):
+    """The arguments every node group's args carry: its cluster, subnets, types and sizes."""
+
+    @property
+    def cluster_name(self) -> pulumi.Input[str]: ...
+    @property
+    def subnet_ids(self) -> Sequence[pulumi.Input[str]]: ...
+    @property
+    def instance_types(self) -> Sequence[str]: ...
+    @property
+    def min_size(self) -> int: ...
+    @property
+    def max_size(self) -> int: ...
+    @property
+    def desired_size(self) -> int: ...
+    @property
+    def kubernetes_version(self) -> pulumi.Input[str] | None: ...
 
 
 def imdsv2_only() -> aws.ec2.LaunchTemplateMetadataOptionsArgs:
@@ -29,3 +63,44 @@ def encrypted_root_volume(
             ),
         )
     ]
+
+
+def managed_node_group(
+    name: str,
+    args: NodeGroupPlacement,
+    role: aws.iam.Role,
+    template: aws.ec2.LaunchTemplate,
+    *,
+    ami_type: str,
+    capacity_type: str,
+    labels: dict[str, str],
+    parent: pulumi.Resource,
+    taints: Sequence[aws.eks.NodeGroupTaintArgs] | None = None,
+) -> aws.eks.NodeGroup:
+    """The EKS managed node group ``{name}-nodes`` launched from ``template``, one node
+    replaced at a time; ``args.desired_size`` is only its initial size."""
+    return aws.eks.NodeGroup(
+        f"{name}-nodes",
+        node_group_name=physical_name(f"{name}-nodes", NODE_GROUP_NAME_LIMIT),
+        cluster_name=args.cluster_name,
+        node_role_arn=role.arn,
+        subnet_ids=list(args.subnet_ids),
+        ami_type=ami_type,
+        capacity_type=capacity_type,
+        instance_types=list(args.instance_types),
+        version=args.kubernetes_version,
+        scaling_config=aws.eks.NodeGroupScalingConfigArgs(
+            min_size=args.min_size, max_size=args.max_size, desired_size=args.desired_size
+        ),
+        update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
+        labels=labels,
+        taints=taints,
+        launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
+            id=template.id, version=template.latest_version.apply(str)
+        ),
+        opts=pulumi.ResourceOptions(
+            parent=parent,
+            # The autoscaler owns the size once the group exists.
+            ignore_changes=["scalingConfig.desiredSize"],
+        ),
+    )

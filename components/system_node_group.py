@@ -13,11 +13,9 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from components.gpu_node_group import NODE_GROUP_NAME_LIMIT
 from components.iam import node_role
-from components.node_launch import encrypted_root_volume, imdsv2_only
+from components.node_launch import encrypted_root_volume, imdsv2_only, managed_node_group
 from contracts.labels import NODE_ROLE_LABEL
-from contracts.naming import physical_name
 
 __all__ = [
     "AMI_TYPE",
@@ -67,25 +65,15 @@ class SystemNodeGroup(pulumi.ComponentResource):
         self.labels = dict(SYSTEM_NODE_LABELS)
         role = node_role(name, self)
         template = self._create_launch_template(name, args)
-        group = aws.eks.NodeGroup(
-            f"{name}-nodes",
-            node_group_name=physical_name(f"{name}-nodes", NODE_GROUP_NAME_LIMIT),
-            cluster_name=args.cluster_name,
-            node_role_arn=role.arn,
-            subnet_ids=list(args.subnet_ids),
+        group = managed_node_group(
+            name,
+            args,
+            role,
+            template,
             ami_type=AMI_TYPE,
             capacity_type="ON_DEMAND",
-            instance_types=list(args.instance_types),
-            version=args.kubernetes_version,
-            scaling_config=aws.eks.NodeGroupScalingConfigArgs(
-                min_size=args.min_size, max_size=args.max_size, desired_size=args.desired_size
-            ),
-            update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
             labels=self.labels,
-            launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
-                id=template.id, version=template.latest_version.apply(str)
-            ),
-            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["scalingConfig.desiredSize"]),
+            parent=self,
         )
         self.node_group_name = group.node_group_name
         self.register_outputs({"node_group_name": self.node_group_name, "labels": self.labels})

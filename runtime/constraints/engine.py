@@ -67,6 +67,16 @@ def compile_plan(
         if catalog is None:
             raise ValueError("an item-list plan needs its compiled catalog")
         allowed = None if spec.allowed is None else np.asarray(spec.allowed, dtype=np.int32)
+        # Both matchings take the same arguments after their delimiters (tokens or bytes).
+        rules = (
+            spec.min_items,
+            spec.max_items,
+            spec.unique,
+            allowed,
+            plan.eos_token_id,
+            banned,
+            plan.vocab_size,
+        )
         if spec.matching == "decoded":
             if vocabulary is None:
                 raise ValueError("a decoded item-list plan needs the compiled vocabulary")
@@ -76,26 +86,10 @@ def compile_plan(
                 spec.prefix_bytes,
                 spec.separator_bytes,
                 spec.terminator_bytes,
-                spec.min_items,
-                spec.max_items,
-                spec.unique,
-                allowed,
-                plan.eos_token_id,
-                banned,
-                plan.vocab_size,
+                *rules,
             )
         return _engine.Constraint.item_list(
-            catalog,
-            list(spec.prefix),
-            list(spec.separator),
-            list(spec.terminator),
-            spec.min_items,
-            spec.max_items,
-            spec.unique,
-            allowed,
-            plan.eos_token_id,
-            banned,
-            plan.vocab_size,
+            catalog, list(spec.prefix), list(spec.separator), list(spec.terminator), *rules
         )
     if plan.machine is not None:
         m = plan.machine

@@ -285,11 +285,7 @@ class Entrypoint:
         _check_port_free(s.public_host, s.public_grpc_port)
         argv = triton_command(s, repository, manifest.model_id)
         env = self._child_env(catalogs)
-        try:
-            triton = await asyncio.create_subprocess_exec(*argv, env=env)
-        except OSError as exc:
-            raise _Failed(7, f"cannot run {argv[0]}: {exc}", _FIXES["start"]) from exc
-        self.state.processes.append(triton)
+        triton = await self._spawn(argv, env, argv[0])
         log(f"started {argv[0]} (pid {triton.pid}), gRPC on {s.public_host}:{s.public_grpc_port}")
         if embedded:
             env.update(
@@ -314,12 +310,19 @@ class Entrypoint:
                     "image does not have",
                     "build the image with the frontend or set serving_mode standalone",
                 )
-            try:
-                frontend = await asyncio.create_subprocess_exec(*argv_frontend, env=env)
-            except OSError as exc:
-                raise _Failed(7, f"cannot run the frontend: {exc}", _FIXES["start"]) from exc
-            self.state.processes.append(frontend)
+            frontend = await self._spawn(argv_frontend, env, "the frontend")
             log(f"embedded mode: OpenAI frontend (pid {frontend.pid}) on port {s.frontend_port}")
+
+    async def _spawn(
+        self, argv: list[str], env: dict[str, str], what: str
+    ) -> asyncio.subprocess.Process:
+        """Start ``argv`` as a child the shutdown will stop; ``what`` names it if it cannot run."""
+        try:
+            process = await asyncio.create_subprocess_exec(*argv, env=env)
+        except OSError as exc:
+            raise _Failed(7, f"cannot run {what}: {exc}", _FIXES["start"]) from exc
+        self.state.processes.append(process)
+        return process
 
     def _model_status(self, model: str) -> int | None:
         """Triton's answer to the model's readiness check, ``None`` while it does not answer."""

@@ -127,14 +127,8 @@ class _CallScanner:
         if self._key == self.arguments_key:
             out.append(ch)
         if self._in_string:
-            if self._escape:
-                self._escape = False
-            elif ch == "\\":
-                self._escape = True
-            elif ch == '"':
-                self._in_string = False
-                if self._kind == "string":
-                    self._end_value()
+            if self._string_char(ch) and self._kind == "string":
+                self._end_value()
         elif ch == '"':
             self._in_string = True
         elif self._kind == "container" and ch in "{[":
@@ -169,20 +163,26 @@ class _CallScanner:
         else:
             raise _Malformed(f"unexpected {ch!r} in a tool call")
 
-    def _key_char(self, ch: str) -> None:
+    def _string_char(self, ch: str) -> bool:
+        """Feed one char inside a JSON string, tracking escapes; True when it closes the string."""
         if self._escape:
             self._escape = False
         elif ch == "\\":
             self._escape = True
         elif ch == '"':
             self._in_string = False
-            try:
-                self._key = json.loads('"' + "".join(self._token) + '"')
-            except json.JSONDecodeError:
-                raise _Malformed("a key in a tool call is not a valid JSON string") from None
-            self._phase = "colon"
+            return True
+        return False
+
+    def _key_char(self, ch: str) -> None:
+        if not self._string_char(ch):
+            self._token.append(ch)
             return
-        self._token.append(ch)
+        try:
+            self._key = json.loads('"' + "".join(self._token) + '"')
+        except json.JSONDecodeError:
+            raise _Malformed("a key in a tool call is not a valid JSON string") from None
+        self._phase = "colon"
 
     def _end_value(self) -> None:
         raw = "".join(self._token)

@@ -31,7 +31,7 @@ from runtime.constraints.runner_v2 import ConstraintLogitsProcessorV2
 from runtime.constraints.schema import ConstraintConfigError, parse_constraints
 from tests.constraints.conftest import WORDS, vllm_config
 from tests.constraints.mrv2_standin import RequestStatesStandIn, logits_context
-from tests.constraints.toy import word_tokenizer, write_catalog
+from tests.constraints.toy import open_list_rules, word_tokenizer, write_catalog
 
 VOCAB = 40
 
@@ -42,6 +42,14 @@ def _params(config: object) -> SamplingParams:
 
 def _item_list(**fields: object) -> dict:
     return {"version": 1, "item_list": {"catalog": "films", **fields}}
+
+
+def _one_state_machine(transition: list[int]) -> dict:
+    """A token machine of one accepting state 0 and one ``[state, token, next]`` transition."""
+    return {
+        "version": 1,
+        "token_machine": {"num_states": 1, "accepting_states": [0], "transitions": [transition]},
+    }
 
 
 @pytest.mark.parametrize(
@@ -60,14 +68,7 @@ def _item_list(**fields: object) -> dict:
             "min_items (3) must not exceed max_items (2)",
         ),
         (
-            {
-                "version": 1,
-                "token_machine": {
-                    "num_states": 1,
-                    "accepting_states": [0],
-                    "transitions": [[0, 4, 3]],
-                },
-            },
+            _one_state_machine([0, 4, 3]),
             "constraints.token_machine.transitions[0]",
             "states must be in 0..0",
         ),
@@ -136,26 +137,12 @@ def _resolve(toy_dir: Path, config: dict):
         (_item_list(prefix="</s> ["), "constraints.item_list.prefix", "end-of-sequence"),
         ({"version": 1, "banned_tokens": [3, 400]}, "constraints.banned_tokens[1]", "outside"),
         (
-            {
-                "version": 1,
-                "token_machine": {
-                    "num_states": 1,
-                    "accepting_states": [0],
-                    "transitions": [[0, 0, 0]],
-                },
-            },
+            _one_state_machine([0, 0, 0]),
             "constraints.token_machine.transitions[0]",
             "end of sequence",
         ),
         (
-            {
-                "version": 1,
-                "token_machine": {
-                    "num_states": 1,
-                    "accepting_states": [0],
-                    "transitions": [[0, 99, 0]],
-                },
-            },
+            _one_state_machine([0, 99, 0]),
             "constraints.token_machine.transitions[0]",
             "outside the vocabulary of 40",
         ),
@@ -225,12 +212,7 @@ def _item_list_args(catalog: _engine.Catalog) -> dict[str, Any]:
         "prefix": [],
         "separator": [5],
         "terminator": [6],
-        "min_items": 1,
-        "max_items": None,
-        "unique": False,
-        "allowed": None,
-        "eos_token_id": 0,
-        "banned": [],
+        **open_list_rules(),
         "vocab_size": VOCAB,
     }
 

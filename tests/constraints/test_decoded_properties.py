@@ -25,6 +25,7 @@ from tests.constraints.decoded_support import EOS, item_lists, plan_for, tokeniz
 from tests.constraints.reference import ReferenceConstraint, words_per_row
 from tests.constraints.test_processor_properties import _run_history
 from tests.constraints.test_runner_v2_properties import _run as _run_v2
+from tests.constraints.toy import open_list_rules
 
 
 def _engine_row(plan: Any, tokens: list[int]) -> np.ndarray:
@@ -101,8 +102,13 @@ def test_engine_row_equals_reference_after_any_walk(
         assert engine.slot_info(0)["rejected_tokens"] == ref.rejected_tokens
 
 
+History = tuple[list[tuple[str, str]], list[dict[str, Any]], int]
+"""A catalog's items, the constraint configurations of one batch history, the vocabulary size."""
+
+
 @st.composite
-def histories(draw: st.DrawFn) -> tuple[list[tuple[str, str]], list[dict[str, Any]], int]:
+def histories(draw: st.DrawFn) -> History:
+    """Histories over one catalog whose configurations its decoded plan accepts (at least one)."""
     items, first = draw(item_lists())
     configs = [first] + [draw(item_lists()) for _ in range(draw(st.integers(0, 7)))]
     # Every request of one history uses the first draw's catalog.
@@ -112,22 +118,10 @@ def histories(draw: st.DrawFn) -> tuple[list[tuple[str, str]], list[dict[str, An
         spec = config["item_list"]
         if set(spec.get("allow") or []) <= ids and set(spec.get("deny", [])) <= ids:
             same.append(config)
-    return items, same, draw(st.sampled_from([0, 3, 40]))
-
-
-@settings(
-    max_examples=25,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-@given(case=histories(), seed=st.integers(0, 2**32 - 1))
-def test_engine_matches_reference_over_batch_histories_in_decoded_mode(
-    case: tuple[list[tuple[str, str]], list[dict[str, Any]], int], seed: int
-) -> None:
-    tokenizer, table = toy()
-    items, configs, pad = case
-    valid = _valid_configs(items, configs)
+    pad = draw(st.sampled_from([0, 3, 40]))
+    valid = _valid_configs(items, same)
     assume(valid)
-    _run_history(items, valid, seed, len(table) + pad, tokenizer, "decoded")
+    return items, valid, len(toy()[1]) + pad
 
 
 def _valid_configs(items: list[tuple[str, str]], configs: list[dict[str, Any]]) -> list[dict]:
@@ -143,19 +137,24 @@ def _valid_configs(items: list[tuple[str, str]], configs: list[dict[str, Any]]) 
     return valid
 
 
-@settings(
-    max_examples=10,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+# Histories tokenize a catalog and plan every configuration: slow, large draws are expected.
+_HEAVY_EXAMPLES = [HealthCheck.too_slow, HealthCheck.data_too_large]
+
+
+@settings(max_examples=25, suppress_health_check=_HEAVY_EXAMPLES)
 @given(case=histories(), seed=st.integers(0, 2**32 - 1))
-def test_runner_v2_matches_reference_in_decoded_mode(
-    case: tuple[list[tuple[str, str]], list[dict[str, Any]], int], seed: int
+def test_engine_matches_reference_over_batch_histories_in_decoded_mode(
+    case: History, seed: int
 ) -> None:
-    tokenizer, table = toy()
-    items, configs, pad = case
-    valid = _valid_configs(items, configs)
-    assume(valid)
-    _run_v2(items, [*valid, None], seed, len(table) + pad, tokenizer, "decoded")
+    items, configs, vocab = case
+    _run_history(items, configs, seed, vocab, toy()[0], "decoded")
+
+
+@settings(max_examples=10, suppress_health_check=_HEAVY_EXAMPLES)
+@given(case=histories(), seed=st.integers(0, 2**32 - 1))
+def test_runner_v2_matches_reference_in_decoded_mode(case: History, seed: int) -> None:
+    items, configs, vocab = case
+    _run_v2(items, [*configs, None], seed, vocab, toy()[0], "decoded")
 
 
 def test_vocabulary_and_decoded_constraint_check_their_arguments() -> None:
@@ -177,12 +176,7 @@ def test_vocabulary_and_decoded_constraint_check_their_arguments() -> None:
             "prefix": b"",
             "separator": b",",
             "terminator": b"",
-            "min_items": 1,
-            "max_items": None,
-            "unique": False,
-            "allowed": None,
-            "eos_token_id": 0,
-            "banned": [],
+            **open_list_rules(),
             "vocab_size": 4,
         }
         return _engine.Constraint.decoded_item_list(**{**args, **changes})

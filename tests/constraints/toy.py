@@ -8,6 +8,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -63,6 +64,19 @@ def byte_level_tokenizer(
     if extra:
         tokenizer.add_tokens(list(extra))
     return tokenizer
+
+
+def open_list_rules() -> dict[str, Any]:
+    """The arguments both native item-list constructors take after their delimiters, set to an
+    open list (one item or more, any item, repeats allowed) with EOS 0 and nothing banned."""
+    return {
+        "min_items": 1,
+        "max_items": None,
+        "unique": False,
+        "allowed": None,
+        "eos_token_id": 0,
+        "banned": [],
+    }
 
 
 def write_matching(directory: Path, name: str, matching: str) -> Path:

@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from typer.testing import Result
 
-from operations.cli import app
 from tests.rollouts.prometheus import PrometheusServer, Recording, serve
+from tests.rollouts.versions_gc import run_gc
 
 STEP = 300.0
 
@@ -96,23 +96,8 @@ def stacks(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def gc(prometheus: PrometheusServer, stacks: Path, *extra: str):
-    return CliRunner().invoke(
-        app,
-        [
-            "versions",
-            "gc",
-            "--stack",
-            "prod-us-east-1",
-            "--prometheus",
-            prometheus.url,
-            "--idle",
-            "24h",
-            "--stacks-dir",
-            str(stacks),
-            *extra,
-        ],
-    )
+def gc(prometheus: PrometheusServer, stacks: Path, *extra: str) -> Result:
+    return run_gc("prod-us-east-1", prometheus.url, stacks, "--idle", "24h", *extra)
 
 
 def test_lists_without_touching_the_stack(prometheus: PrometheusServer, stacks: Path) -> None:
@@ -152,19 +137,7 @@ def test_apply_removes_exactly_the_idle_versions(prometheus, stacks: Path) -> No
 
 
 def test_unreachable_prometheus_fails_with_one_line(stacks: Path) -> None:
-    result = CliRunner().invoke(
-        app,
-        [
-            "versions",
-            "gc",
-            "--stack",
-            "prod-us-east-1",
-            "--prometheus",
-            "http://127.0.0.1:9",
-            "--stacks-dir",
-            str(stacks),
-        ],
-    )
+    result = run_gc("prod-us-east-1", "http://127.0.0.1:9", stacks)
     assert result.exit_code == 1
     assert "cannot query Prometheus at http://127.0.0.1:9" in result.output
 

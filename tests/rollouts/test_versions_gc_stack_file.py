@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
+from typer.testing import Result
 
-from operations.cli import app
+from tests.rollouts.versions_gc import run_gc
 
 STACK = """\
 config:
@@ -65,21 +65,8 @@ def stand_in(body: Any, on_query: Callable[[], None] = lambda: None) -> Iterator
         thread.join()
 
 
-def gc(url: str, stacks: Path, *extra: str):
-    return CliRunner().invoke(
-        app,
-        [
-            "versions",
-            "gc",
-            "--stack",
-            "s",
-            "--prometheus",
-            url,
-            "--stacks-dir",
-            str(stacks),
-            *extra,
-        ],
-    )
+def gc(url: str, stacks: Path, *extra: str) -> Result:
+    return run_gc("s", url, stacks, *extra)
 
 
 def one_line(result) -> str:
