@@ -24,7 +24,7 @@ from runtime.frontend.routers import (
     score,
 )
 from runtime.frontend.settings import FrontendSettings
-from runtime.frontend.state import FrontendState, load_key_hashes
+from runtime.frontend.state import FrontendState, Matryoshka, load_key_hashes
 
 __all__ = ["create_app", "structured_outputs_key"]
 
@@ -53,13 +53,14 @@ def _build_state(settings: FrontendSettings, engine: Engine) -> FrontendState:
     tokenizer_file = settings.tokenizer_dir / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise ValueError(f"LLM_SERVING_FRONTEND_TOKENIZER_DIR: {tokenizer_file} does not exist")
-    embedding_size = settings.embedding_size
     model_config = settings.tokenizer_dir / "config.json"
-    if embedding_size is None and model_config.is_file():
+    config: dict[str, object] = {}
+    if model_config.is_file():
         try:
-            embedding_size = json.loads(model_config.read_text()).get("hidden_size")
+            config = json.loads(model_config.read_text())
         except json.JSONDecodeError as exc:
             raise ValueError(f"LLM_SERVING_FRONTEND_TOKENIZER_DIR: {model_config}: {exc}") from None
+    embedding_size = settings.embedding_size or config.get("hidden_size")
     return FrontendState(
         settings=settings,
         engine=engine,
@@ -67,7 +68,8 @@ def _build_state(settings: FrontendSettings, engine: Engine) -> FrontendState:
         tokenizer=Tokenizer.from_file(str(tokenizer_file)),
         structured_key=structured_outputs_key(settings),
         key_hashes=load_key_hashes(settings.api_keys_file) if settings.api_keys_file else None,
-        embedding_size=embedding_size,
+        embedding_size=embedding_size if isinstance(embedding_size, int) else None,
+        matryoshka=Matryoshka.from_model_config(config),
     )
 
 

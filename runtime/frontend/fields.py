@@ -222,7 +222,9 @@ EMBEDDING_FIELDS: tuple[FieldRule, ...] = (
     FieldRule(
         "dimensions",
         Policy.HONOURED,
-        "embedding_request.pooling_params.dimensions; refused above the model's hidden_size",
+        "embedding_request.pooling_params.dimensions; refused unless the model's config.json "
+        "declares Matryoshka embeddings (is_matryoshka, or matryoshka_dimensions: only those "
+        "sizes), and above its hidden_size",
     ),
     FieldRule("encoding_format", Policy.HONOURED, "float list or base64 of little-endian float32"),
     FieldRule("user", Policy.INERT, "no effect on output; never logged"),

@@ -13,7 +13,7 @@ from runtime.frontend.chat_template import ChatTemplate
 from runtime.frontend.engine import Engine
 from runtime.frontend.settings import FrontendSettings
 
-__all__ = ["FrontendMetrics", "FrontendState", "hash_key", "load_key_hashes"]
+__all__ = ["FrontendMetrics", "FrontendState", "Matryoshka", "hash_key", "load_key_hashes"]
 
 
 def hash_key(key: str) -> str:
@@ -57,6 +57,25 @@ class FrontendMetrics:
         )
 
 
+@dataclass(frozen=True)
+class Matryoshka:
+    """Whether the model's embeddings may be truncated (``dimensions``), and to which sizes.
+
+    Read from the model's ``config.json`` as vLLM reads it: ``matryoshka_dimensions`` (any
+    size in the list) or ``is_matryoshka`` (any size); vLLM refuses ``dimensions`` otherwise.
+    """
+
+    supported: bool = False
+    dimensions: tuple[int, ...] | None = None
+
+    @classmethod
+    def from_model_config(cls, config: dict[str, object]) -> Matryoshka:
+        listed = config.get("matryoshka_dimensions")
+        if isinstance(listed, list) and listed:
+            return cls(True, tuple(int(d) for d in listed))
+        return cls(bool(config.get("is_matryoshka")))
+
+
 @dataclass
 class FrontendState:
     settings: FrontendSettings
@@ -66,6 +85,7 @@ class FrontendState:
     structured_key: str
     key_hashes: tuple[str, ...] | None
     embedding_size: int | None
+    matryoshka: Matryoshka = field(default_factory=Matryoshka)
     metrics: FrontendMetrics = field(default_factory=FrontendMetrics)
     open_streams: int = 0
 

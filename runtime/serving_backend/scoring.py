@@ -8,7 +8,7 @@ Two subclasses, each changing one thing and deferring everything else to NVIDIA'
   does, then, when vLLM returned prompt log-probabilities (the request's sampling parameters
   set ``prompt_logprobs``), appends them as that output, once per request; it also hands the
   stock code vLLM's outputs with every choice of an ``n > 1`` request in them
-  (:mod:`runtime.serving_backend.choices`).
+  (:mod:`runtime.serving_backend.choices`), and ``logit_bias`` with integer token ids.
 
 The stock ``TritonPythonModel._infer`` creates its request object through the name
 ``GenerateRequest`` in its own module, so that one name is rebound to the subclass in our
@@ -33,7 +33,12 @@ from runtime.serving_backend.choices import ChoiceMerger
 from runtime.serving_backend.prompt_logprobs import encode_prompt_logprobs
 from runtime.serving_backend.stock import load_stock_backend
 
-__all__ = ["PROMPT_LOGPROBS_CONFIG", "ScoringGenerateRequest", "TritonPythonModel"]
+__all__ = [
+    "PROMPT_LOGPROBS_CONFIG",
+    "ScoringGenerateRequest",
+    "TritonPythonModel",
+    "int_logit_bias",
+]
 
 # The stock backend is Triton's own model.py, loaded at run time: its classes are untyped.
 _stock: Any = load_stock_backend()
@@ -48,6 +53,18 @@ _SENT = "llm_serving_prompt_logprobs_sent"
 class ScoringGenerateRequest(_stock.GenerateRequest):
     """The stock generate request, whose responses also carry ``prompt_logprobs`` and every
     choice of an ``n > 1`` request (`ChoiceMerger`)."""
+
+    #: The stock request's call into vLLM (``AsyncLLM.generate`` with its arguments).
+    executor_callback: Any
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        generate = self.executor_callback
+
+        def with_int_logit_bias(prompt: Any, sampling_params: Any, *rest: Any, **kw: Any) -> Any:
+            return generate(prompt, int_logit_bias(sampling_params), *rest, **kw)
+
+        self.executor_callback = with_int_logit_bias
 
     async def execute(self) -> Any:
         """The stock request's vLLM outputs, each holding all ``n`` choices."""
@@ -74,6 +91,23 @@ class ScoringGenerateRequest(_stock.GenerateRequest):
             np.asarray([encode_prompt_logprobs(positions)], dtype=np.object_),
         )
         return pb_utils.InferenceResponse(output_tensors=[*response.output_tensors(), tensor])
+
+
+def int_logit_bias(sampling_params: Any) -> Any:
+    """``sampling_params`` with ``logit_bias`` keyed by integer token ids.
+
+    The request's ``sampling_parameters`` are JSON, whose object keys are strings, and the
+    stock backend builds vLLM's ``SamplingParams`` from them as they are: vLLM's token-id checks
+    then fail the request ("Error generating stream"). A key that is no integer stays, for vLLM
+    to refuse by name.
+    """
+    bias = getattr(sampling_params, "logit_bias", None)
+    if isinstance(bias, dict):
+        sampling_params.logit_bias = {
+            int(token) if isinstance(token, str) and token.isdigit() else token: value
+            for token, value in bias.items()
+        }
+    return sampling_params
 
 
 def _requested_n(request: Any) -> int:

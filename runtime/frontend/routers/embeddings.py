@@ -42,6 +42,18 @@ async def create_embeddings(
             raise FieldRefusedError(
                 "dimensions", f"the model's embeddings have {size} dimensions; send at most that"
             )
+        matryoshka = state.matryoshka
+        if not matryoshka.supported:
+            raise FieldRefusedError(
+                "dimensions",
+                "the model's embeddings cannot be shortened (its config.json declares neither "
+                "is_matryoshka nor matryoshka_dimensions); omit dimensions",
+            )
+        if matryoshka.dimensions is not None and body.dimensions not in matryoshka.dimensions:
+            raise FieldRefusedError(
+                "dimensions",
+                f"the model's embeddings shorten to {list(matryoshka.dimensions)} only",
+            )
 
     async def run_all():
         return await asyncio.gather(*(state.engine.embed(t, body.dimensions) for t in texts))
