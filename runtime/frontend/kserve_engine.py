@@ -35,7 +35,12 @@ from runtime.frontend.engine import (
     ScoredCandidate,
     TokenLogprob,
 )
-from runtime.frontend.errors import BackendError, BackendUnavailableError, NotSupportedError
+from runtime.frontend.errors import (
+    BackendError,
+    BackendUnavailableError,
+    FieldRefusedError,
+    NotSupportedError,
+)
 from runtime.frontend.tensors import INPUT_SHAPE, input_tensor
 from runtime.serving_backend import PROMPT_LOGPROBS_OUTPUT
 
@@ -226,7 +231,19 @@ class KServeEngine(Engine):
             # Closing the stream (client gone, deadline, error) cancels the Triton request.
             call.cancel()
 
+    async def _extended(self) -> bool:
+        """Whether the model runs this project's backend, ``llm_serving_vllm`` (it alone
+        declares the ``prompt_logprobs`` output), rather than NVIDIA's stock one."""
+        return PROMPT_LOGPROBS_OUTPUT in await self._declared_outputs()
+
     async def generate(self, params: GenerateParams) -> AsyncGenerator[EngineOutput, None]:
+        if "logit_bias" in params.sampling and not await self._extended():
+            raise FieldRefusedError(
+                "logit_bias",
+                f"model '{self.model_name}' runs the stock Triton vLLM backend, which hands vLLM "
+                "logit_bias keys as JSON strings that vLLM refuses; the serving image's "
+                "llm_serving_vllm backend passes them as token ids",
+            )
         values = {
             "text_input": params.prompt,
             "stream": params.stream,
@@ -279,7 +296,7 @@ class KServeEngine(Engine):
         raise BackendError("Triton returned no embedding")
 
     async def score(self, prompt: str, candidates: list[str]) -> list[ScoredCandidate]:
-        if PROMPT_LOGPROBS_OUTPUT not in await self._declared_outputs():
+        if not await self._extended():
             raise NotSupportedError(
                 f"model '{self.model_name}' declares no '{PROMPT_LOGPROBS_OUTPUT}' output, so it "
                 "cannot be scored without decoding: its backend returns no prompt "

@@ -315,6 +315,27 @@ def test_scoring_is_refused_against_a_backend_without_prompt_logprobs(
         served.stop()
 
 
+def test_logit_bias_is_refused_against_the_stock_backend(
+    standin: KServeStandIn, tokenizer_dir: Path
+) -> None:
+    # The stock backend fails every logit_bias request (real Triton shows it:
+    # tests/serving_backend/test_real_triton_stock_backend.py); say so before sending one.
+    served = serve(make_settings(standin, tokenizer_dir, model_name="llm-stock"), standin)
+    try:
+        sent = len(standin.requests)
+        for stream in (False, True):
+            body = {"model": MODEL, "prompt": "the", "logit_bias": {"3": 5}, "stream": stream}
+            response = httpx.post(served.url + "/v1/completions", json=body)
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert error["param"] == "logit_bias" and "llm_serving_vllm" in error["message"]
+        assert len(standin.requests) == sent
+        plain = {"model": MODEL, "prompt": "the", "max_tokens": 2}
+        assert httpx.post(served.url + "/v1/completions", json=plain).status_code == 200
+    finally:
+        served.stop()
+
+
 def test_scores_match_the_models_prompt_logprobs(frontend: Served) -> None:
     body = {"model": MODEL, "prompt": "the cat", "candidates": [" sat on", " ran"]}
     data = httpx.post(frontend.url + "/v1/score", json=body).json()["data"]

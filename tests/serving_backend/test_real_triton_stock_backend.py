@@ -103,6 +103,13 @@ def test_streamed_generation_returns_every_token(server: TritonServer) -> None:
     assert streamed.finish_reasons[-1] == "length"
 
 
+def test_the_stock_backend_fails_every_logit_bias(server: TritonServer) -> None:
+    # JSON keys are strings and the stock backend builds vLLM's SamplingParams from them as they
+    # are: why llm_serving_vllm converts them and the frontend refuses logit_bias here.
+    with pytest.raises(AssertionError, match="the stream failed"):
+        stream_generate(server.ports.grpc_url, "x = ", {"max_tokens": 2, "logit_bias": {"5": 1.0}})
+
+
 def test_metrics_port_serves_triton_and_vllm_families(server: TritonServer) -> None:
     stream_generate(server.ports.grpc_url, "import json", {"max_tokens": 4, "ignore_eos": True})
     body = httpx.get(server.ports.metrics_url, timeout=10).text
