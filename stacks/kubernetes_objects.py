@@ -20,6 +20,7 @@ __all__ = [
     "KubernetesSchemaError",
     "Validation",
     "kubernetes_objects",
+    "manifest_yaml",
     "validate_object",
     "write_objects",
 ]
@@ -68,6 +69,29 @@ def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
 
 
 _ManifestDumper.add_representer(str, _represent_str)
+
+#: An object's identity first, as kubectl prints it; every other key sorted.
+_HEAD = ("apiVersion", "kind", "metadata")
+
+
+def _sorted(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _sorted(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted(item) for item in value]
+    return value
+
+
+def manifest_yaml(manifest: Mapping[str, Any]) -> str:
+    """``manifest`` as review-ready YAML whose bytes depend on its content alone.
+
+    The engine hands inputs over as protobuf maps, whose key order differs between runs;
+    sorting the keys keeps a plan's files diffable from one run (or pull request) to the next.
+    """
+    head = [key for key in _HEAD if key in manifest]
+    ordered = {key: _sorted(manifest[key]) for key in head}
+    ordered.update((key, _sorted(manifest[key])) for key in sorted(manifest) if key not in head)
+    return yaml.dump(ordered, Dumper=_ManifestDumper, sort_keys=False)
 
 
 @cache
@@ -135,7 +159,7 @@ def write_objects(run: ProgramRun, out: Path, version: str) -> list[Validation]:
         folder.mkdir(parents=True, exist_ok=True)
         name = metadata.get("name") or resource.name
         path = folder / f"{str(manifest.get('kind', 'object')).lower()}-{name}.yaml"
-        path.write_text(yaml.dump(manifest, Dumper=_ManifestDumper, sort_keys=False))
+        path.write_text(manifest_yaml(manifest))
         schema, error = validate_object(manifest, version)
         validations.append(Validation(path, str(manifest.get("kind")), schema, error))
     return validations
