@@ -8,8 +8,11 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
+from google.protobuf import text_format
 from packaging.utils import canonicalize_name
+from tritonclient.grpc import model_config_pb2 as mc
 
 from runtime.compat import CompatPair
 from runtime.package.manifest import Manifest, TensorSpec
@@ -37,16 +40,25 @@ STRUCTURED_OUTPUTS_DEFAULTS: dict[str, object] = {
 _WHITESPACE_BACKENDS = ("xgrammar", "guidance")
 
 
-def _parameter(key: str, value: str) -> str:
-    return f'parameters {{\n  key: "{key}"\n  value: {{ string_value: "{value}" }}\n}}\n'
+def _tensor(spec: TensorSpec, message: type[Any]) -> Any:
+    # Only inputs have `optional` in Triton's schema.
+    optional = {"optional": True} if spec.optional else {}
+    return message(
+        name=spec.name, data_type=mc.DataType.Value(spec.data_type), dims=spec.dims, **optional
+    )
 
 
-def _tensor(spec: TensorSpec) -> str:
-    dims = ", ".join(str(d) for d in spec.dims)
-    optional = "\n    optional: true" if spec.optional else ""
-    return (
-        f'  {{\n    name: "{spec.name}"\n    data_type: {spec.data_type}\n'
-        f"    dims: [ {dims} ]{optional}\n  }}"
+def _config(name: str, backend: str, kind: str) -> Any:
+    """A decoupled model with one instance of ``kind``, in Triton's own ``ModelConfig`` schema
+    (a field Triton lacks fails here, not at load time; names are escaped by protobuf)."""
+    return mc.ModelConfig(
+        name=name,
+        backend=backend,
+        max_batch_size=0,
+        model_transaction_policy=mc.ModelTransactionPolicy(decoupled=True),
+        instance_group=[
+            mc.ModelInstanceGroup(count=1, kind=mc.ModelInstanceGroup.Kind.Value(kind))
+        ],
     )
 
 
@@ -90,25 +102,18 @@ def instance_kind(engine_args: dict[str, object], setting: str = "auto") -> str:
 
 
 def _vllm_config(name: str, backend: str, kind: str) -> str:
-    return (
-        f'name: "{name}"\nbackend: "{backend}"\nmax_batch_size: 0\n'
-        "model_transaction_policy {\n  decoupled: true\n}\n"
-        f"instance_group [\n  {{\n    count: 1\n    kind: {kind}\n  }}\n]\n"
-        + _parameter("REPORT_CUSTOM_METRICS", "true")
-        + _parameter("ENABLE_VLLM_HEALTH_CHECK", "true")
-    )
+    config = _config(name, backend, kind)
+    for key in ("REPORT_CUSTOM_METRICS", "ENABLE_VLLM_HEALTH_CHECK"):
+        config.parameters[key].string_value = "true"
+    return str(text_format.MessageToString(config))
 
 
 def _python_config(name: str, manifest: Manifest) -> str:
     assert manifest.python_model is not None  # checked by the caller
-    inputs = ",\n".join(_tensor(t) for t in manifest.python_model.inputs)
-    outputs = ",\n".join(_tensor(t) for t in manifest.python_model.outputs)
-    return (
-        f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
-        "model_transaction_policy {\n  decoupled: true\n}\n"
-        f"input [\n{inputs}\n]\noutput [\n{outputs}\n]\n"
-        "instance_group [\n  {\n    count: 1\n    kind: KIND_MODEL\n  }\n]\n"
-    )
+    config = _config(name, "python", "KIND_MODEL")
+    config.input.extend(_tensor(t, mc.ModelInput) for t in manifest.python_model.inputs)
+    config.output.extend(_tensor(t, mc.ModelOutput) for t in manifest.python_model.outputs)
+    return str(text_format.MessageToString(config))
 
 
 def engine_arguments(

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
 
 from runtime.compat import load_matrix
 from runtime.entrypoint.render import render_repository, vllm_backend_for
@@ -17,6 +19,17 @@ from tests.runtime.wheelmaker import make_source
 # A processor that no installed entry point registers: model.json must name it.
 PROCESSOR = "runtime.constraints.processor:ConstraintLogitsProcessor"
 PLUGIN = "runtime.constraints.plugin:ConstraintProcessorEntryPoint"
+
+
+def _config(model: Path) -> mc.ModelConfig:
+    """``config.pbtxt`` parsed as Triton parses it, into Triton's own schema (an unknown field
+    or a malformed value raises)."""
+    return text_format.Parse((model / "config.pbtxt").read_text(), mc.ModelConfig())
+
+
+def _kind(model: Path) -> str:
+    (group,) = _config(model).instance_group
+    return mc.ModelInstanceGroup.Kind.Name(group.kind)
 
 
 def test_vllm_backend_repository(tmp_path: Path) -> None:
@@ -32,14 +45,16 @@ def test_vllm_backend_repository(tmp_path: Path) -> None:
     model = render_repository(
         manifest, tmp_path / "v", tmp_path / "u", tmp_path / "repo", PROCESSOR
     )
-    config = (model / "config.pbtxt").read_text()
+    config = _config(model)
     # The serving image's backend (the stock one plus prompt_logprobs), with the stock
     # backend's parameters: it reads them itself.
-    assert 'name: "toy"' in config and f'backend: "{BACKEND_NAME}"' in config
-    assert "decoupled: true" in config and "max_batch_size: 0" in config
-    assert "kind: KIND_MODEL" in config  # tensor parallel 2
-    for key in ("REPORT_CUSTOM_METRICS", "ENABLE_VLLM_HEALTH_CHECK"):
-        assert f'key: "{key}"\n  value: {{ string_value: "true" }}' in config
+    assert config.name == "toy" and config.backend == BACKEND_NAME
+    assert config.model_transaction_policy.decoupled and config.max_batch_size == 0
+    assert _kind(model) == "KIND_MODEL"  # tensor parallel 2
+    assert {k: v.string_value for k, v in config.parameters.items()} == {
+        "REPORT_CUSTOM_METRICS": "true",
+        "ENABLE_VLLM_HEALTH_CHECK": "true",
+    }
     args = json.loads((model / "1" / "model.json").read_text())
     assert args["model"] == str(tmp_path / "v" / "weights")
     assert args["tokenizer"] == str(tmp_path / "u" / "tokenizer")
@@ -54,7 +69,7 @@ def test_single_gpu_uses_kind_gpu_and_rerender_replaces(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     (repo / "stale").mkdir(parents=True)
     model = render_repository(manifest, tmp_path / "v", tmp_path / "u", repo, PROCESSOR)
-    assert "kind: KIND_GPU" in (model / "config.pbtxt").read_text()
+    assert _kind(model) == "KIND_GPU"
     model = render_repository(manifest, tmp_path / "v", tmp_path / "u", repo, PLUGIN)
     assert json.loads((model / "1" / "model.json").read_text())["logits_processors"] == []
     assert sorted(p.name for p in repo.iterdir()) == ["toy"]
@@ -76,7 +91,7 @@ def test_instance_kind_setting(tmp_path: Path, setting: str, parallel: int, kind
         manifest, tmp_path / "v", tmp_path / "u", tmp_path / "repo", PROCESSOR,
         kind_setting=setting,
     )  # fmt: skip
-    assert f"kind: {kind}\n" in (model / "config.pbtxt").read_text()
+    assert _kind(model) == kind
 
 
 def test_python_backend_repository(tmp_path: Path) -> None:
@@ -102,11 +117,13 @@ def test_python_backend_repository(tmp_path: Path) -> None:
     # A package's own model.json must not replace the generated one (no engine args, no stats).
     (unpacked / "python" / "model.json").write_text('{"model": "/elsewhere"}')
     model = render_repository(manifest, tmp_path / "v", unpacked, tmp_path / "repo", PROCESSOR)
-    config = (model / "config.pbtxt").read_text()
-    assert 'backend: "python"' in config
-    assert 'name: "text_input"\n    data_type: TYPE_STRING\n    dims: [ 1 ]' in config
-    assert 'name: "stream"\n    data_type: TYPE_BOOL\n    dims: [ 1 ]\n    optional: true' in config
-    assert config.count("data_type:") == len(FRONTEND_INPUTS) + len(FRONTEND_OUTPUTS)
+    config = _config(model)
+    assert config.backend == "python" and _kind(model) == "KIND_MODEL"
+    inputs = {t.name: t for t in config.input}
+    assert inputs["text_input"].data_type == mc.TYPE_STRING
+    assert list(inputs["text_input"].dims) == [1] and not inputs["text_input"].optional
+    assert inputs["stream"].data_type == mc.TYPE_BOOL and inputs["stream"].optional
+    assert len(config.input) + len(config.output) == len(FRONTEND_INPUTS) + len(FRONTEND_OUTPUTS)
     assert (model / "1" / "model.py").read_text().startswith("class TritonPythonModel")
     assert (model / "1" / "helpers.py").is_file()
     rendered = json.loads((model / "1" / "model.json").read_text())
@@ -132,9 +149,9 @@ def test_scoring_backend_only_where_the_matrix_records_its_hook(tmp_path: Path) 
     model = render_repository(
         manifest, tmp_path / "v", tmp_path / "u", tmp_path / "repo", PROCESSOR, backend
     )
-    config = (model / "config.pbtxt").read_text()
-    assert 'backend: "vllm"' in config
-    assert 'key: "REPORT_CUSTOM_METRICS"\n  value: { string_value: "true" }' in config
+    config = _config(model)
+    assert config.backend == "vllm"
+    assert config.parameters["REPORT_CUSTOM_METRICS"].string_value == "true"
 
 
 def _rendered_args(tmp_path: Path, engine_args: dict, structured_outputs: bool = True) -> dict:
