@@ -206,21 +206,11 @@ def real_tokenizer_dir(tiny_llm: TinyLlm, tmp_path_factory: pytest.TempPathFacto
     return directory
 
 
-def serve_real(triton: TritonServer, tokenizer_dir: Path, model: str, **overrides) -> Served:
+def serve_real(triton: TritonServer, tokenizer_dir: Path, model: str) -> Served:
     """The frontend in front of real Triton's ``model``, its requests recorded."""
     recorder = RecordingKServeEngine(triton.ports.grpc_url, model)
-    settings = FrontendSettings(
-        **{
-            "triton_url": triton.ports.grpc_url,
-            "model_name": model,
-            "served_model_id": "toy-llm",
-            "tokenizer_dir": tokenizer_dir,
-            # Triton 2.51 is no pair of images/compat.toml: the key its vLLM reads.
-            "structured_outputs_key": "structured_outputs",
-            "tool_call_parser": "hermes",
-            "max_model_len": REAL_MAX_MODEL_LEN,
-            **overrides,
-        }
+    settings = frontend_settings(
+        triton.ports.grpc_url, tokenizer_dir, model_name=model, max_model_len=REAL_MAX_MODEL_LEN
     )
     served = serve(settings, None, recorder)
     served.recorder = recorder
@@ -260,18 +250,24 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 
 
-def make_settings(standin: KServeStandIn, tokenizer_dir: Path, **overrides) -> FrontendSettings:
+def frontend_settings(triton_url: str, tokenizer_dir: Path, **overrides) -> FrontendSettings:
+    """The tests' frontend settings for the KServe endpoint at ``triton_url``."""
     values = {
-        "triton_url": standin.url,
+        "triton_url": triton_url,
         "model_name": "llm",
         "served_model_id": "toy-llm",
         "tokenizer_dir": tokenizer_dir,
+        # The key vLLM 0.27.1 reads (Triton 2.51, the test pair, is no pair of compat.toml).
         "structured_outputs_key": "structured_outputs",
         "tool_call_parser": "hermes",
         "max_model_len": 256,
         **overrides,
     }
     return FrontendSettings(**values)
+
+
+def make_settings(standin: KServeStandIn, tokenizer_dir: Path, **overrides) -> FrontendSettings:
+    return frontend_settings(standin.url, tokenizer_dir, **overrides)
 
 
 @pytest.fixture(scope="session")
