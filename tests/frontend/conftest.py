@@ -206,11 +206,17 @@ def real_tokenizer_dir(tiny_llm: TinyLlm, tmp_path_factory: pytest.TempPathFacto
     return directory
 
 
-def serve_real(triton: TritonServer, tokenizer_dir: Path, model: str) -> Served:
+def serve_real(
+    triton: TritonServer, tokenizer_dir: Path, model: str = REAL_MODEL, **overrides
+) -> Served:
     """The frontend in front of real Triton's ``model``, its requests recorded."""
     recorder = RecordingKServeEngine(triton.ports.grpc_url, model)
     settings = frontend_settings(
-        triton.ports.grpc_url, tokenizer_dir, model_name=model, max_model_len=REAL_MAX_MODEL_LEN
+        triton.ports.grpc_url,
+        tokenizer_dir,
+        model_name=model,
+        max_model_len=REAL_MAX_MODEL_LEN,
+        **overrides,
     )
     served = serve(settings, None, recorder)
     served.recorder = recorder

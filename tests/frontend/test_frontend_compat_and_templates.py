@@ -1,5 +1,9 @@
 """The structured-output key comes from the pinned pair; chat templates from tokenizer files;
-the hermes tool-call parser."""
+the hermes tool-call parser.
+
+On the KServe stand-in: the keys of other pairs' vLLM releases are what is checked, and the
+real engine (vLLM 0.27.1) would refuse all but its own; the parser needs scripted tool calls.
+"""
 
 from __future__ import annotations
 

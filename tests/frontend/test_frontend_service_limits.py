@@ -1,11 +1,19 @@
 """Production behaviour: invalid engine JSON, API keys, size limit, deadline, disconnects,
-the open-stream bound, access logs, readiness, and scoring against a stock backend."""
+the open-stream bound, access logs, readiness, and scoring against a stock backend.
+
+API keys, the size limit, truncated JSON, access logs and the frontend-equals-tritonclient check
+run in front of real Triton and the real engine. The rest keep the KServe stand-in, each for
+what real Triton cannot be made to do on purpose: invalid JSON from the engine, tokens slow
+enough for a deadline or a disconnect at a chosen moment, a model that stays loading until the
+test says otherwise, a stock-backend model, and the toy's exact prompt log-probabilities.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import queue
 import socket
 import subprocess
 import sys
@@ -19,9 +27,17 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from runtime.frontend.middleware import ACCESS_LOGGER
-from tests.frontend.conftest import API_KEY, Served, make_settings, serve
+from tests.frontend.conftest import (
+    API_KEY,
+    REAL_MODEL,
+    Served,
+    make_settings,
+    serve,
+    serve_real,
+)
 from tests.support.kserve_server import KServeStandIn, StandInModel
 from tests.support.ports import free_port
+from tests.support.real_triton import TritonServer
 
 MODEL = "toy-llm"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "secret prompt words"}]}
@@ -101,7 +117,8 @@ def test_stream_of_invalid_json_is_what_fields_md_says(broken: Served) -> None:
     assert all(e.get("usage") is None for e in chunks)
 
 
-def test_truncated_json_is_refused_not_returned(frontend: Served) -> None:
+def test_truncated_json_is_refused_not_returned(real_frontend: Served) -> None:
+    frontend = real_frontend
     before = _invalid_count(frontend)
     response = httpx.post(
         frontend.url + "/v1/chat/completions",
@@ -113,8 +130,8 @@ def test_truncated_json_is_refused_not_returned(frontend: Served) -> None:
     assert _invalid_count(frontend) == before + 1
 
 
-def test_api_keys(standin: KServeStandIn, tokenizer_dir: Path, keys_file: Path) -> None:
-    served = serve(make_settings(standin, tokenizer_dir, api_keys_file=keys_file), standin)
+def test_api_keys(real_triton: TritonServer, real_tokenizer_dir: Path, keys_file: Path) -> None:
+    served = serve_real(real_triton, real_tokenizer_dir, api_keys_file=keys_file)
     try:
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"{served.url}/v1", api_key="wrong").models.list()
@@ -137,8 +154,8 @@ def test_keys_file_must_hold_hashes(standin, tokenizer_dir: Path, tmp_path: Path
         create_app(make_settings(standin, tokenizer_dir, api_keys_file=plain))
 
 
-def test_request_size_limit(standin: KServeStandIn, tokenizer_dir: Path) -> None:
-    served = serve(make_settings(standin, tokenizer_dir, max_request_bytes=2048), standin)
+def test_request_size_limit(real_triton: TritonServer, real_tokenizer_dir: Path) -> None:
+    served = serve_real(real_triton, real_tokenizer_dir, max_request_bytes=2048)
     try:
         big = {**CHAT, "messages": [{"role": "user", "content": "x " * 2000}]}
         response = httpx.post(served.url + "/v1/chat/completions", json=big)
@@ -258,8 +275,10 @@ def client_ok(served: Served) -> bool:
 
 
 def test_access_log_is_structured_and_has_no_prompt(
-    frontend: Served, caplog: pytest.LogCaptureFixture
+    real_frontend: Served, caplog: pytest.LogCaptureFixture
 ) -> None:
+    frontend = real_frontend
+
     def records() -> list[dict]:
         return [json.loads(r.getMessage()) for r in caplog.records if r.name == ACCESS_LOGGER]
 
@@ -345,11 +364,13 @@ def test_scores_match_the_models_prompt_logprobs(frontend: Served) -> None:
         assert item["logprob"] == pytest.approx(sum(next(iter(r.values())) for r in rows))
 
 
-def test_frontend_text_equals_a_direct_tritonclient_call(frontend: Served) -> None:
-    reply = openai.OpenAI(base_url=f"{frontend.url}/v1", api_key="x").completions.create(
+def test_frontend_text_equals_a_direct_tritonclient_call(
+    real_frontend: Served, real_triton: TritonServer
+) -> None:
+    reply = openai.OpenAI(base_url=f"{real_frontend.url}/v1", api_key="x").completions.create(
         model=MODEL, prompt="the sky", max_tokens=6, temperature=0
     )
-    client = grpcclient.InferenceServerClient(frontend.standin.url)
+    client = grpcclient.InferenceServerClient(real_triton.ports.grpc_url)
     inputs = []
     for name, value, dtype in (
         ("text_input", b"the sky", "BYTES"),
@@ -361,8 +382,23 @@ def test_frontend_text_equals_a_direct_tritonclient_call(frontend: Served) -> No
             np.array([value], dtype=np.object_ if dtype == "BYTES" else bool)
         )
         inputs.append(tensor)
-    direct = client.infer("llm", inputs).as_numpy("text_output")[0].decode()
-    assert reply.choices[0].text == direct
+    # The vLLM backend is decoupled: Triton answers it on the stream RPC only.
+    responses: queue.Queue[tuple[grpcclient.InferResult | None, Exception | None]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    try:
+        client.async_stream_infer(REAL_MODEL, inputs, enable_empty_final_response=True)
+        texts = []
+        while True:
+            result, error = responses.get(timeout=120)
+            assert error is None and result is not None, error
+            output = result.as_numpy("text_output")
+            if output is not None:
+                texts.append(output[0].decode())
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        client.stop_stream()
+    assert texts and reply.choices[0].text == "".join(texts)
 
 
 def test_module_entry_point_serves_and_reports_bad_settings(

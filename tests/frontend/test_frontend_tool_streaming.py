@@ -1,6 +1,10 @@
 """Streamed tool calls: the official openai client (sync and async) against the frontend, a toy
 model that writes one or two hermes tool calls a few characters a token, every tool_choice;
-accumulated deltas equal the non-streamed result for the same request."""
+accumulated deltas equal the non-streamed result for the same request.
+
+On the KServe stand-in: a random-weight model cannot be made to write a tool call on purpose,
+so the toy's scripted replies stand in for one.
+"""
 
 from __future__ import annotations
 
