@@ -1,4 +1,10 @@
-"""Run the real entrypoint as a process against the tritonserver stand-in, on free ports."""
+"""Run the real entrypoint as a process against the tritonserver stand-in, on free ports.
+
+The entrypoint's stage, failure and timing tests use it: they need a load time, a readiness
+change or a failure at a chosen moment, and a start in milliseconds, not a minute per pod. The
+pod on real Triton and the real engine (start, drain, disconnects, a model that fails to load,
+embedded and standalone) is ``tests/runtime/real_pod.py`` with ``test_pod_real_triton.py``.
+"""
 
 from __future__ import annotations
 
