@@ -17,6 +17,11 @@ limits that vLLM's OpenAI server picks on CPU, pinned so that no usage context c
 
 All three servers run at once and each configuration runs in interleaved rounds, the order
 rotated every round, so that noise on a shared machine falls on every implementation alike.
+Each round starts once the engines that served the one before have gone idle: a vLLM worker
+spins on its shared-memory queue for a second after each step (``busy_loop_s`` in
+``vllm/distributed/device_communicators/shm_broadcast.py``), and on 2 cores that spin took a
+core from the next implementation's first requests (its p50 time to first token at
+concurrency 1 rose from about 15 ms to 450 ms, measured).
 Requests are greedy on one prompt, so every implementation generates the same tokens. Time to
 first token is from sending the request to the first streamed piece with text; tokens/s is the
 generated tokens (usage, ``num_output_tokens``, ``token_ids``) over the rounds' wall time.
@@ -86,6 +91,8 @@ ENGINE_ARGS: dict[str, Any] = {
     "max_num_batched_tokens": 2048,
 }
 READY_TIMEOUT_S = 300.0
+#: Longer than the second a vLLM worker spins after its last step before it sleeps.
+ENGINE_IDLE_S = 1.5
 
 
 @dataclass(frozen=True)
@@ -466,6 +473,7 @@ async def _measure(
         for r in range(plan.rounds):
             shift = r % len(order)
             for impl in order[shift:] + order[:shift]:
+                await asyncio.sleep(ENGINE_IDLE_S)
                 before = _cpu_parts(pids)
                 try:
                     samples, wall = await _load(calls[impl], concurrency, requests)
