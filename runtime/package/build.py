@@ -24,6 +24,7 @@ from runtime.package.errors import PackageError
 from runtime.package.manifest import (
     ARCHIVE_NAME,
     FORMAT_VERSION,
+    LLM_BACKENDS,
     MANIFEST_NAME,
     RECORDS_DIR,
     Catalog,
@@ -33,8 +34,16 @@ from runtime.package.manifest import (
     PythonModel,
 )
 from runtime.package.plugin_checks import check_plugin_entry_points, check_plugin_files, known_image
+from runtime.package.repository import (
+    EnsembleSpec,
+    ModelSpec,
+    repository_configs,
+    resolve_ensemble,
+    resolve_model,
+)
 from runtime.package.sources import SourceFile, collect, resolve_inside
 from runtime.package.tensors import check_python_model
+from runtime.package.triton_models import MODEL_REPOSITORY, Ensemble, TritonModel
 from runtime.package.wheels import (
     ImageEnvironment,
     check_against_pins,
@@ -67,7 +76,7 @@ class PackageSpec(BaseModel):
 
     model_id: str
     model_version: str
-    backend: Literal["vllm", "python"] = "vllm"
+    backend: Literal["vllm", "python", "fil", "onnxruntime", "pytorch", "ensemble"] = "vllm"
     serving_mode: Literal["standalone", "embedded"] = "standalone"
     engine_args: dict[str, Any] = Field(default_factory=dict)
     weights: str = "weights"
@@ -75,7 +84,19 @@ class PackageSpec(BaseModel):
     plugins: list[str] = Field(default_factory=list, description="wheel paths")
     catalogs: list[Catalog] = Field(default_factory=list)
     python_model: PythonModel | None = None
+    model: ModelSpec | None = Field(default=None, description="backends fil, onnxruntime, pytorch")
+    ensemble: EnsembleSpec | None = Field(default=None, description="backend ensemble")
     include: list[str] = Field(default_factory=list, description="more files or folders")
+
+
+@dataclass(frozen=True)
+class _Repository:
+    """A non-LLM package's Triton models, their files and their ``config.pbtxt`` texts."""
+
+    models: list[TritonModel]
+    ensemble: Ensemble | None
+    files: list[SourceFile]
+    configs: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -153,13 +174,16 @@ def _load_spec(source: Path) -> PackageSpec:
 
 
 def _archive_sources(source: Path, spec: PackageSpec) -> list[SourceFile]:
-    tokenizer = resolve_inside(source, spec.tokenizer, "tokenizer")
-    if not tokenizer.is_dir() or not any((tokenizer / n).is_file() for n in TOKENIZER_FILES):
-        raise PackageError(
-            f"tokenizer: {spec.tokenizer}/ is missing or has none of {', '.join(TOKENIZER_FILES)}; "
-            "save the tokenizer there (tokenizer.save_pretrained)"
-        )
-    files = collect(source, spec.tokenizer, "tokenizer")
+    files: list[SourceFile] = []
+    if spec.backend in LLM_BACKENDS:
+        tokenizer = resolve_inside(source, spec.tokenizer, "tokenizer")
+        if not tokenizer.is_dir() or not any((tokenizer / n).is_file() for n in TOKENIZER_FILES):
+            raise PackageError(
+                f"tokenizer: {spec.tokenizer}/ is missing or has none of "
+                f"{', '.join(TOKENIZER_FILES)}; save the tokenizer there "
+                "(tokenizer.save_pretrained)"
+            )
+        files += collect(source, spec.tokenizer, "tokenizer")
     for i, wheel in enumerate(spec.plugins):
         if not wheel.endswith(".whl"):
             raise PackageError(f"plugins.{i}: {wheel} is not a wheel (*.whl)")
@@ -269,6 +293,70 @@ def _place_weights(files: list[SourceFile], out: Path) -> list[FileEntry]:
     return entries
 
 
+def _repository(source: Path, spec: PackageSpec) -> _Repository | None:
+    """A non-LLM package's models, tensors read from their files (``None`` for vllm/python)."""
+    if spec.backend in LLM_BACKENDS:
+        for field in ("model", "ensemble"):
+            if field in spec.model_fields_set:
+                raise PackageError(
+                    f"{field}: belongs to backends fil, onnxruntime, pytorch and ensemble; "
+                    f"backend {spec.backend} takes python_model or engine_args"
+                )
+        return None
+    llm_only = ("tokenizer", "weights", "engine_args", "plugins", "catalogs", "python_model")
+    given = [field for field in llm_only if field in spec.model_fields_set]
+    if given:
+        raise PackageError(
+            f"{', '.join(given)}: backend {spec.backend} has no tokenizer, weights folder or "
+            "vLLM engine; remove them (the model file goes in model.file)"
+        )
+    if spec.serving_mode == "embedded":
+        raise PackageError(
+            f"serving_mode: embedded puts the OpenAI frontend in front of an LLM; a "
+            f"{spec.backend} model is served over KServe v2 gRPC only: set serving_mode: "
+            "standalone"
+        )
+    if spec.backend == "ensemble":
+        if spec.ensemble is None or spec.model is not None:
+            raise PackageError(
+                "backend ensemble takes ensemble (models, steps, outputs), not model"
+            )
+        models, ensemble, files = resolve_ensemble(source, spec.ensemble, spec.model_id)
+    else:
+        assert spec.backend in ("fil", "onnxruntime", "pytorch")  # LLM_BACKENDS returned above
+        if spec.model is None or spec.ensemble is not None:
+            raise PackageError(
+                f"backend {spec.backend} takes model (file, max_batch_size, ...), not ensemble"
+            )
+        if spec.model.name is not None or spec.model.backend is not None:
+            raise PackageError(
+                f"model: remove name and backend: the model is {spec.model_id}, backend "
+                f"{spec.backend}"
+            )
+        model, files = resolve_model(source, spec.model, spec.model_id, spec.backend, "model")
+        models, ensemble = [model], None
+    configs = repository_configs(spec.model_id, models, ensemble)
+    return _Repository(models, ensemble, files, configs)
+
+
+def _config_path(name: str) -> str:
+    return f"{MODEL_REPOSITORY}/{name}/config.pbtxt"
+
+
+def _write_repository(repository: _Repository, model_id: str, out: Path) -> list[FileEntry]:
+    """Place the model files and write each ``config.pbtxt``; an ensemble gets the empty
+    version folder Triton requires of it."""
+    entries = _place_weights(repository.files, out)
+    for name, text in repository.configs.items():
+        path = out / _config_path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        entries.append(file_entry(path, _config_path(name)))
+    if repository.ensemble is not None:
+        (out / MODEL_REPOSITORY / model_id / "1").mkdir(parents=True, exist_ok=True)
+    return sorted(entries, key=lambda e: e.path)
+
+
 def _placeholder(path: str) -> FileEntry:
     return FileEntry(path=path, size=0, sha256="0" * 64)
 
@@ -281,6 +369,7 @@ def _manifest(
     archive_files: list[FileEntry],
     weight_files: list[FileEntry],
     where: Path,
+    repository: _Repository | None,
 ) -> Manifest:
     try:
         return Manifest(
@@ -291,11 +380,13 @@ def _manifest(
             serving_mode=spec.serving_mode,
             engine_args=spec.engine_args,
             triton=triton,
-            weights=spec.weights,
-            tokenizer=spec.tokenizer,
+            weights=spec.weights if repository is None else MODEL_REPOSITORY,
+            tokenizer=spec.tokenizer if repository is None else None,
             plugins=plugins,
             catalogs=spec.catalogs,
             python_model=spec.python_model,
+            models=[] if repository is None else repository.models,
+            ensemble=None if repository is None else repository.ensemble,
             archive=archive,
             archive_files=archive_files,
             weight_files=weight_files,
@@ -332,8 +423,14 @@ def build_package(
     out = Path(os.path.abspath(out))  # a normalised name and parent for the staging folder
     spec = _load_spec(source)
     image = image_pins(triton, constraints)
+    repository = _repository(source, spec)
     files = _archive_sources(source, spec)
-    weights = _weight_sources(source, spec)
+    if repository is None:
+        weights = _weight_sources(source, spec)
+        weight_paths = [f.arcname for f in weights]
+    else:
+        weights = repository.files
+        weight_paths = [f.arcname for f in weights] + [_config_path(n) for n in repository.configs]
     names = known_image(image.distributions)
     wheels = [(wheel, read_wheel(source / wheel, wheel)) for wheel in spec.plugins]
     shipped: dict[str, tuple[str, ...]] = {
@@ -362,8 +459,9 @@ def build_package(
         plugins,
         _placeholder(ARCHIVE_NAME),
         [_placeholder(f.arcname) for f in files],
-        [_placeholder(f.arcname) for f in weights],
+        [_placeholder(path) for path in weight_paths],
         source / SPEC_NAME,
+        repository,
     )
     staging = _staging_folder(out)
     try:
@@ -371,7 +469,10 @@ def build_package(
         # The pod's unpack and package verify run the same checks: refuse here what they would.
         with (staging / ARCHIVE_NAME).open("rb") as handle:
             check_archive(handle, str(out / ARCHIVE_NAME), archive_files)
-        weight_files = _place_weights(weights, staging)
+        if repository is None:
+            weight_files = _place_weights(weights, staging)
+        else:
+            weight_files = _write_repository(repository, spec.model_id, staging)
         manifest = _manifest(
             spec,
             image.triton,
@@ -380,6 +481,7 @@ def build_package(
             archive_files,
             weight_files,
             source / SPEC_NAME,
+            repository,
         )
         (staging / MANIFEST_NAME).write_text(manifest.to_json(), encoding="utf-8")
         # rename(2) replaces an empty ``out`` and fails if something filled it meanwhile.

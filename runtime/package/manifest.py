@@ -17,11 +17,14 @@ from pydantic import (
     model_validator,
 )
 
+from runtime.package.ensembles import check_ensemble
 from runtime.package.errors import PackageError
+from runtime.package.triton_models import MODEL_REPOSITORY, Ensemble, TensorSpec, TritonModel
 
 __all__ = [
     "ARCHIVE_NAME",
     "FORMAT_VERSION",
+    "LLM_BACKENDS",
     "MANIFEST_NAME",
     "RECORDS_DIR",
     "Catalog",
@@ -56,22 +59,9 @@ _PARALLEL_SIZES = (
     "prefill_context_parallel_size",
     "decode_context_parallel_size",
 )
-TensorType = Literal[
-    "TYPE_BOOL",
-    "TYPE_UINT8",
-    "TYPE_UINT16",
-    "TYPE_UINT32",
-    "TYPE_UINT64",
-    "TYPE_INT8",
-    "TYPE_INT16",
-    "TYPE_INT32",
-    "TYPE_INT64",
-    "TYPE_FP16",
-    "TYPE_FP32",
-    "TYPE_FP64",
-    "TYPE_BF16",
-    "TYPE_STRING",
-]
+LLM_BACKENDS = ("vllm", "python")
+"""Backends with a tokenizer, engine arguments and the OpenAI frontend; the others are Triton
+models of their own (`TritonModel`) served over KServe v2 gRPC only."""
 
 
 def check_relative_path(value: str) -> str:
@@ -133,22 +123,6 @@ class Catalog(_Strict):
     _check_path = field_validator("path")(check_relative_path)
 
 
-class TensorSpec(_Strict):
-    """One input or output tensor of a ``python`` backend model (Triton model config terms)."""
-
-    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    data_type: TensorType
-    dims: list[int] = Field(min_length=1)
-    optional: bool = False
-
-    @field_validator("dims")
-    @classmethod
-    def _dims(cls, dims: list[int]) -> list[int]:
-        if any(d == 0 or d < -1 for d in dims):
-            raise ValueError(f"dims {dims} must be positive or -1 (variable)")
-        return dims
-
-
 class PythonModel(_Strict):
     """A ``python`` backend model: its ``model.py`` (inside the archive) and its tensors."""
 
@@ -167,8 +141,10 @@ class Manifest(_Strict):
     )
     model_id: str = Field(pattern=_ID_PATTERN, description="model id (DNS label style)")
     model_version: str = Field(pattern=_ID_PATTERN, description="model version")
-    backend: Literal["vllm", "python"] = Field(
-        description="`vllm`: Triton's vLLM backend; `python`: the package's own model.py"
+    backend: Literal["vllm", "python", "fil", "onnxruntime", "pytorch", "ensemble"] = Field(
+        description="`vllm`: Triton's vLLM backend; `python`: the package's own model.py; "
+        "`fil` (XGBoost, LightGBM), `onnxruntime`, `pytorch` (TorchScript): one model of that "
+        "Triton backend in `models`; `ensemble`: Triton's ensemble over `models`"
     )
     serving_mode: Literal["standalone", "embedded"] = Field(
         description="`standalone` Triton, or `embedded` behind the OpenAI frontend"
@@ -181,15 +157,27 @@ class Manifest(_Strict):
     )
     triton: str = Field(description="Triton release the plugins were checked against")
     weights: str = Field(description="weights folder, relative to the version folder")
-    tokenizer: str = Field(description="tokenizer folder inside the archive")
+    tokenizer: str | None = Field(
+        default=None, description="tokenizer folder inside the archive (vllm and python only)"
+    )
     plugins: list[Plugin] = Field(default_factory=list)
     catalogs: list[Catalog] = Field(default_factory=list)
     python_model: PythonModel | None = None
+    models: list[TritonModel] = Field(
+        default_factory=list,
+        description="the Triton models under `model_repository/` (non-LLM backends)",
+    )
+    ensemble: Ensemble | None = Field(default=None, description="backend `ensemble` only")
     archive: FileEntry = Field(description="the package archive beside the manifest")
     archive_files: list[FileEntry] = Field(description="every regular file inside the archive")
     weight_files: list[FileEntry] = Field(description="every file of the weights folder")
 
-    _check_paths = field_validator("weights", "tokenizer")(check_relative_path)
+    _check_paths = field_validator("weights")(check_relative_path)
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer(cls, value: str | None) -> str | None:
+        return None if value is None else check_relative_path(value)
 
     @field_validator("engine_args")
     @classmethod
@@ -257,8 +245,18 @@ class Manifest(_Strict):
         missing = [path for path in needed if path not in members]
         if missing:
             raise ValueError(f"archive_files lacks {', '.join(missing)}")
-        if not any(_under(p, self.tokenizer) for p in members):
-            raise ValueError(f"archive_files has nothing under tokenizer {self.tokenizer!r}")
+        if self.backend in LLM_BACKENDS:
+            if self.tokenizer is None:
+                raise ValueError(f"backend {self.backend} needs a tokenizer folder")
+            if not any(_under(p, self.tokenizer) for p in members):
+                raise ValueError(f"archive_files has nothing under tokenizer {self.tokenizer!r}")
+            if self.models or self.ensemble is not None:
+                raise ValueError(
+                    "models and ensemble belong to backends fil, onnxruntime, pytorch and "
+                    "ensemble only"
+                )
+        else:
+            _check_triton_models(self)
         for kind, names in (
             ("plugin distribution", [p.distribution.lower() for p in self.plugins]),
             ("catalog name", [c.name for c in self.catalogs]),
@@ -277,6 +275,53 @@ class Manifest(_Strict):
     def to_json(self) -> str:
         """The manifest as written to ``manifest.json`` (stable key order, trailing newline)."""
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+
+
+def _check_triton_models(manifest: Manifest) -> None:
+    """Refuse what a non-LLM package cannot have, and models that are not in its files."""
+    backend = manifest.backend
+    refused = [
+        field
+        for field, value in (
+            ("tokenizer", manifest.tokenizer),
+            ("engine_args", manifest.engine_args),
+            ("plugins", manifest.plugins),
+            ("catalogs", manifest.catalogs),
+        )
+        if value
+    ]
+    if refused:
+        raise ValueError(
+            f"backend {backend} has no tokenizer and no vLLM engine: remove {', '.join(refused)}"
+        )
+    if manifest.serving_mode == "embedded":
+        raise ValueError(
+            f"serving_mode embedded puts the OpenAI frontend in front of an LLM; a {backend} "
+            "model is served over KServe v2 gRPC only: set serving_mode: standalone"
+        )
+    if manifest.weights != MODEL_REPOSITORY:
+        raise ValueError(f"backend {backend} keeps its models in weights {MODEL_REPOSITORY!r}")
+    names = [m.name for m in manifest.models]
+    if backend == "ensemble":
+        if manifest.ensemble is None:
+            raise ValueError("backend ensemble needs ensemble (its steps)")
+        if len(set(names)) != len(names) or manifest.model_id in names:
+            raise ValueError(f"models {names} must have distinct names other than the model_id")
+        check_ensemble(manifest.ensemble, manifest.models)
+    elif manifest.ensemble is not None:
+        raise ValueError(f"ensemble belongs to backend ensemble, not {backend}")
+    elif names != [manifest.model_id] or manifest.models[0].backend != backend:
+        raise ValueError(
+            f"backend {backend} has exactly one model, named {manifest.model_id} and of "
+            f"backend {backend}"
+        )
+    files = {entry.path for entry in manifest.weight_files}
+    configs = [f"{MODEL_REPOSITORY}/{n}/config.pbtxt" for n in names]
+    if manifest.ensemble is not None:
+        configs.append(f"{MODEL_REPOSITORY}/{manifest.model_id}/config.pbtxt")
+    missing = [p for p in [*configs, *(m.file for m in manifest.models)] if p not in files]
+    if missing:
+        raise ValueError(f"weight_files lacks {', '.join(missing)}")
 
 
 def _check_processors(value: object) -> None:

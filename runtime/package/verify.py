@@ -19,6 +19,7 @@ from runtime.package.build import check_catalog, file_entry, image_pins
 from runtime.package.errors import PackageError
 from runtime.package.manifest import MANIFEST_NAME, FileEntry, Manifest, load_manifest
 from runtime.package.plugin_checks import check_plugin_entry_points, check_plugin_files, known_image
+from runtime.package.repository import check_model_file
 from runtime.package.tensors import check_python_model
 from runtime.package.wheels import check_against_pins, read_wheel
 
@@ -150,7 +151,7 @@ def verify_package(
 ) -> Manifest:
     """Check a version folder: checksums (sizes only unless ``full``), every archive member as
     the entrypoint's unpack checks it (under ``limits``, default the pod's), plugins, catalogs
-    (as the engine reads them), tensors."""
+    (as the engine reads them), tensors (a non-LLM model's read again from its file)."""
     manifest = load_manifest(folder / MANIFEST_NAME)
     check_file(folder, manifest.archive, full=full)
     for entry in manifest.weight_files:
@@ -159,6 +160,8 @@ def verify_package(
     verify_archive(archive, manifest, full=full, constraints=constraints, limits=limits)
     if manifest.python_model is not None:
         check_python_model(manifest.python_model)
+    for model in manifest.models:
+        check_model_file(folder, model)
     return manifest
 
 
@@ -174,6 +177,7 @@ def describe(folder: Path) -> dict[str, Any]:
         "engine_args": manifest.engine_args,
         "plugins": [f"{p.distribution}=={p.version} ({p.wheel})" for p in manifest.plugins],
         "catalogs": [c.name for c in manifest.catalogs],
+        "models": [f"{m.name} ({m.backend})" for m in manifest.models],
         "archive_files": len(manifest.archive_files),
         "archive_bytes": manifest.archive.size,
         "weight_files": len(manifest.weight_files),
