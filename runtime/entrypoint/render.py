@@ -15,7 +15,10 @@ from packaging.utils import canonicalize_name
 from tritonclient.grpc import model_config_pb2 as mc
 
 from runtime.compat import CompatPair
-from runtime.package.manifest import Manifest, TensorSpec
+from runtime.package.manifest import LLM_BACKENDS, Manifest
+from runtime.package.model_config import tensor
+from runtime.package.repository import repository_configs
+from runtime.package.triton_models import MODEL_REPOSITORY
 from runtime.serving_backend import BACKEND_NAME, RESPONSE_HOOK, STOCK_BACKEND_NAME
 
 __all__ = [
@@ -38,14 +41,6 @@ STRUCTURED_OUTPUTS_DEFAULTS: dict[str, object] = {
 }
 #: The backends that take ``disable_any_whitespace`` (vLLM refuses it for the others).
 _WHITESPACE_BACKENDS = ("xgrammar", "guidance")
-
-
-def _tensor(spec: TensorSpec, message: type[Any]) -> Any:
-    # Only inputs have `optional` in Triton's schema.
-    optional = {"optional": True} if spec.optional else {}
-    return message(
-        name=spec.name, data_type=mc.DataType.Value(spec.data_type), dims=spec.dims, **optional
-    )
 
 
 def _config(name: str, backend: str, kind: str) -> Any:
@@ -111,8 +106,8 @@ def _vllm_config(name: str, backend: str, kind: str) -> str:
 def _python_config(name: str, manifest: Manifest) -> str:
     assert manifest.python_model is not None  # checked by the caller
     config = _config(name, "python", "KIND_MODEL")
-    config.input.extend(_tensor(t, mc.ModelInput) for t in manifest.python_model.inputs)
-    config.output.extend(_tensor(t, mc.ModelOutput) for t in manifest.python_model.outputs)
+    config.input.extend(tensor(t, mc.ModelInput) for t in manifest.python_model.inputs)
+    config.output.extend(tensor(t, mc.ModelOutput) for t in manifest.python_model.outputs)
     return str(text_format.MessageToString(config))
 
 
@@ -135,6 +130,7 @@ def engine_arguments(
             args.get("structured_outputs_config")
         )
     args["model"] = str(version_dir / manifest.weights)
+    assert manifest.tokenizer is not None  # every LLM backend has one (the manifest's check)
     args["tokenizer"] = str(unpacked / manifest.tokenizer)
     # The vLLM backend bridges metrics only when stats are logged.
     args["disable_log_stats"] = False
@@ -192,6 +188,24 @@ def link_catalogs(manifest: Manifest, unpacked: Path, folder: Path) -> Path:
     return folder
 
 
+def _render_models(manifest: Manifest, version_dir: Path, repository: Path) -> Path:
+    """Each model's ``config.pbtxt`` for this image, and its version folder's files as links to
+    the verified copies in the version folder (the weights are never copied)."""
+    configs = repository_configs(manifest.model_id, manifest.models, manifest.ensemble)
+    for name, text in configs.items():
+        (repository / name / "1").mkdir(parents=True, exist_ok=True)
+        (repository / name / "config.pbtxt").write_text(text)
+    prefix = f"{MODEL_REPOSITORY}/"
+    for entry in manifest.weight_files:
+        relative = entry.path.removeprefix(prefix)
+        if relative.count("/") < 2:
+            continue  # a config.pbtxt, rendered above for this release
+        link = repository / relative
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(version_dir / entry.path)
+    return repository / manifest.model_id
+
+
 def render_repository(
     manifest: Manifest,
     version_dir: Path,
@@ -205,6 +219,9 @@ def render_repository(
 ) -> Path:
     """Write ``<repository>/<model_id>/`` (config.pbtxt and version 1); returns the model dir.
 
+    A non-LLM package's models (and its ensemble) get their ``config.pbtxt`` rendered here and
+    their files linked from the version folder's ``model_repository/``; no ``model.json``.
+
     ``vllm_backend`` is the backend ``vllm`` packages name (`vllm_backend_for` the pair);
     ``plugin_dir`` is where stage 3 installed the plugins, if not into site-packages;
     ``structured_outputs`` whether the pair's vLLM takes ``structured_outputs_config``;
@@ -212,6 +229,8 @@ def render_repository(
     """
     if repository.exists():
         shutil.rmtree(repository)
+    if manifest.backend not in LLM_BACKENDS:
+        return _render_models(manifest, version_dir, repository)
     model_dir = repository / manifest.model_id
     version = model_dir / "1"
     version.mkdir(parents=True)

@@ -37,12 +37,13 @@ from runtime.entrypoint.settings import EntrypointSettings
 from runtime.entrypoint.stages import (
     check_compat,
     locate,
+    release_pair,
     start_import_probe,
     unpack,
     wipe_multiproc_dir,
 )
 from runtime.package.errors import PackageError
-from runtime.package.manifest import Manifest
+from runtime.package.manifest import LLM_BACKENDS, Manifest
 
 __all__ = ["Entrypoint", "exit_timeout_secs", "log", "triton_command"]
 
@@ -225,9 +226,15 @@ class Entrypoint:
         removed = await self._stage(4, asyncio.to_thread(wipe_multiproc_dir, s.multiproc_dir))
         log(f"removed {removed} stale entries from PROMETHEUS_MULTIPROC_DIR")
         self.metrics.enable()
-        compat = (s.triton_release, s.compat_matrix, self._probe, self._python_env())
-        pair = await self._stage(5, asyncio.to_thread(check_compat, *compat))
-        log(f"compatible: Triton {pair.triton} / vLLM {pair.vllm}")
+        if manifest.backend in LLM_BACKENDS:
+            compat = (s.triton_release, s.compat_matrix, self._probe, self._python_env())
+            pair = await self._stage(5, asyncio.to_thread(check_compat, *compat))
+            log(f"compatible: Triton {pair.triton} / vLLM {pair.vllm}")
+        else:
+            self._kill_probe()  # no vLLM runs: its import cost and verdict do not matter
+            release = (s.triton_release, s.compat_matrix)
+            pair = await self._stage(5, asyncio.to_thread(release_pair, *release))
+            log(f"Triton {pair.triton}: backend {manifest.backend} runs no vLLM, none checked")
         repository = work / "model_repository"
 
         def render() -> Path:
@@ -273,6 +280,13 @@ class Entrypoint:
         self, manifest: Manifest, repository: Path, unpacked: Path, catalogs: Path, embedded: bool
     ) -> None:
         s = self.settings
+        if embedded and manifest.backend not in LLM_BACKENDS:
+            raise _Failed(
+                7,
+                f"embedded mode puts the OpenAI frontend in front of an LLM; model "
+                f"{manifest.model_id} is a {manifest.backend} model, served over gRPC only",
+                "unset LLM_SERVING_SERVING_MODE or set it to standalone",
+            )
         if embedded and manifest.max_model_len is None:
             # The frontend's context limit; its own default would not be this model's.
             raise _Failed(
@@ -288,6 +302,7 @@ class Entrypoint:
         triton = await self._spawn(argv, env, argv[0])
         log(f"started {argv[0]} (pid {triton.pid}), gRPC on {s.public_host}:{s.public_grpc_port}")
         if embedded:
+            assert manifest.tokenizer is not None  # every LLM backend has one, checked above
             env.update(
                 {
                     # Triton's own public port, reached on loopback: no hop in between.

@@ -29,6 +29,7 @@ __all__ = [
     "check_compat",
     "download_version",
     "locate",
+    "release_pair",
     "start_import_probe",
     "unpack",
     "wipe_multiproc_dir",
@@ -201,6 +202,19 @@ def start_import_probe(
         text=True,
         env=env,
     )
+
+
+def release_pair(release: str | None, matrix_path: Path | None) -> CompatPair:
+    """The matrix's pair for ``release``, for a package that runs no vLLM (nothing to probe)."""
+    if release is None:
+        raise StageFailed(
+            "the Triton release is unknown (NVIDIA_TRITON_SERVER_VERSION is not set)",
+            "set LLM_SERVING_TRITON_RELEASE to the image's release, e.g. 26.08",
+        )
+    try:
+        return load_matrix(matrix_path).for_triton(release)
+    except CompatError as exc:
+        raise StageFailed(str(exc), "use a serving image of a release in the matrix") from exc
 
 
 def check_compat(

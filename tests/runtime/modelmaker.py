@@ -12,6 +12,7 @@ import yaml
 
 __all__ = [
     "FEATURES",
+    "ensemble_source",
     "lightgbm_regressor",
     "model_source",
     "onnx_linear",
@@ -123,3 +124,52 @@ def model_source(root: Path, **spec: object) -> Path:
         yaml.safe_dump({"model_id": "tab", "model_version": "v1", **spec})
     )
     return root
+
+
+_PYTHON = "class TritonPythonModel:\n    pass\n"
+
+
+def _python_step(root: Path, name: str, inputs: list[dict], outputs: list[dict]) -> dict:
+    (root / name).mkdir(parents=True)
+    (root / name / "model.py").write_text(_PYTHON)
+    (root / name / "helpers.py").write_text("X = 1\n")
+    return {
+        "name": name,
+        "backend": "python",
+        "file": f"{name}/model.py",
+        "max_batch_size": 32,
+        "inputs": inputs,
+        "outputs": outputs,
+    }
+
+
+def ensemble_source(root: Path, pre_output_type: str = "TYPE_FP32", **overrides: object) -> Path:
+    """An ensemble package source: a python pre-processing step, an XGBoost classifier for FIL and
+    a python post-processing step (``overrides`` go over the ensemble's keys)."""
+    xgboost_classifier(root / "trees" / "clf.json")
+    raw = {"name": "RAW", "data_type": "TYPE_FP32", "dims": [FEATURES]}
+    pre = _python_step(
+        root,
+        "pre",
+        [raw],
+        [{"name": "FEATURES", "data_type": pre_output_type, "dims": [FEATURES]}],
+    )
+    post = _python_step(
+        root,
+        "post",
+        [{"name": "SCORE", "data_type": "TYPE_FP32", "dims": [1]}],
+        [{"name": "LABEL", "data_type": "TYPE_STRING", "dims": [1]}],
+    )
+    trees = {"name": "trees", "backend": "fil", "file": "trees/clf.json", "max_batch_size": 64}
+    ensemble = {
+        "models": [pre, trees, post],
+        "steps": [
+            {"model": "pre", "input_map": {"RAW": "raw"}, "output_map": {"FEATURES": "x"}},
+            {"model": "trees", "input_map": {"input__0": "x"}, "output_map": {"output__0": "s"}},
+            {"model": "post", "input_map": {"SCORE": "s"}, "output_map": {"LABEL": "label"}},
+        ],
+        "outputs": ["label"],
+        "max_batch_size": 32,
+        **overrides,
+    }
+    return model_source(root, backend="ensemble", ensemble=ensemble)

@@ -10,53 +10,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from runtime.package import PackageError, build_package, verify_package
-from tests.runtime.modelmaker import FEATURES, model_source, xgboost_classifier
-
-_PYTHON = "class TritonPythonModel:\n    pass\n"
-
-
-def _python_step(root: Path, name: str, inputs: list[dict], outputs: list[dict]) -> dict:
-    (root / name).mkdir(parents=True)
-    (root / name / "model.py").write_text(_PYTHON)
-    (root / name / "helpers.py").write_text("X = 1\n")
-    return {
-        "name": name,
-        "backend": "python",
-        "file": f"{name}/model.py",
-        "max_batch_size": 32,
-        "inputs": inputs,
-        "outputs": outputs,
-    }
-
-
-def _ensemble(root: Path, pre_output_type: str = "TYPE_FP32", **overrides: object) -> Path:
-    xgboost_classifier(root / "trees" / "clf.json")
-    raw = {"name": "RAW", "data_type": "TYPE_FP32", "dims": [FEATURES]}
-    pre = _python_step(
-        root,
-        "pre",
-        [raw],
-        [{"name": "FEATURES", "data_type": pre_output_type, "dims": [FEATURES]}],
-    )
-    post = _python_step(
-        root,
-        "post",
-        [{"name": "SCORE", "data_type": "TYPE_FP32", "dims": [1]}],
-        [{"name": "LABEL", "data_type": "TYPE_STRING", "dims": [1]}],
-    )
-    trees = {"name": "trees", "backend": "fil", "file": "trees/clf.json", "max_batch_size": 64}
-    ensemble = {
-        "models": [pre, trees, post],
-        "steps": [
-            {"model": "pre", "input_map": {"RAW": "raw"}, "output_map": {"FEATURES": "x"}},
-            {"model": "trees", "input_map": {"input__0": "x"}, "output_map": {"output__0": "s"}},
-            {"model": "post", "input_map": {"SCORE": "s"}, "output_map": {"LABEL": "label"}},
-        ],
-        "outputs": ["label"],
-        "max_batch_size": 32,
-        **overrides,
-    }
-    return model_source(root, backend="ensemble", ensemble=ensemble)
+from tests.runtime.modelmaker import FEATURES, ensemble_source
 
 
 def _parse(path: Path) -> mc.ModelConfig:
@@ -64,7 +18,7 @@ def _parse(path: Path) -> mc.ModelConfig:
 
 
 def test_ensemble_repository(tmp_path: Path) -> None:
-    manifest = build_package(_ensemble(tmp_path / "src"), tmp_path / "v")
+    manifest = build_package(ensemble_source(tmp_path / "src"), tmp_path / "v")
     repo = tmp_path / "v" / "model_repository"
     assert sorted(p.name for p in repo.iterdir()) == ["post", "pre", "tab", "trees"]
     assert (repo / "tab" / "1").is_dir()  # Triton requires an ensemble's version folder
@@ -124,5 +78,5 @@ def test_steps_that_do_not_chain_are_refused(
     tmp_path: Path, pre_type: str, overrides: dict[str, object], expected: str
 ) -> None:
     with pytest.raises(PackageError) as caught:
-        build_package(_ensemble(tmp_path / "src", pre_type, **overrides), tmp_path / "v")
+        build_package(ensemble_source(tmp_path / "src", pre_type, **overrides), tmp_path / "v")
     assert expected in str(caught.value) and "\n" not in str(caught.value)
