@@ -20,12 +20,15 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
-from runtime.entrypoint.render import structured_outputs_config
 from runtime.frontend import FrontendSettings, create_app
 from runtime.frontend.engine import Engine, ScoredCandidate
-from runtime.serving_backend import BACKEND_NAME
 from tests.support.kserve_server import KServeStandIn, RecordedRequest, StandInModel
-from tests.support.real_triton import TritonServer, prepare_triton, write_vllm_model
+from tests.support.real_triton import (
+    REAL_EMBED_MODEL,
+    REAL_MAX_MODEL_LEN,
+    REAL_MODEL,
+    TritonServer,
+)
 from tests.support.recording_engine import RecordingKServeEngine
 from tests.support.tiny_llm import TinyLlm
 from tests.support.toy_model import VOCAB, ToyModel
@@ -154,43 +157,6 @@ def serve_engine(tokenizer_dir: Path, engine: Engine) -> Iterator[str]:
     served = serve(settings, None, engine)
     yield served.url
     served.stop()
-
-
-#: The models real Triton serves for the frontend tests: the tiny Llama, and its weights as a
-#: pooling model for /v1/embeddings (a frontend serves one model, so each has its frontend).
-REAL_MODEL = "tiny"
-REAL_EMBED_MODEL = "tiny-embed"
-REAL_MAX_MODEL_LEN = 512
-
-
-@pytest.fixture(scope="session")
-def real_triton(
-    tiny_llm: TinyLlm, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[TritonServer]:
-    """Real Triton with our backend over the real engine (a minute to start on 2 cores)."""
-    install = prepare_triton()
-    work = tmp_path_factory.mktemp("frontend-real-triton")
-    limits = {"max_model_len": REAL_MAX_MODEL_LEN}
-    # What stage 6 renders into model.json for structured outputs.
-    generate = {**limits, "structured_outputs_config": structured_outputs_config(None)}
-    write_vllm_model(
-        work / "repository", REAL_MODEL, tiny_llm.path, backend=BACKEND_NAME, engine_args=generate
-    )
-    write_vllm_model(
-        work / "repository",
-        REAL_EMBED_MODEL,
-        tiny_llm.path,
-        backend=BACKEND_NAME,
-        engine_args={**limits, "runner": "pooling", "convert": "embed"},
-    )
-    with TritonServer(
-        install,
-        work / "repository",
-        [REAL_MODEL, REAL_EMBED_MODEL],
-        log_path=work / "tritonserver.log",
-        ready_timeout=600,
-    ) as running:
-        yield running
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,10 @@ answers ``ServerLive``/``ServerReady``/``ModelReady``/``ModelMetadata``/``ModelC
 backend's tensors (``text_input``, ``stream``, ``sampling_parameters``,
 ``exclude_input_in_output``, ``return_*``, ``embedding_request``) and outputs, and rejects
 unknown sampling-parameter keys as the backend does. A deterministic toy model
-(:mod:`tests.support.toy_model`) generates the text. It never runs in product code.
+(:mod:`tests.support.toy_model`) generates the text. The repository's other models (FIL's
+XGBoost and LightGBM, onnxruntime, TorchScript, ensembles) are executed for real by their own
+libraries, with dynamic batching (:mod:`tests.support.repository_models`), so one client can call
+an LLM and a tabular model alike. It never runs in product code.
 
 Run as a ``tritonserver`` stand-in: ``python -m tests.support.kserve_server
 --model-repository DIR --grpc-port N --load-model NAME ...``. Its command line is parsed as
@@ -50,6 +53,12 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
 from runtime.serving_backend import BACKEND_NAME as SCORING_BACKEND
+from tests.support.repository_models import (
+    BackendFailure,
+    InvalidInput,
+    ModelRepository,
+    read_config,
+)
 from tests.support.toy_model import VOCAB, ToyChoice, ToyModel
 from tests.support.triton_flags import TRUE_WORDS, FlagError, check_pod_flags, parse_triton_flags
 
@@ -60,6 +69,7 @@ __all__ = [
     "KServeStandIn",
     "RecordedRequest",
     "StandInModel",
+    "load_models",
     "main",
 ]
 
@@ -197,8 +207,7 @@ class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.ServerReadyResponse(ready=self.owner.ready)
 
     async def ModelReady(self, request, context):
-        ready = self.owner.ready and request.name in self.owner.models
-        return service_pb2.ModelReadyResponse(ready=ready)
+        return service_pb2.ModelReadyResponse(ready=self.owner.model_ready(request.name))
 
     async def ServerMetadata(self, request, context):
         return service_pb2.ServerMetadataResponse(
@@ -206,6 +215,8 @@ class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         )
 
     async def ModelMetadata(self, request, context):
+        if request.name in self.owner.repository.models and self.owner.ready:
+            return self.owner.repository.models[request.name].metadata()
         model = await self._model(request.name, context)
         return service_pb2.ModelMetadataResponse(
             name=model.name,
@@ -222,6 +233,9 @@ class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         )
 
     async def ModelConfig(self, request, context):
+        if request.name in self.owner.repository.models and self.owner.ready:
+            config = self.owner.repository.models[request.name].config
+            return service_pb2.ModelConfigResponse(config=config)
         model = await self._model(request.name, context)
         config = model_config_pb2.ModelConfig(
             name=model.name, backend=model.backend, max_batch_size=0
@@ -230,6 +244,13 @@ class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.ModelConfigResponse(config=config)
 
     async def ModelInfer(self, request, context):
+        if request.model_name in self.owner.repository.models and self.owner.ready:
+            try:
+                return await self.owner.repository.handle(request)
+            except InvalidInput as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            except BackendFailure as exc:
+                await context.abort(grpc.StatusCode.INTERNAL, str(exc))
         model = await self._model(request.model_name, context)
         last = None
         try:
@@ -241,6 +262,14 @@ class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStreamInfer(self, request_iterator, context):
         async for request in request_iterator:
+            if request.model_name in self.owner.repository.models and self.owner.ready:
+                try:
+                    response = await self.owner.repository.handle(request)
+                except (InvalidInput, BackendFailure) as exc:
+                    yield service_pb2.ModelStreamInferResponse(error_message=str(exc))
+                else:
+                    yield service_pb2.ModelStreamInferResponse(infer_response=response)
+                continue
             model = self.owner.models.get(request.model_name)
             if model is None or not self.owner.ready:
                 yield service_pb2.ModelStreamInferResponse(
@@ -290,21 +319,26 @@ def _health_handler(owner: KServeStandIn) -> grpc.GenericRpcHandler:
 class KServeStandIn:
     """The stand-in server: start it in a background thread, read ``port``, ``stop()`` it.
 
-    ``requests`` records every inference request received and ``cancelled`` counts requests
+    ``requests`` records every LLM inference request received and ``cancelled`` counts requests
     whose client went away before the last response, so tests can prove a mapping.
+    ``repository`` holds the non-LLM models it executes; with neither, it serves one toy LLM.
     """
 
     def __init__(
         self,
         models: Sequence[StandInModel] = (),
         *,
+        repository: ModelRepository | None = None,
         load_seconds: float = 0.0,
         token_delay_s: float = 0.0,
         host: str = "127.0.0.1",
         port: int = 0,
         record_path: Path | None = None,
     ) -> None:
-        self.models = {m.name: m for m in (models or [StandInModel("toy")])}
+        self.repository = repository if repository is not None else ModelRepository()
+        if not models and not self.repository.models:
+            models = [StandInModel("toy")]
+        self.models = {m.name: m for m in models}
         self.record_path = record_path
         self.load_seconds = load_seconds
         self.token_delay_s = token_delay_s
@@ -323,6 +357,9 @@ class KServeStandIn:
     @property
     def ready(self) -> bool:
         return time.monotonic() - self._started_at >= self.load_seconds
+
+    def model_ready(self, name: str) -> bool:
+        return self.ready and (name in self.models or name in self.repository.models)
 
     @property
     def url(self) -> str:
@@ -579,7 +616,7 @@ class _HttpHealth(BaseHTTPRequestHandler):
         elif path == "/v2/health/ready":
             ok = self.owner.ready
         elif match:
-            ok = self.owner.ready and match.group(1) in self.owner.models
+            ok = self.owner.model_ready(match.group(1))
         else:
             self.send_error(404)
             return
@@ -629,11 +666,12 @@ class _Args:
         )
 
 
-def _load_models(
+def load_models(
     repositories: Sequence[Path], names: Sequence[str], mode: str
-) -> list[StandInModel]:
+) -> tuple[list[StandInModel], ModelRepository]:
     """Read ``config.pbtxt`` of each model to load: every model in the repositories, unless
-    mode is explicit (then the ``--load-model`` ones, which tritonserver ignores otherwise)."""
+    mode is explicit (then the ``--load-model`` ones, which tritonserver ignores otherwise).
+    vLLM-backend models become toy LLMs; the others load into the repository of executed ones."""
     found: dict[str, Path] = {}
     for repository in repositories:
         for model in sorted(repository.iterdir()) if repository.is_dir() else ():
@@ -642,6 +680,7 @@ def _load_models(
     if mode != "explicit":
         names = sorted(found)
     models = []
+    executed = ModelRepository()
     for name in names:
         config = found.get(name, repositories[0] / name / "config.pbtxt")
         if not config.is_file():
@@ -649,9 +688,13 @@ def _load_models(
         text = config.read_text()
         backend = re.search(r'backend:\s*"([^"]+)"', text)
         if backend is None or backend.group(1) not in _BACKENDS:
-            raise ValueError(
-                f"failed to load '{name}': {config} sets no backend of {sorted(_BACKENDS)}"
-            )
+            if not ModelRepository.serves(read_config(config.parent)):
+                raise ValueError(
+                    f"failed to load '{name}': {config} sets no backend of {sorted(_BACKENDS)} "
+                    "and is no fil, onnxruntime, pytorch or ensemble model"
+                )
+            executed.load(config.parent)
+            continue
         declared = re.findall(r'name:\s*"([^"]+)"', text)
         # The serving image's backend declares prompt_logprobs in its auto-complete
         # (tests/serving_backend checks it does); the stock one only if config.pbtxt does.
@@ -660,7 +703,7 @@ def _load_models(
         else:
             extra = ()
         models.append(StandInModel(name, extra_outputs=extra, backend=backend.group(1)))
-    return models
+    return models, executed
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -674,7 +717,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if os.environ.get("KSERVE_STANDIN_REQUIRE_POD_FLAGS") == "1":
             check_pod_flags(given)
-        models = _load_models(args.repositories, args.load_model, args.model_control_mode)
+        models, executed = load_models(args.repositories, args.load_model, args.model_control_mode)
     except (OSError, ValueError) as exc:
         print(f"E tritonserver stand-in: {exc}", file=sys.stderr, flush=True)
         return 1
@@ -683,6 +726,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     record = os.environ.get("KSERVE_STANDIN_RECORD")
     server = KServeStandIn(
         models,
+        repository=executed,
         load_seconds=load_seconds if bind_early else 0.0,
         host=args.grpc_address,
         port=args.grpc_port,

@@ -60,6 +60,9 @@ __all__ = [
     "DEBIAN_PACKAGES",
     "DEFAULT_CACHE",
     "PYTRITON_VERSION",
+    "REAL_EMBED_MODEL",
+    "REAL_MAX_MODEL_LEN",
+    "REAL_MODEL",
     "TRITON_RELEASE",
     "TRITON_SERVER_VERSION",
     "TritonInstall",
@@ -80,6 +83,11 @@ CACHE_ENV = "REAL_TRITON_DIR"
 #: The wheel that ships the server, and what it ships.
 PYTRITON_VERSION = "0.7.0"
 TRITON_SERVER_VERSION = "2.51.0"
+#: The models the suite's real Triton serves (``real_triton`` in tests/conftest.py): the tiny
+#: Llama, and its weights as a pooling model for /v1/embeddings.
+REAL_MODEL = "tiny"
+REAL_EMBED_MODEL = "tiny-embed"
+REAL_MAX_MODEL_LEN = 512
 #: The NGC release (YY.MM) whose server is 2.51.0; no pair of ``images/compat.toml``.
 TRITON_RELEASE = "24.10"
 #: NVIDIA's stock vLLM backend at r26.01 with upstream PR #127, which vLLM 0.27.1 needs.

@@ -54,7 +54,14 @@ DEBIAN_PACKAGES = (
 VLLM_INTERFACE_REQUIREMENTS = ROOT / "requirements" / "vllm-interfaces.txt"
 # What the tritonserver stand-in itself imports.
 STANDIN_REQUIREMENTS = ("grpcio", "numpy", "protobuf", "tritonclient[grpc]")
-STANDIN_MODULES = ("__init__.py", "kserve_server.py", "toy_model.py", "triton_flags.py")
+STANDIN_MODULES = (
+    "__init__.py",
+    "dynamic_batcher.py",
+    "kserve_server.py",
+    "repository_models.py",
+    "toy_model.py",
+    "triton_flags.py",
+)
 # Pinned by the pair but not always among vLLM's requirements: bare metadata at the pins.
 BARE_PINS = ("torchaudio", "torchvision")
 PATH = "/opt/tritonserver/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
