@@ -71,7 +71,7 @@ def gpu_tolerations() -> list[dict[str, str]]:
 
 
 def node_selector(group: str) -> dict[str, str]:
-    """The node selector that pins a pod onto one GPU node group."""
+    """The node selector that pins a pod onto one node group (GPU, or ``CpuNodeGroup``'s)."""
     return {NODE_GROUP_LABEL: group}
 
 

@@ -42,6 +42,7 @@ __all__ = [
     "AmiType",
     "CapacityType",
     "ClusterConfig",
+    "CpuNodeGroupConfig",
     "GlobalStackConfig",
     "ImageConfig",
     "ModelCacheConfig",
@@ -50,6 +51,7 @@ __all__ = [
     "NetworkConfig",
     "NodeGroupConfig",
     "RegionStackConfig",
+    "ScalingConfig",
     "StackConfigError",
     "Strategy",
     "SystemNodesConfig",
@@ -66,7 +68,9 @@ STACKS_DIR = Path(__file__).resolve().parent
 
 Strategy = Literal["red-black", "versioned"]
 AmiType = Literal["AL2023_x86_64_NVIDIA", "BOTTLEROCKET_x86_64_NVIDIA"]
+CpuAmiType = Literal["AL2023_x86_64_STANDARD", "BOTTLEROCKET_x86_64"]
 CapacityType = Literal["ON_DEMAND", "SPOT", "CAPACITY_BLOCK"]
+ScalingMetric = Literal["queue_size", "queue_time_us", "inference_rate"]
 _NAME = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
 Name = Annotated[str, Field(pattern=_NAME)]
 _T = TypeVar("_T")
@@ -108,17 +112,43 @@ class ModelVersionConfig(_Strict):
     )
 
 
+class ScalingConfig(_Strict):
+    """What KEDA scales a model on (with ``max_replicas``) and the value it aims for."""
+
+    metric: ScalingMetric = Field(
+        description="queue_size: vLLM's waiting requests (LLMs); queue_time_us: Triton's average "
+        "queue time per request; inference_rate: Triton's inferences per second"
+    )
+    target: int = Field(
+        ge=1,
+        description="waiting requests per pod, microseconds of queue time per request, or "
+        "inferences per second per pod",
+    )
+
+
+# LLMs (vLLM) scale on their waiting requests unless the stack says otherwise.
+_DEFAULT_SCALING = ScalingConfig(metric="queue_size", target=8)
+
+
 class ModelConfig(_Strict):
-    """A model served in the region: Red-Black serves its last version, Versioned all of them."""
+    """A model served in the region: Red-Black serves its last version, Versioned all of them.
+
+    ``gpus: 0`` makes it a CPU model (Triton's CPU backends, no vLLM) on a CPU node group.
+    """
 
     id: Name = Field(description="names its Kubernetes Services: starts with a letter")
     strategy: Strategy = "red-black"
     versions: list[ModelVersionConfig] = Field(min_length=1)
-    node_group: Name = Field(description="node group whose GPUs serve it")
-    gpus: int = Field(default=1, ge=1, le=8, description="GPUs per serving pod")
+    node_group: Name = Field(
+        description="a node group of node_groups (GPU) or, with gpus: 0, of cpu_node_groups"
+    )
+    gpus: int = Field(default=1, ge=0, le=8, description="GPUs per serving pod; 0: a CPU model")
     replicas: int = Field(default=1, ge=0)
     max_replicas: int | None = Field(default=None, ge=1, description="enables KEDA scaling")
-    queue_target: int = Field(default=8, ge=1, description="waiting requests per pod for KEDA")
+    scaling: ScalingConfig | None = Field(
+        default=None,
+        description="what KEDA scales on; unset: queue_size 8 (required for a CPU model)",
+    )
     memory_gib: int = Field(default=64, ge=4)
     cpu: int = Field(default=8, ge=1)
     shm_gib: int = Field(default=16, ge=1)
@@ -128,6 +158,18 @@ class ModelConfig(_Strict):
         description="Secret in the namespace whose key sha256-digests lists the SHA-256 hex "
         "digests of the OpenAI frontend's API keys; unset: the frontend takes no keys",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _queue_target_moved(cls, data: Any) -> Any:
+        # Stack files written before `scaling` existed name the old key; say what replaces it.
+        if isinstance(data, Mapping) and "queue_target" in data:
+            raise _FieldError(
+                ("queue_target",),
+                "queue_target became scaling: write scaling: {metric: queue_size, target: "
+                f"{data['queue_target']}}} instead",
+            )
+        return data
 
     @field_validator("id")
     @classmethod
@@ -161,7 +203,45 @@ class ModelConfig(_Strict):
         if self.strategy == "versioned":
             self._check_version_names()
         self._check_route_weights()
+        self._check_scaling()
         return self
+
+    def _check_scaling(self) -> None:
+        if self.scaling is not None and self.max_replicas is None:
+            raise _FieldError(
+                ("scaling",),
+                "scaling applies only with max_replicas (KEDA scales between replicas and "
+                "max_replicas); set max_replicas or remove scaling",
+            )
+        if self.gpus:
+            return
+        # A CPU model runs on Triton's CPU backends: no vLLM, so no vLLM series to read.
+        if self.strategy == "red-black":
+            raise _FieldError(
+                ("strategy",),
+                "a CPU model (gpus: 0) cannot be red-black: the rollout analysis reads vLLM's "
+                "time to first token, which Triton's CPU backends do not export; "
+                "use strategy: versioned",
+            )
+        if self.max_replicas is not None and self.scaling is None:
+            raise _FieldError(
+                ("scaling",),
+                "a CPU model (gpus: 0) with max_replicas needs scaling: the default, queue_size, "
+                "reads vLLM's waiting requests; set scaling: {metric: queue_time_us, target: "
+                "<microseconds per request>} or {metric: inference_rate, target: <inferences/s "
+                "per pod>}",
+            )
+        if self.scaling is not None and self.scaling.metric == "queue_size":
+            raise _FieldError(
+                ("scaling", "metric"),
+                "queue_size reads vLLM's waiting requests, which a CPU model (gpus: 0) does not "
+                "export; use queue_time_us or inference_rate",
+            )
+
+    @property
+    def trigger(self) -> ScalingConfig:
+        """What KEDA scales on: :attr:`scaling`, else vLLM's waiting requests."""
+        return _DEFAULT_SCALING if self.scaling is None else self.scaling
 
     def _served(self) -> list[tuple[int, ModelVersionConfig]]:
         pairs = list(enumerate(self.versions))
@@ -243,7 +323,8 @@ class ModelConfig(_Strict):
 
 
 def _check_instance_types(types: list[str], gpus: int | None) -> None:
-    """Every type is in ``stacks/instance_types.yaml``; with ``gpus``, each has that many GPUs."""
+    """Every type is in ``stacks/instance_types.yaml``; with ``gpus``, each has that many GPUs
+    (0 for a CPU model group)."""
     specs = instance_specs()
     for index, name in enumerate(types):
         spec = specs.get(name)
@@ -253,6 +334,12 @@ def _check_instance_types(types: list[str], gpus: int | None) -> None:
                 ("instance_types", index),
                 f"{name!r} is not in stacks/instance_types.yaml (families: "
                 f"{', '.join(families)}); add its specification there or pick a listed type",
+            )
+        if gpus == 0 and spec.gpus:
+            raise _FieldError(
+                ("instance_types", index),
+                f"{name} has {spec.gpus} GPUs; a CPU node group's types have none (list GPU "
+                "types under node_groups, CPU ones such as c7i or m7i here)",
             )
         if gpus is not None and spec.gpus != gpus:
             raise _FieldError(
@@ -297,6 +384,29 @@ class NodeGroupConfig(_Strict):
                 "with capacity_type CAPACITY_BLOCK, and only there"
             )
         _check_instance_types(self.instance_types, self.gpus_per_node)
+        return self
+
+
+class CpuNodeGroupConfig(_Strict):
+    """An EKS managed node group of CPU instances for CPU models (``gpus: 0``), tainted so that
+    only their pods land there."""
+
+    name: Name
+    ami_type: CpuAmiType = "AL2023_x86_64_STANDARD"
+    instance_types: list[str] = Field(min_length=1)
+    capacity_type: Literal["ON_DEMAND", "SPOT"] = "ON_DEMAND"
+    min_size: int = Field(ge=0)
+    max_size: int = Field(ge=1)
+    desired_size: int = Field(ge=0)
+    root_volume_gib: int = Field(
+        default=100, ge=20, description="also holds the unpacked packages (no instance store)"
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> CpuNodeGroupConfig:
+        if not self.min_size <= self.desired_size <= self.max_size:
+            raise ValueError("expected min_size <= desired_size <= max_size")
+        _check_instance_types(self.instance_types, 0)
         return self
 
 
@@ -388,6 +498,7 @@ class RegionStackConfig(_Strict):
     cluster: ClusterConfig
     network: NetworkConfig
     node_groups: list[NodeGroupConfig] = Field(min_length=1)
+    cpu_node_groups: list[CpuNodeGroupConfig] = Field(default_factory=list)
     model_cache: ModelCacheConfig = ModelCacheConfig()
     image: ImageConfig
     namespace: Name = "llm-serving"
@@ -402,23 +513,21 @@ class RegionStackConfig(_Strict):
         groups = {g.name: g for g in self.node_groups}
         if len(groups) != len(self.node_groups):
             raise ValueError("node_groups: names must be unique")
+        cpu_groups = {g.name: g for g in self.cpu_node_groups}
+        if len(cpu_groups) != len(self.cpu_node_groups):
+            raise ValueError("cpu_node_groups: names must be unique")
+        both = sorted(groups.keys() & cpu_groups.keys())
+        if both:
+            raise ValueError(
+                f"cpu_node_groups: {', '.join(both)} also named in node_groups; node groups of "
+                "both kinds share one namespace of names, so rename one"
+            )
         ids = [m.id for m in self.models]
         if len(set(ids)) != len(ids):
             raise ValueError("models: ids must be unique")
         self._check_object_names()
         for i, model in enumerate(self.models):
-            group = groups.get(model.node_group)
-            if group is None:
-                raise ValueError(
-                    f"models[{i}].node_group: unknown node group {model.node_group!r}; "
-                    f"expected one of: {', '.join(groups)}"
-                )
-            if model.gpus > group.gpus_per_node:
-                raise ValueError(
-                    f"models[{i}].gpus: {model.gpus} GPUs do not fit on a "
-                    f"{group.gpus_per_node}-GPU node of {group.name!r}"
-                )
-            self._check_fit(i, model, self.node_groups.index(group), group)
+            self._check_placement(i, model, groups, cpu_groups)
         for at, group in enumerate(self.node_groups):
             if (
                 group.subnet_id is not None
@@ -434,13 +543,54 @@ class RegionStackConfig(_Strict):
             raise ValueError("network.node_security_group_id is required to adopt a cluster")
         return self
 
+    def _check_placement(
+        self,
+        i: int,
+        model: ModelConfig,
+        groups: Mapping[str, NodeGroupConfig],
+        cpu_groups: Mapping[str, CpuNodeGroupConfig],
+    ) -> None:
+        """The model names a group of its kind (GPU with gpus >= 1, CPU with gpus: 0) and fits."""
+        group = groups.get(model.node_group)
+        if group is not None:
+            if not model.gpus:
+                raise _FieldError(
+                    ("models", i, "gpus"),
+                    f"0 GPUs, but node group {group.name!r} is a GPU group (node_groups); "
+                    "name a group of cpu_node_groups for a CPU model, or request GPUs",
+                )
+            if model.gpus > group.gpus_per_node:
+                raise ValueError(
+                    f"models[{i}].gpus: {model.gpus} GPUs do not fit on a "
+                    f"{group.gpus_per_node}-GPU node of {group.name!r}"
+                )
+            at = ("node_groups", self.node_groups.index(group))
+            self._check_fit(i, model, at, group.name, group.instance_types)
+            return
+        cpu_group = cpu_groups.get(model.node_group)
+        if cpu_group is None:
+            raise ValueError(
+                f"models[{i}].node_group: unknown node group {model.node_group!r}; "
+                f"expected one of: {', '.join([*groups, *cpu_groups])}"
+            )
+        if model.gpus:
+            raise _FieldError(
+                ("models", i, "gpus"),
+                f"{model.gpus} GPUs, but node group {cpu_group.name!r} is a CPU group "
+                "(cpu_node_groups); set gpus: 0, or name a GPU group of node_groups",
+            )
+        at = ("cpu_node_groups", self.cpu_node_groups.index(cpu_group))
+        self._check_fit(i, model, at, cpu_group.name, cpu_group.instance_types)
+
     @staticmethod
-    def _check_fit(index: int, model: ModelConfig, at: int, group: NodeGroupConfig) -> None:
+    def _check_fit(
+        index: int, model: ModelConfig, at: tuple[str, int], group: str, types: list[str]
+    ) -> None:
         """The model's pod fits every instance type of its node group after the node's
         reserved capacity (``stacks/instance_types.py``): a type it does not fit would come up
         as a node the pod can never be scheduled on."""
         wanted = pod_requests(model.cpu, model.memory_gib, model.gpus)
-        for t, name in enumerate(group.instance_types):
+        for t, name in enumerate(types):
             free = allocatable(instance_specs()[name])
             short = [
                 f"{what} {need} > {has}"
@@ -457,9 +607,9 @@ class RegionStackConfig(_Strict):
             ]
             if short:
                 raise _FieldError(
-                    ("node_groups", at, "instance_types", t),
+                    (*at, "instance_types", t),
                     f"model {model.id!r} (models[{index}]) does not fit instance type {name} of "
-                    f"node group {group.name!r}: its pod requests {', '.join(short)} "
+                    f"node group {group!r}: its pod requests {', '.join(short)} "
                     "(allocatable after the node's reserved capacity); drop "
                     f"{name} from the node group or lower the model's cpu/memory_gib/gpus",
                 )

@@ -24,7 +24,7 @@ from components.model_service import (
     RolloutWorkload,
     build_pod_template,
 )
-from components.model_service.args import serving_mode_from_manifest
+from components.model_service.args import ScalingTrigger, serving_mode_from_manifest
 from components.red_black import RedBlackArgs, RedBlackRollout
 from components.versioned import VersionedArgs, VersionedModel, VersionSpec, age_annotations
 from contracts.naming import dns_label
@@ -191,7 +191,7 @@ def _service_args(
         shm_gib=model.shm_gib,
         replicas=replicas,
         max_replicas=model.max_replicas,
-        queue_target=model.queue_target,
+        scaling=ScalingTrigger(metric=model.trigger.metric, target=model.trigger.target),
         service_name=service_name,
         triton_release=site.config.image.triton_release,
         vllm_version=site.vllm_version,

@@ -1,7 +1,7 @@
 """Cross-object checks over a plan: what no single object's schema sees and ``pulumi up`` (or
 the cluster after it) would meet: routes sharing a hostname on one listener, routes to
 missing Services or ports, claims that bind no volume, IRSA annotations whose role does not
-trust the service account, GPU pods that cannot land on their node group."""
+trust the service account, GPU pods and pods pinned to a node group that cannot land there."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from contracts.labels import NODE_GROUP_LABEL
 from stacks.instance_types import allocatable, instance_specs
 from stacks.kubernetes_objects import kubernetes_objects
 from stacks.mock_engine import COMPUTED, ProgramRun, RecordedResource
@@ -19,8 +20,8 @@ __all__ = [
     "Finding",
     "check_plan",
     "claims_bind",
-    "gpu_pods_fit",
     "irsa_roles",
+    "pinned_pods_fit",
     "route_backends",
     "route_hostnames",
 ]
@@ -268,17 +269,18 @@ def _tolerated(taint: Mapping[str, Any], tolerations: list[Mapping[str, Any]]) -
     return False
 
 
-def gpu_pods_fit(run: ProgramRun) -> list[str]:
-    """Every GPU pod selects a node group of the plan, tolerates its taints and fits each of its
-    instance types after the node's reserved capacity (``stacks/instance_types.py``)."""
+def pinned_pods_fit(run: ProgramRun) -> list[str]:
+    """Every GPU pod, and every pod whose nodeSelector names a node group (CPU models), selects
+    a node group of the plan, tolerates its taints and fits each of its instance types after the
+    node's reserved capacity (``stacks/instance_types.py``)."""
     groups = [r.inputs for r in run.resources if r.type == "aws:eks/nodeGroup:NodeGroup"]
     specs = instance_specs()
     problems = []
     for workload, pod in _pods(_manifests(run)):
         wanted = _requests(pod)
-        if not wanted[_GPU]:
-            continue
         selector = pod.get("nodeSelector") or {}
+        if not wanted[_GPU] and NODE_GROUP_LABEL not in selector:
+            continue
         matching = [g for g in groups if selector.items() <= (g.get("labels") or {}).items()]
         if not matching:
             problems.append(f"{_ident(workload)}: no node group of the plan has labels {selector}")
@@ -313,7 +315,7 @@ CHECKS: dict[str, Callable[[ProgramRun], list[str]]] = {
     "route backends": route_backends,
     "claims bind": claims_bind,
     "IRSA roles": irsa_roles,
-    "GPU pods fit": gpu_pods_fit,
+    "pods fit their node group": pinned_pods_fit,
 }
 """Every cross-object check by name; each returns one message per problem."""
 

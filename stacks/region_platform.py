@@ -18,6 +18,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from components.cluster_addons import ClusterAddons, ClusterAddonsArgs
+from components.cpu_node_group import CpuNodeGroup, CpuNodeGroupArgs
 from components.eks_cluster import (
     ClusterArgs,
     ClusterHandles,
@@ -135,6 +136,26 @@ class RegionPlatform(pulumi.ComponentResource):
             )
             for group in config.node_groups
         ]
+        cpu_groups = [
+            CpuNodeGroup(
+                f"{name}-{group.name}",
+                CpuNodeGroupArgs(
+                    cluster_name=cluster.name,
+                    subnet_ids=config.network.private_subnet_ids,
+                    # Their pods mount the model cache, whose Lustre servers admit node_sg.
+                    security_group_ids=[cluster.security_group_id, node_sg],
+                    instance_types=group.instance_types,
+                    min_size=group.min_size,
+                    max_size=group.max_size,
+                    desired_size=group.desired_size,
+                    ami_type=group.ami_type,
+                    capacity_type=group.capacity_type,
+                    root_volume_gib=group.root_volume_gib,
+                ),
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            for group in config.cpu_node_groups
+        ]
         needs_plugin = any(group.needs_device_plugin for group in groups)
         addons = ClusterAddons(
             f"{name}-addons",
@@ -174,7 +195,7 @@ class RegionPlatform(pulumi.ComponentResource):
             bucket_name=args.bucket_name,
             cluster=cluster,
             cache=cache,
-            after=[namespace, addons, *system_nodes, *groups],
+            after=[namespace, addons, *system_nodes, *groups, *cpu_groups],
             gateway=GatewayRef(
                 name=addons.gateway_name,
                 namespace=addons.gateway_namespace,
@@ -225,6 +246,7 @@ class RegionPlatform(pulumi.ComponentResource):
         network = self._config.network
         if network.node_security_group_id is not None:
             return network.node_security_group_id
+        # CPU model nodes carry it too; the description stays, as changing it replaces the group.
         group = aws.ec2.SecurityGroup(
             f"{self._name}-gpu-nodes",
             description="GPU nodes of llm-serving: model cache clients",

@@ -25,12 +25,14 @@ __all__ = [
     "PROXY_CONTAINER",
     "PROXY_CPU_MILLI",
     "PROXY_MEMORY_MIB",
+    "SCALING_METRICS",
     "SCRATCH_DIR",
     "SERVING_CONTAINER",
     "SERVING_MODES",
     "ModelServiceArgs",
     "PodRequests",
     "RolloutWorkload",
+    "ScalingTrigger",
     "pod_requests",
     "serving_mode_from_manifest",
     "validate_args",
@@ -43,6 +45,9 @@ METRICS_PORT = 9400
 MULTIPROC_DIR = "/var/run/llm-serving/prometheus"
 SCRATCH_DIR = "/var/lib/llm-serving"
 SERVING_MODES = ("standalone", "embedded")
+# What KEDA can scale a model on: vLLM's waiting requests (LLMs), or Triton's own series, which
+# every backend exports (average queue time per request, inference rate).
+SCALING_METRICS = ("queue_size", "queue_time_us", "inference_rate")
 SERVING_CONTAINER = "triton"
 # The OpenAI frontend's API keys: a Secret whose key holds SHA-256 hex digests, one per line.
 API_KEYS_DIR = "/etc/llm-serving/api-keys"
@@ -107,6 +112,19 @@ class RolloutWorkload:
 
 
 @dataclass(frozen=True)
+class ScalingTrigger:
+    """What KEDA scales a model's pods on, and the value it aims for."""
+
+    metric: str = "queue_size"
+    """One of :data:`SCALING_METRICS`: ``queue_size`` (``vllm:num_requests_waiting``, LLMs),
+    ``queue_time_us`` (Triton's average queue time per request), ``inference_rate`` (Triton's
+    inferences per second)."""
+    target: int = 8
+    """Waiting requests per pod (``queue_size``), microseconds of queue time per request
+    (``queue_time_us``) or inferences per second per pod (``inference_rate``)."""
+
+
+@dataclass(frozen=True)
 class ModelServiceArgs:
     """Inputs of one model version's service."""
 
@@ -129,9 +147,10 @@ class ModelServiceArgs:
     cache_claim_name: str
     """Read-only claim of the FSx model cache."""
     node_group: str
-    """GPU node group the pods are pinned to."""
+    """Node group the pods are pinned to: a GPU group, or a CPU group when ``gpus`` is 0."""
     gpus: int = 1
-    """GPUs per pod (requests equal limits)."""
+    """GPUs per pod (requests equal limits); 0: no GPU request, and the pods tolerate the CPU
+    model nodes' taint (``CpuNodeGroup``) instead of the GPU one."""
     cpu: int = 8
     """CPUs of the serving container (requests equal limits)."""
     memory_gib: int = 64
@@ -141,9 +160,9 @@ class ModelServiceArgs:
     replicas: int = 1
     """Pods, and KEDA's floor when scaling is on."""
     max_replicas: int | None = None
-    """Enables KEDA scaling on ``vllm:num_requests_waiting`` up to this many pods."""
-    queue_target: int = 8
-    """Waiting requests per pod that KEDA aims for."""
+    """Enables KEDA scaling on :attr:`scaling` up to this many pods."""
+    scaling: ScalingTrigger = field(default_factory=ScalingTrigger)
+    """What KEDA scales on when :attr:`max_replicas` is set."""
     colour: str = "stable"
     """Rollout colour, exported to the metrics as the ``colour`` label."""
     service_name: str | None = None
@@ -214,8 +233,15 @@ def validate_args(args: ModelServiceArgs) -> None:
     """Raise `ValueError` naming the first field out of range."""
     if args.drain_seconds < 1:
         raise ValueError(f"drain_seconds must be at least 1, got {args.drain_seconds}")
-    if args.gpus < 1:
-        raise ValueError(f"gpus must be at least 1, got {args.gpus}")
+    if args.gpus < 0:
+        raise ValueError(f"gpus must be 0 (a CPU model) or more, got {args.gpus}")
+    if args.scaling.metric not in SCALING_METRICS:
+        raise ValueError(
+            f"unsupported scaling metric {args.scaling.metric!r}; "
+            f"expected one of: {', '.join(SCALING_METRICS)}"
+        )
+    if args.scaling.target < 1:
+        raise ValueError(f"scaling target must be at least 1, got {args.scaling.target}")
     if args.max_replicas is not None and args.max_replicas < max(args.replicas, 1):
         raise ValueError(
             f"max_replicas ({args.max_replicas}) must be at least replicas ({args.replicas})"

@@ -10,6 +10,7 @@ from typing import Any
 
 import pulumi
 
+from components.cpu_node_group import cpu_tolerations
 from components.gpu_node_group import GPU_RESOURCE, gpu_tolerations, node_selector
 from components.model_cache import CACHE_MOUNT_PATH
 from components.model_service.args import (
@@ -73,7 +74,8 @@ def _serving_env(args: ModelServiceArgs) -> list[dict[str, Any]]:
     """
     env: list[dict[str, Any]] = [
         {"name": "LLM_SERVING_PACKAGE_PATH", "value": args.package_path},
-        # The entrypoint unpacks the package there: the node's local NVMe (GpuNodeGroup).
+        # The entrypoint unpacks the package there: a GPU node's local NVMe (GpuNodeGroup), a CPU
+        # node's root volume (CpuNodeGroup).
         {"name": "LLM_SERVING_WORK_DIR", "value": SCRATCH_DIR},
         {
             "name": "LLM_SERVING_PACKAGE_S3_URI",
@@ -102,11 +104,9 @@ def _serving_env(args: ModelServiceArgs) -> list[dict[str, Any]]:
 def build_pod_template(args: ModelServiceArgs) -> dict[str, Any]:
     """The serving pod template (``metadata`` and ``spec``) of one model version."""
     validate_args(args)
-    compute = {
-        "cpu": str(args.cpu),
-        "memory": f"{args.memory_gib}Gi",
-        GPU_RESOURCE: str(args.gpus),
-    }
+    compute = {"cpu": str(args.cpu), "memory": f"{args.memory_gib}Gi"}
+    if args.gpus:
+        compute[GPU_RESOURCE] = str(args.gpus)
     period = 10
     serving = {
         "name": SERVING_CONTAINER,
@@ -174,7 +174,7 @@ def build_pod_template(args: ModelServiceArgs) -> dict[str, Any]:
         "spec": {
             "serviceAccountName": args.name,
             "nodeSelector": node_selector(args.node_group),
-            "tolerations": gpu_tolerations(),
+            "tolerations": gpu_tolerations() if args.gpus else cpu_tolerations(),
             "terminationGracePeriodSeconds": args.termination_grace_seconds,
             "containers": [serving, proxy],
             "volumes": [
@@ -187,7 +187,7 @@ def build_pod_template(args: ModelServiceArgs) -> dict[str, Any]:
                     "emptyDir": {"medium": "Memory", "sizeLimit": f"{args.shm_gib}Gi"},
                 },
                 {"name": "prometheus-multiproc", "emptyDir": {"sizeLimit": "1Gi"}},
-                # On the node's RAID0 NVMe (see GpuNodeGroup): the unpacked package.
+                # On a GPU node's RAID0 NVMe (see GpuNodeGroup): the unpacked package.
                 {"name": "scratch", "emptyDir": {"sizeLimit": "200Gi"}},
                 *_api_keys_volume(args),
             ],

@@ -1,4 +1,5 @@
-"""``ModelService``: Triton + vLLM serving one model version, with its sidecar, IRSA and scaling.
+"""``ModelService``: Triton serving one model version (vLLM for LLMs, Triton's CPU backends for
+models without GPUs), with its sidecar, IRSA and scaling.
 
 The pod itself (contract 5) is :func:`components.model_service.pod.build_pod_template`; this
 module adds what surrounds it: the workload, Service, PodDisruptionBudget, scrape configuration,
@@ -18,6 +19,7 @@ import pulumi_kubernetes as k8s
 from components.iam import role_name
 from components.model_service.args import GRPC_PORT, METRICS_PORT, OPENAI_PORT, ModelServiceArgs
 from components.model_service.pod import build_pod_template, pod_selector
+from components.model_service.scaling import prometheus_trigger
 
 __all__ = ["ModelService"]
 
@@ -195,7 +197,6 @@ class ModelService(pulumi.ComponentResource):
         labels = f'model_id="{args.model_id}"'
         if workload is not None:
             labels += f',model_version="{args.version}"'
-        query = f"sum(vllm:num_requests_waiting{{{labels}}})"
         k8s.apiextensions.CustomResource(
             f"{self._name}-scaler",
             api_version="keda.sh/v1alpha1",
@@ -207,17 +208,7 @@ class ModelService(pulumi.ComponentResource):
                 "maxReplicaCount": args.max_replicas,
                 # GPU pods take minutes to start: scale down slowly.
                 "cooldownPeriod": 900,
-                "triggers": [
-                    {
-                        "type": "prometheus",
-                        "metricType": "AverageValue",
-                        "metadata": {
-                            "serverAddress": args.prometheus_url,
-                            "query": query,
-                            "threshold": str(args.queue_target),
-                        },
-                    }
-                ],
+                "triggers": [prometheus_trigger(args.scaling, labels, args.prometheus_url)],
             },
             opts=pulumi.ResourceOptions(
                 parent=self, depends_on=[workload] if workload else list(args.depends_on)

@@ -10,6 +10,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import pytest
 
+from components.cpu_node_group import cpu_tolerations
 from components.gpu_node_group import GPU_RESOURCE, gpu_tolerations, node_selector
 from components.model_service import (
     ModelService,
@@ -18,7 +19,7 @@ from components.model_service import (
     build_pod_template,
 )
 from components.model_service import args as pod
-from components.model_service.args import serving_mode_from_manifest
+from components.model_service.args import ScalingTrigger, serving_mode_from_manifest
 from components.model_service.pod import pod_selector
 from runtime.entrypoint.settings import EntrypointSettings
 from runtime.frontend.settings import FrontendSettings
@@ -99,6 +100,18 @@ def test_gpu_requests_equal_limits_and_pods_land_on_gpu_nodes() -> None:
     assert serving["resources"]["limits"][GPU_RESOURCE] == "4"
     assert template["spec"]["tolerations"] == gpu_tolerations()
     assert template["spec"]["nodeSelector"] == node_selector("h100")
+
+
+def test_a_cpu_model_requests_no_gpu_and_tolerates_only_the_cpu_model_taint() -> None:
+    template = build_pod_template(_args(gpus=0, cpu=2, memory_gib=4, node_group="r-cpu"))
+    for container in template["spec"]["containers"]:
+        assert GPU_RESOURCE not in container["resources"]["requests"]
+        assert GPU_RESOURCE not in container["resources"]["limits"]
+    serving = _containers(template)["triton"]
+    assert serving["resources"]["limits"] == {"cpu": "2", "memory": "4Gi"}
+    assert template["spec"]["tolerations"] == cpu_tolerations()
+    assert all(t["key"] != GPU_RESOURCE for t in template["spec"]["tolerations"])
+    assert template["spec"]["nodeSelector"] == node_selector("r-cpu")
 
 
 def test_probes_are_sized_for_a_gpu_cold_start() -> None:
@@ -245,7 +258,9 @@ def test_bad_manifest_is_refused(text: str, message: str) -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"gpus": 0}, "gpus must be at least 1"),
+        ({"gpus": -1}, r"gpus must be 0 \(a CPU model\) or more"),
+        ({"scaling": ScalingTrigger("queue_depth", 8)}, "expected one of: queue_size, queue_time"),
+        ({"scaling": ScalingTrigger("inference_rate", 0)}, "scaling target must be at least 1"),
         ({"max_replicas": 1, "replicas": 2}, "must be at least replicas"),
         ({"serving_mode": "both"}, "expected one of: standalone, embedded"),
         ({"startup_timeout_s": 5}, "startup_timeout_s must be at least 60"),

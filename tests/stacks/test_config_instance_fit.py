@@ -77,7 +77,8 @@ def test_system_node_types_come_from_the_table(tmp_path: Path) -> None:
 @pytest.mark.parametrize("stack", REGION_STACKS)
 def test_every_shipped_model_fits_every_type_of_its_group(stack: str) -> None:
     config = _config(stack)
-    groups = {g["name"]: g for g in config["llm-serving:node_groups"]}
+    kinds = ("llm-serving:node_groups", "llm-serving:cpu_node_groups")
+    groups = {g["name"]: g for kind in kinds for g in config.get(kind, [])}
     for model in config["llm-serving:models"]:
         wanted = pod_requests(model.get("cpu", 8), model.get("memory_gib", 64), model["gpus"])
         for name in groups[model["node_group"]]["instance_types"]:

@@ -53,7 +53,7 @@ def test_a_getter_with_the_configured_keys_reads_a_good_stack() -> None:
     config = stack_config_strings(STACKS_DIR / "Pulumi.dev-us-west-2.yaml")
     loaded = load_stack_config("dev-us-west-2", get=config.get, configured=config.keys())
     assert isinstance(loaded, RegionStackConfig)
-    assert [m.id for m in loaded.models] == ["catalog-ranker-8b"]
+    assert [m.id for m in loaded.models] == ["catalog-ranker-8b", "fraud-xgb"]
 
 
 def test_a_key_without_namespace_is_refused(tmp_path: Path) -> None:

@@ -201,7 +201,7 @@ def test_served_versions_follow_strategy() -> None:
         ),
         (
             lambda c: c["llm-serving:models"].append(_red_black("catalog-ranker-8b-v4", "1")),
-            "llm-serving:models[1].id",
+            "llm-serving:models[2].id",
             "version 'v4' of model 'catalog-ranker-8b' both name the workload "
             "'catalog-ranker-8b-v4'",
         ),

@@ -106,7 +106,7 @@ def test_a_role_that_trusts_another_service_account_fails() -> None:
 def test_a_gpu_pod_that_does_not_tolerate_its_taint_fails() -> None:
     run, (rollout,) = _broken("prod-eu-west-1", _kind(":Rollout", "llama"))
     rollout.inputs["spec"]["template"]["spec"]["tolerations"] = []
-    (problem,) = CHECKS["GPU pods fit"](run)
+    (problem,) = CHECKS["pods fit their node group"](run)
     assert "does not tolerate the taint" in problem and "nvidia.com/gpu" in problem
 
 
@@ -114,12 +114,12 @@ def test_a_gpu_pod_that_does_not_fit_an_instance_type_fails() -> None:
     # The shipped prod-ap-northeast-1 before the fix: g6.xlarge in l4-spot.
     run, (group,) = _broken("prod-ap-northeast-1", _kind("nodeGroup:NodeGroup", "l4-spot"))
     group.inputs["instanceTypes"] = ["g6.xlarge", *group.inputs["instanceTypes"]]
-    (problem,) = CHECKS["GPU pods fit"](run)
+    (problem,) = CHECKS["pods fit their node group"](run)
     assert "catalog-ranker-8b-v4" in problem and "does not fit g6.xlarge (cpu, memory" in problem
 
 
 def test_a_gpu_pod_without_its_node_group_fails() -> None:
     run, (group,) = _broken("dev-us-west-2", _kind("nodeGroup:NodeGroup", "l4-spot"))
     run.resources.remove(group)
-    problems = CHECKS["GPU pods fit"](run)
+    problems = CHECKS["pods fit their node group"](run)
     assert problems and all("no node group of the plan has labels" in p for p in problems)

@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
+from components.cpu_node_group import CPU_MODELS_ROLE
 from components.gpu_node_group import NODE_GROUP_LABEL
+from contracts.labels import NODE_ROLE_LABEL
 from runtime.compat import load_matrix
 from stacks.config import RegionStackConfig, load_stack_config
 from stacks.kubernetes_objects import kubernetes_objects, validate_object
@@ -246,7 +248,9 @@ def test_device_plugin_runs_exactly_where_the_ami_lacks_it(stack: str) -> None:
     families = {
         r.inputs["labels"]["llm-serving/ami-family"]
         for r in run.resources
-        if r.type == "aws:eks/nodeGroup:NodeGroup" and NODE_GROUP_LABEL in r.inputs["labels"]
+        if r.type == "aws:eks/nodeGroup:NodeGroup"
+        and NODE_GROUP_LABEL in r.inputs["labels"]
+        and r.inputs["labels"].get(NODE_ROLE_LABEL) != CPU_MODELS_ROLE
     }
     plugins = [
         r.inputs
