@@ -83,32 +83,37 @@ std::shared_ptr<const CatalogTrie> CatalogTrie::Build(const int32_t* tokens,
     path.pop_back();
   }
   trie->children_ = GroupChildrenByParent(nodes, parent);
+  trie->child_tokens_.reserve(trie->children_.size());
+  trie->child_hi_.reserve(trie->children_.size());
+  for (const uint32_t child : trie->children_) {
+    trie->child_tokens_.push_back(nodes[child].token);
+    trie->child_hi_.push_back(nodes[child].hi);
+  }
   nodes.shrink_to_fit();
   return trie;
 }
 
 uint32_t CatalogTrie::Child(uint32_t node, int32_t token) const {
   const TrieNode& n = nodes_[node];
-  const uint32_t* first = children_.data() + n.first_child;
-  const uint32_t* last = first + n.num_children;
-  const uint32_t* it = std::lower_bound(
-      first, last, token, [this](uint32_t child, int32_t t) { return nodes_[child].token < t; });
-  return (it != last && nodes_[*it].token == token) ? *it : kNone;
+  const int32_t* first = child_tokens(n);
+  const int32_t* last = first + n.num_children;
+  const int32_t* it = std::lower_bound(first, last, token);
+  return (it != last && *it == token) ? children_[n.first_child + (it - first)] : kNone;
 }
 
 uint32_t CatalogTrie::ChildContaining(uint32_t node, uint32_t rank) const {
   const TrieNode& n = nodes_[node];
-  const uint32_t* first = children_.data() + n.first_child;
+  const uint32_t* first = child_hi_.data() + n.first_child;
   const uint32_t* last = first + n.num_children;
   // The first child whose range ends after `rank`.
-  const uint32_t* it = std::upper_bound(
-      first, last, rank, [this](uint32_t r, uint32_t child) { return r < nodes_[child].hi; });
-  return it == last ? kNone : *it;
+  const uint32_t* it = std::upper_bound(first, last, rank);
+  return it == last ? kNone : children_[n.first_child + (it - first)];
 }
 
 std::size_t CatalogTrie::MemoryBytes() const {
   return sizeof(*this) + nodes_.capacity() * sizeof(TrieNode) +
-         children_.capacity() * sizeof(uint32_t) + rank_of_item_.capacity() * sizeof(uint32_t);
+         children_.capacity() * sizeof(uint32_t) + child_tokens_.capacity() * sizeof(int32_t) +
+         child_hi_.capacity() * sizeof(uint32_t) + rank_of_item_.capacity() * sizeof(uint32_t);
 }
 
 }  // namespace llm_serving

@@ -85,11 +85,18 @@ bool SlotState::FillItemRow(uint32_t* row) const {
     std::memset(row, 0, c.words * sizeof(uint32_t));
     const TrieNode& node = trie.node(node_);
     const uint64_t* bits = available();
-    uint32_t r = NextSetBit(bits, node.lo + (node.item_rank >= 0 ? 1u : 0u), node.hi);
-    while (r < node.hi) {
-      const TrieNode& child = trie.node(trie.ChildContaining(node_, r));
-      SetBit(row, child.token);
-      r = NextSetBit(bits, child.hi, node.hi);
+    const uint32_t lo = node.lo + (node.item_rank >= 0 ? 1u : 0u);
+    if (AllSet(bits, lo, node.hi)) {
+      // Nothing below is used up or left out: the row is every child's token.
+      const int32_t* tokens = trie.child_tokens(node);
+      for (uint32_t k = 0; k < node.num_children; ++k) SetBit(row, tokens[k]);
+    } else {
+      uint32_t r = NextSetBit(bits, lo, node.hi);
+      while (r < node.hi) {
+        const TrieNode& child = trie.node(trie.ChildContaining(node_, r));
+        SetBit(row, child.token);
+        r = NextSetBit(bits, child.hi, node.hi);
+      }
     }
   }
   const AfterItem after = After();

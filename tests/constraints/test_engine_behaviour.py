@@ -147,3 +147,39 @@ def test_engine_matches_reference_at_full_vocabulary_size() -> None:
             token = rng.choice(_allowed(expected))
             ref.advance(token)
             engine.advance(slot, [token])
+
+
+def test_rows_under_a_wide_node_follow_what_is_still_available() -> None:
+    """Item A alone and A followed by each of 100 tokens: the row after A lists exactly the
+    children whose items remain (every child when nothing is used up or left out, fewer for
+    a unique list after one is used, only the allowed ones under an allow list)."""
+    vocab, a, sep, end = 256, 3, 1, 2
+    children = list(range(100, 200))
+    items = [[a], *[[a, t] for t in children]]
+    offsets = np.cumsum([0, *map(len, items)], dtype=np.int64)
+    catalog = _engine.Catalog(
+        np.asarray([t for item in items for t in item], np.int32), offsets, vocab
+    )
+    allow_even = np.asarray([1 + k for k in range(0, 100, 2)], np.int32)  # items A,100 A,102 ..
+
+    def row_after(tokens: list[int], unique: bool, allowed: np.ndarray | None) -> list[int]:
+        constraint = _engine.Constraint.item_list(
+            catalog, [], [sep], [end], 1, None, unique, allowed, 0, [], vocab
+        )
+        engine = ConstraintEngine(1, vocab, 1)
+        engine.add(0, constraint)
+        engine.advance(0, tokens)
+        mask = np.zeros((1, words_per_row(vocab)), np.int32)
+        engine.fill(mask, np.asarray([0], np.int32))
+        return _allowed(mask[0])
+
+    assert row_after([a], unique=False, allowed=None) == [sep, end, *children]
+    used = [a, 150, sep, a]
+    assert row_after(used, unique=True, allowed=None) == [
+        sep,
+        end,
+        *(c for c in children if c != 150),
+    ]
+    assert row_after(used, unique=False, allowed=None) == [sep, end, *children]
+    # A alone is not allowed: nothing may end there.
+    assert row_after([a], unique=False, allowed=allow_even) == children[::2]

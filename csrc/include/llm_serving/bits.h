@@ -32,6 +32,21 @@ inline uint32_t NextSetBit(const uint64_t* words, uint32_t pos, uint32_t end) {
   return found < end ? found : end;
 }
 
+// Whether every bit in [pos, end) is set (true for an empty range).
+inline bool AllSet(const uint64_t* words, uint32_t pos, uint32_t end) {
+  if (pos >= end) return true;
+  const uint32_t first = pos >> 6;
+  const uint32_t last = (end - 1) >> 6;
+  const uint64_t head = ~uint64_t{0} << (pos & 63u);
+  const uint64_t tail = ~uint64_t{0} >> (63u - ((end - 1) & 63u));
+  if (first == last) return (words[first] & head & tail) == (head & tail);
+  if ((words[first] & head) != head) return false;
+  for (uint32_t w = first + 1; w < last; ++w) {
+    if (words[w] != ~uint64_t{0}) return false;
+  }
+  return (words[last] & tail) == tail;
+}
+
 inline std::size_t WordsFor(int32_t vocab_size) {
   return (static_cast<std::size_t>(vocab_size) + 31) / 32;
 }

@@ -37,6 +37,10 @@ class CatalogTrie {
   const TrieNode& node(uint32_t index) const { return nodes_[index]; }
   uint32_t rank_of_item(uint32_t item) const { return rank_of_item_[item]; }
 
+  // The tokens on the edges to `n`'s children, in order (n.num_children of them).
+  const int32_t* child_tokens(const TrieNode& n) const {
+    return child_tokens_.data() + n.first_child;
+  }
   // The child of `node` reached by `token`, or kNone.
   uint32_t Child(uint32_t node, int32_t token) const;
   // The child of `node` whose range holds `rank` (a rank inside a child's subtree).
@@ -49,6 +53,10 @@ class CatalogTrie {
 
   std::vector<TrieNode> nodes_;
   std::vector<uint32_t> children_;  // node ids grouped by parent, sorted by token
+  // Each child's token and rank range end, beside children_: searching a node's children
+  // reads one contiguous run instead of a node record per probe, which a cold step pays for.
+  std::vector<int32_t> child_tokens_;
+  std::vector<uint32_t> child_hi_;
   std::vector<uint32_t> rank_of_item_;
   std::size_t num_tokens_ = 0;
   int32_t vocab_size_ = 0;
