@@ -14,7 +14,10 @@ them constrained; constrained requests alternate between an item list over a cat
 100,000 three-word items (at least 20 items, so no list ends within the run) and 100 banned
 tokens. ``engine_isolated`` replays the tokens the engine generated through the native engine
 alone, the way ``benchmarks/constraints.py`` measures a step: advance every constrained slot
-by its token, then fill their bitmask rows.
+by its token, then fill their bitmask rows. ``engine_isolated_cold`` is the same replay with a
+64 MiB buffer (twice this machine's last-level cache) written between steps, as the model's
+forward pass does between engine steps: not a target, it tells cache misses apart from
+overhead when the in-engine time exceeds the isolated one.
 
 Throughput (``tokens_per_s``): generated tokens over wall time of one batch of requests,
 every request generating the same number of tokens; ``ours`` constrains all of them with an
@@ -245,10 +248,15 @@ def _p99_us(samples: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))] * 1e6
 
 
+#: Written between cold replay steps: larger than the last-level cache of the machines we run on.
+EVICTION_BYTES = 64 << 20
+
+
 def bench_isolated(
-    engine: Engine, requests: list[Request], outputs: list[list[int]]
+    engine: Engine, requests: list[Request], outputs: list[list[int]], *, cold: bool = False
 ) -> list[float]:
-    """The engine's tokens replayed through a native engine alone (advance + fill per step)."""
+    """The engine's tokens replayed through a native engine alone (advance + fill per step);
+    ``cold`` evicts the caches before every step."""
     from runtime.constraints.batch import build_plan
     from runtime.constraints.engine import ConstraintEngine, compile_plan
 
@@ -269,9 +277,11 @@ def bench_isolated(
     for slot, constraint in zip(slots.tolist(), constraints, strict=True):
         native.add(slot, constraint)
     native.fill(mask, slots)
+    eviction = np.zeros(EVICTION_BYTES if cold else 0, dtype=np.uint8)
     samples = []
     for t in range(steps - 1):
         tokens = np.asarray([outputs[i][t] for i, _ in constrained], dtype=np.int32)
+        eviction += 1
         start = time.perf_counter()
         native.native.advance_batch(slots, tokens)
         native.fill(mask, slots)
@@ -289,6 +299,7 @@ def bench_steps(engine: Engine, quick: bool) -> list[dict[str, Any]]:
             constrained = round(batch * fraction)
             measured: dict[str, list[float]] = {impl: [] for impl in engine.clocks}
             isolated: list[float] = []
+            cold: list[float] = []
             for r in range(repeats):
                 requests = _step_requests(batch, constrained, max_tokens, seed=1000 * r + batch)
                 for impl in engine.clocks:
@@ -297,7 +308,12 @@ def bench_steps(engine: Engine, quick: bool) -> list[dict[str, Any]]:
                     measured[impl] += clock.steady(batch)
                     if impl == "processor_in_engine":
                         isolated += bench_isolated(engine, requests, outputs)
-            for impl, samples in [*measured.items(), ("engine_isolated", isolated)]:
+                        cold += bench_isolated(engine, requests, outputs, cold=True)
+            for impl, samples in [
+                *measured.items(),
+                ("engine_isolated", isolated),
+                ("engine_isolated_cold", cold),
+            ]:
                 median = _median_us(samples)
                 rows.append(
                     {
@@ -407,18 +423,19 @@ def _print(rows: list[dict[str, Any]]) -> None:
     print("processor time per engine step (update_state + apply), median over decode steps")
     print(
         f"{'batch':>6}{'constrained':>12}{'in_engine_us':>14}{'p99_us':>10}{'isolated_us':>13}"
-        f"{'ratio':>8}{'budget_us':>11}{'us/req':>9}"
+        f"{'cold_us':>9}{'ratio':>8}{'budget_us':>11}{'us/req':>9}"
         + (f"{'baseline_us':>13}{'baseline/ours':>15}" if baseline else "")
     )
     for (impl, batch, fraction), r in by_key.items():
         if impl != "processor_in_engine":
             continue
         iso = by_key[("engine_isolated", batch, fraction)]["us_per_step"]
+        cold = by_key[("engine_isolated_cold", batch, fraction)]["us_per_step"]
         ours = r["us_per_step"]
         per_request = r["us_per_constrained_request"]
         line = (
             f"{batch:>6}{fraction:>12.1f}{ours:>14.1f}{r['p99_us']:>10.1f}{iso:>13.1f}"
-            f"{ours / iso:>8.2f}{1.5 * iso + 50:>11.1f}"
+            f"{cold:>9.1f}{ours / iso:>8.2f}{1.5 * iso + 50:>11.1f}"
             + (f"{per_request:>9.2f}" if per_request is not None else f"{'-':>9}")
         )
         if baseline:
@@ -435,15 +452,16 @@ def _print(rows: list[dict[str, Any]]) -> None:
             * by_key[("engine_isolated", r["batch"], r["constrained_fraction"])]["us_per_step"]
             + 50
         ]
-        per_request = [
-            r["us_per_constrained_request"] for r in steps if r["constrained_fraction"] == 1.0
-        ]
+        full = [r for r in steps if r["constrained_fraction"] == 1.0]
+        per_request = [r["us_per_constrained_request"] for r in full]
         idle = max(r["us_per_step"] for r in steps if r["constrained_fraction"] == 0.0)
         print(
             f"targets: within budget {len(steps) - len(missed)} of {len(steps)}"
             + (f" (missed: {', '.join(missed)})" if missed else "")
-            + f"; us/req, all constrained, max/min {max(per_request) / min(per_request):.2f}"
-            f" (<= 2); none constrained {idle:.1f} us (<= 20)"
+            + f"; us/req, all constrained, {per_request[0]:.2f} at batch {full[0]['batch']}"
+            f" to {per_request[-1]:.2f} at {full[-1]['batch']},"
+            f" max/min {max(per_request) / min(per_request):.2f} (<= 2)"
+            f"; none constrained {idle:.1f} us (<= 20)"
         )
     throughput = {(r["impl"], r["batch"]): r["tokens_per_s"] for r in rows if "tokens_per_s" in r}
     if throughput:
