@@ -27,7 +27,10 @@ first token is from sending the request to the first streamed piece with text; t
 generated tokens (usage, ``num_output_tokens``, ``token_ids``) over the rounds' wall time.
 Each row also reports the CPU each token cost (user + system, every thread, from /proc): in
 this process (the client; for ``engine`` also AsyncLLM's own side) and in the path's server
-processes (the frontend's share apart), steadier than wall time on a shared 2-core machine.
+processes, with the frontend's and vLLM's engine processes' shares apart, steadier than wall
+time on a shared 2-core machine. The engine processes spin while requests run, so their share
+per token grows as a path's tokens/s falls: what the serving processes themselves cost per
+token is the server column less the engine's.
 ``ready_s`` rows: seconds from starting the processes to a ready port (Triton with the frontend
 started beside it, as the entrypoint's embedded mode does, until ``/health/ready``; ``vllm
 serve`` until ``/health``; Triton alone until KServe ``ModelReady``; ``AsyncLLM`` constructed).
@@ -41,7 +44,12 @@ the first half of the CPUs and every other process of the run (client, frontend,
 the engine's loop does not take the cores that serve HTTP and gRPC. Unpinned on 2 cores, the
 spinning engine makes each process hop wait 15-90 ms for a core in about a quarter of requests.
 
-    python -m benchmarks.serving_path [--quick] [--pin] [--json PATH]
+``--frontend-outputs`` has ``triton_grpc`` ask Triton for every output the frontend asks for
+(finish reason and input token count besides text and output token count), so the two Triton
+rows differ by the frontend alone: a diagnostic of what each extra output tensor per streamed
+response costs Triton and its stub.
+
+    python -m benchmarks.serving_path [--quick] [--pin] [--frontend-outputs] [--json PATH]
 
 Over 400 lines on purpose: a benchmark is one runnable file (``python -m benchmarks.<name>``)
 holding its servers, clients and table together.
@@ -154,6 +162,9 @@ class Row:
     client_cpu_us_per_token: float
     #: Every server process of the path (for ``engine``: its engine core and worker).
     server_cpu_us_per_token: float
+    #: Of that, vLLM's engine processes (engine core, worker): they spin on their core while
+    #: requests run, so a path with fewer tokens/s shows more of it per token.
+    engine_cpu_us_per_token: float
     #: ``frontend_triton`` only: the frontend's share of the server CPU.
     frontend_cpu_us_per_token: float | None = None
     #: ``frontend_triton`` only: median over rounds of its tokens/s over ``vllm_serve``'s in
@@ -194,8 +205,16 @@ def _tensor(name: str, value: object, datatype: str) -> grpcclient.InferInput:
     return tensor
 
 
-async def _triton_request(client: grpcclient.InferenceServerClient, max_tokens: int) -> Sample:
-    """One request on its own ``ModelStreamInfer`` stream, read until Triton ends it."""
+#: What the frontend asks Triton for besides text and output token counts
+#: (``runtime.frontend.kserve_engine``), for ``--frontend-outputs``.
+FRONTEND_EXTRA_OUTPUTS = ("return_finish_reason", "return_num_input_tokens")
+
+
+async def _triton_request(
+    client: grpcclient.InferenceServerClient, max_tokens: int, extra: tuple[str, ...] = ()
+) -> Sample:
+    """One request on its own ``ModelStreamInfer`` stream, read until Triton ends it;
+    ``extra`` names more ``return_*`` flags to set."""
     sampling = json.dumps({"max_tokens": max_tokens, "temperature": 0}).encode()
     inputs = [
         _tensor("text_input", PROMPT.encode(), "BYTES"),
@@ -203,6 +222,7 @@ async def _triton_request(client: grpcclient.InferenceServerClient, max_tokens: 
         _tensor("sampling_parameters", sampling, "BYTES"),
         _tensor("exclude_input_in_output", True, "BOOL"),
         _tensor("return_num_output_tokens", True, "BOOL"),
+        *(_tensor(flag, True, "BOOL") for flag in extra),
     ]
 
     async def one() -> Any:
@@ -318,6 +338,8 @@ class Servers:
     ready_s: dict[str, float] = field(default_factory=dict)
 
 
+#: `_cpu_parts`'s name for the vLLM engine processes (within the server parts, counted apart).
+ENGINE_PART = "vllm_engines"
 #: The processes whose CPU each implementation's rows count (see `_cpu_parts`).
 IMPL_PARTS = {
     "frontend_triton": ("client", "frontend", "triton"),
@@ -329,21 +351,26 @@ IMPL_PARTS = {
 
 def _cpu_parts(pids: dict[str, int]) -> dict[str, float]:
     """CPU seconds (user + system, all threads) used so far by this process (``client``), by
-    each server's process tree (``pids``), and by this process's other descendants
-    (``engine_core``: AsyncLLM's engine core and its worker), read from /proc."""
+    each server's process tree (``pids``), by this process's other descendants
+    (``engine_core``: AsyncLLM's engine core and its worker), and by every vLLM engine process
+    of the run wherever it is (``vllm_engines``: titled ``VLLM::``), read from /proc."""
     tick = os.sysconf("SC_CLK_TCK")
     parent: dict[int, int] = {}
     cpu: dict[int, float] = {}
+    engines: set[int] = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            title = (entry / "cmdline").read_bytes()
         except OSError:  # exited while being read
             continue
         pid = int(entry.name)
         parent[pid] = int(fields[1])
         cpu[pid] = (int(fields[11]) + int(fields[12])) / tick
+        if title.startswith(b"VLLM::"):
+            engines.add(pid)
     children: dict[int, list[int]] = {}
     for pid, ppid in parent.items():
         children.setdefault(ppid, []).append(pid)
@@ -363,6 +390,8 @@ def _cpu_parts(pids: dict[str, int]) -> dict[str, float]:
     others = {p for child in children.get(own, []) for p in tree(child, servers)}
     parts = {"client": cpu.get(own, 0.0), "engine_core": sum(cpu.get(p, 0.0) for p in others)}
     parts.update({name: sum(cpu.get(p, 0.0) for p in t) for name, t in trees.items()})
+    ours = set().union(*trees.values(), others)
+    parts[ENGINE_PART] = sum(cpu.get(p, 0.0) for p in engines & ours)
     return parts
 
 
@@ -511,7 +540,7 @@ async def _measure(
                 tally.samples += samples
                 tally.wall_s += wall
                 tally.round_rates.append(sum(s.tokens for s in samples) / wall)
-                for part in IMPL_PARTS[impl]:
+                for part in (*IMPL_PARTS[impl], ENGINE_PART):
                     used = after[part] - before[part]
                     tally.cpu_s[part] = tally.cpu_s.get(part, 0.0) + used
         for impl, t in tallies.items():
@@ -540,7 +569,10 @@ def _row(impl: str, concurrency: int, plan: Plan, t: Tally, vllm_serve: Tally) -
         round_tokens_per_s_min=round(min(t.round_rates), 1),
         round_tokens_per_s_max=round(max(t.round_rates), 1),
         client_cpu_us_per_token=per_token(t.cpu_s["client"]),
-        server_cpu_us_per_token=per_token(sum(v for k, v in t.cpu_s.items() if k != "client")),
+        server_cpu_us_per_token=per_token(
+            sum(v for k, v in t.cpu_s.items() if k not in ("client", ENGINE_PART))
+        ),
+        engine_cpu_us_per_token=per_token(t.cpu_s[ENGINE_PART]),
         frontend_cpu_us_per_token=per_token(t.cpu_s["frontend"]) if ours else None,
         tokens_per_s_vs_vllm_serve_round_median=(
             round(statistics.median(a / b for a, b in pairs), 3) if ours else None
@@ -569,7 +601,12 @@ def _openai_client(url: str) -> AsyncOpenAI:
 
 
 async def _run(
-    model: TinyLlm, servers: Servers, plan: Plan, log: Callable[[str], None], pin: bool
+    model: TinyLlm,
+    servers: Servers,
+    plan: Plan,
+    log: Callable[[str], None],
+    pin: bool,
+    triton_extra: tuple[str, ...] = (),
 ) -> Any:
     """Start the in-process engine, then measure all four; rows and the engine's start-up."""
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -599,7 +636,7 @@ async def _run(
     mt = plan.max_tokens
     calls: dict[str, Request] = {
         "frontend_triton": lambda: _openai_request(frontend, mt),
-        "triton_grpc": lambda: _triton_request(triton, mt),
+        "triton_grpc": lambda: _triton_request(triton, mt, triton_extra),
         "vllm_serve": lambda: _openai_request(vllm_serve, mt),
         "engine": lambda: _engine_request(llm, mt),
     }
@@ -637,7 +674,7 @@ def _print(rows: list[Row], ready_s: dict[str, float]) -> None:
     head = (
         f"{'impl':<16} {'conc':>4} {'requests':>8} {'tokens/s':>9} {'ttft p50 ms':>11} "
         f"{'ttft p99 ms':>11} {'tok/req':>7} {'rounds tokens/s':>17} "
-        f"{'cpu us/token: client':>20} {'server':>7} {'(frontend)':>10}"
+        f"{'cpu us/token: client':>20} {'server':>7} {'(engine)':>8} {'(frontend)':>10}"
     )
     print(head)
     print("-" * len(head))
@@ -648,7 +685,7 @@ def _print(rows: list[Row], ready_s: dict[str, float]) -> None:
             f"{r.impl:<16} {r.concurrency:>4} {r.requests:>8} {r.tokens_per_s:>9.1f} "
             f"{r.ttft_p50_ms:>11.2f} {r.ttft_p99_ms:>11.2f} {r.tokens_per_request:>7.1f} "
             f"{rounds:>17} {r.client_cpu_us_per_token:>20.0f} "
-            f"{r.server_cpu_us_per_token:>7.0f} {front:>10}"
+            f"{r.server_cpu_us_per_token:>7.0f} {r.engine_cpu_us_per_token:>8.0f} {front:>10}"
         )
     print()
     for impl, seconds in ready_s.items():
@@ -673,9 +710,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="vLLM's engine processes on half the CPUs, clients and servers on the other half",
     )
+    parser.add_argument(
+        "--frontend-outputs",
+        action="store_true",
+        help="triton_grpc asks for every output the frontend asks for",
+    )
     parser.add_argument("--json", type=Path, help="write the rows as JSON to this path")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
+    triton_extra = FRONTEND_EXTRA_OUTPUTS if args.frontend_outputs else ()
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
 
     def log(line: str) -> None:
@@ -695,7 +738,9 @@ def main(argv: list[str] | None = None) -> int:
             _start_vllm_serve(stack, model, work, servers)
             log("starting AsyncLLM, then measuring")
             try:
-                rows, ready["engine"] = asyncio.run(_run(model, servers, plan, log, args.pin))
+                rows, ready["engine"] = asyncio.run(
+                    _run(model, servers, plan, log, args.pin, triton_extra)
+                )
             except asyncio.CancelledError:
                 raise KeyboardInterrupt from None
             finally:
@@ -713,7 +758,9 @@ def main(argv: list[str] | None = None) -> int:
             {k: v for k, v in asdict(r).items() if v is not None} for r in rows
         ]
         out += [{"impl": impl, "ready_s": round(s, 2)} for impl, s in ready.items()]
-        out.append({"impl": "settings", "pinned": args.pin})
+        out.append(
+            {"impl": "settings", "pinned": args.pin, "frontend_outputs": args.frontend_outputs}
+        )
         write_rows(args.json, out)
     return 0
 
