@@ -49,7 +49,13 @@ spinning engine makes each process hop wait 15-90 ms for a core in about a quart
 rows differ by the frontend alone: a diagnostic of what each extra output tensor per streamed
 response costs Triton and its stub.
 
-    python -m benchmarks.serving_path [--quick] [--pin] [--frontend-outputs] [--json PATH]
+``--stream-interval N`` sets vLLM's ``stream_interval`` engine argument for all four: each
+streamed output then carries up to N tokens (the first at once). ``vllm serve`` and the engine
+stream DELTA outputs, which vLLM batches itself; under Triton our ``llm_serving_vllm`` backend
+batches the stock backend's cumulative ones (``runtime/serving_backend/stream_interval.py``).
+
+    python -m benchmarks.serving_path [--quick] [--pin] [--frontend-outputs]
+        [--stream-interval N] [--json PATH]
 
 Over 400 lines on purpose: a benchmark is one runnable file (``python -m benchmarks.<name>``)
 holding its servers, clients and table together.
@@ -398,12 +404,16 @@ def _cpu_parts(pids: dict[str, int]) -> dict[str, float]:
 
 
 def _start_triton_and_frontend(
-    stack: contextlib.ExitStack, model: TinyLlm, work: Path, servers: Servers
+    stack: contextlib.ExitStack,
+    model: TinyLlm,
+    work: Path,
+    servers: Servers,
+    engine_args: dict[str, Any],
 ) -> None:
     """Triton with our backend and the frontend beside it, started together as the entrypoint's
     embedded mode starts them."""
     repository = work / "repository"
-    write_vllm_model(repository, MODEL, model.path, backend=BACKEND_NAME, engine_args=ENGINE_ARGS)
+    write_vllm_model(repository, MODEL, model.path, backend=BACKEND_NAME, engine_args=engine_args)
     install = prepare_triton()
     triton = TritonServer(
         install, repository, [MODEL], log_path=work / "tritonserver.log", ready_timeout=300
@@ -470,7 +480,11 @@ def _pin_engines() -> tuple[set[int], set[int]]:
 
 
 def _start_vllm_serve(
-    stack: contextlib.ExitStack, model: TinyLlm, work: Path, servers: Servers
+    stack: contextlib.ExitStack,
+    model: TinyLlm,
+    work: Path,
+    servers: Servers,
+    engine_args: dict[str, Any],
 ) -> None:
     """``vllm serve`` on the same engine arguments."""
     port = free_port()
@@ -481,7 +495,7 @@ def _start_vllm_serve(
         "--served-model-name", MODEL,
         "--host", "127.0.0.1", "--port", str(port),
         "--disable-uvicorn-access-log",
-        *_engine_cli_args(ENGINE_ARGS),
+        *_engine_cli_args(engine_args),
     ]  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     started = time.monotonic()
@@ -608,6 +622,7 @@ async def _run(
     plan: Plan,
     log: Callable[[str], None],
     pin: bool,
+    engine_args: dict[str, Any],
     triton_extra: tuple[str, ...] = (),
 ) -> Any:
     """Start the in-process engine, then measure all four; rows and the engine's start-up."""
@@ -622,7 +637,7 @@ async def _run(
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     started = time.monotonic()
     llm = AsyncLLM.from_engine_args(
-        AsyncEngineArgs(model=str(model.path), tokenizer=str(model.path), **ENGINE_ARGS),
+        AsyncEngineArgs(model=str(model.path), tokenizer=str(model.path), **engine_args),
         # What Triton's vLLM backend and vllm serve pass.
         usage_context=UsageContext.OPENAI_API_SERVER,
     )
@@ -717,10 +732,20 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="triton_grpc asks for every output the frontend asks for",
     )
+    parser.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        metavar="N",
+        help="vLLM's stream_interval engine argument for all four (tokens per streamed output)",
+    )
     parser.add_argument("--json", type=Path, help="write the rows as JSON to this path")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     triton_extra = FRONTEND_EXTRA_OUTPUTS if args.frontend_outputs else ()
+    if args.stream_interval < 1:
+        parser.error("--stream-interval must be at least 1")
+    engine_args = {**ENGINE_ARGS, "stream_interval": args.stream_interval}
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
 
     def log(line: str) -> None:
@@ -735,13 +760,13 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-serving-")))
         try:
             log("starting Triton and the frontend")
-            _start_triton_and_frontend(stack, model, work, servers)
+            _start_triton_and_frontend(stack, model, work, servers, engine_args)
             log("starting vllm serve")
-            _start_vllm_serve(stack, model, work, servers)
+            _start_vllm_serve(stack, model, work, servers, engine_args)
             log("starting AsyncLLM, then measuring")
             try:
                 rows, ready["engine"] = asyncio.run(
-                    _run(model, servers, plan, log, args.pin, triton_extra)
+                    _run(model, servers, plan, log, args.pin, engine_args, triton_extra)
                 )
             except asyncio.CancelledError:
                 raise KeyboardInterrupt from None
@@ -761,7 +786,12 @@ def main(argv: list[str] | None = None) -> int:
         ]
         out += [{"impl": impl, "ready_s": round(s, 2)} for impl, s in ready.items()]
         out.append(
-            {"impl": "settings", "pinned": args.pin, "frontend_outputs": args.frontend_outputs}
+            {
+                "impl": "settings",
+                "pinned": args.pin,
+                "frontend_outputs": args.frontend_outputs,
+                "stream_interval": args.stream_interval,
+            }
         )
         write_rows(args.json, out)
     return 0

@@ -11,11 +11,13 @@ returns them. This package is a Triton *Python-based backend* (``model.py`` unde
   has the response hook this package overrides (`RESPONSE_HOOK`);
 - :mod:`runtime.serving_backend.prompt_logprobs` encodes ``RequestOutput.prompt_logprobs`` as
   the JSON the frontend reads;
+- :mod:`runtime.serving_backend.choices` and :mod:`runtime.serving_backend.stream_interval`
+  shape the outputs handed to the stock code (every choice of ``n``; vLLM's ``stream_interval``);
 - :mod:`runtime.serving_backend.scoring` holds the two subclasses (the model and its generate
   request); ``model.py`` beside it is the file Triton loads.
 
-Only this module is importable outside Triton's Python stub: the others need
-``triton_python_backend_utils``.
+Only ``scoring`` and ``model`` need Triton's Python stub (``triton_python_backend_utils``);
+the other modules import anywhere.
 """
 
 from __future__ import annotations

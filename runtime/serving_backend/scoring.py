@@ -8,7 +8,9 @@ Two subclasses, each changing one thing and deferring everything else to NVIDIA'
   does, then, when vLLM returned prompt log-probabilities (the request's sampling parameters
   set ``prompt_logprobs``), appends them as that output, once per request; it also hands the
   stock code vLLM's outputs with every choice of an ``n > 1`` request in them
-  (:mod:`runtime.serving_backend.choices`), and ``logit_bias`` with integer token ids.
+  (:mod:`runtime.serving_backend.choices`), and ``logit_bias`` with integer token ids; streamed,
+  it skips the outputs that vLLM's ``stream_interval`` would not have sent
+  (:mod:`runtime.serving_backend.stream_interval`).
 
 The stock ``TritonPythonModel._infer`` creates its request object through the name
 ``GenerateRequest`` in its own module, so that one name is rebound to the subclass in our
@@ -32,6 +34,11 @@ from runtime.serving_backend import PROMPT_LOGPROBS_OUTPUT
 from runtime.serving_backend.choices import ChoiceMerger
 from runtime.serving_backend.prompt_logprobs import encode_prompt_logprobs
 from runtime.serving_backend.stock import load_stock_backend
+from runtime.serving_backend.stream_interval import (
+    IntervalGate,
+    engine_stream_interval,
+    request_stream_interval,
+)
 
 __all__ = [
     "PROMPT_LOGPROBS_CONFIG",
@@ -52,7 +59,7 @@ _SENT = "llm_serving_prompt_logprobs_sent"
 
 class ScoringGenerateRequest(_stock.GenerateRequest):
     """The stock generate request, whose responses also carry ``prompt_logprobs`` and every
-    choice of an ``n > 1`` request (`ChoiceMerger`)."""
+    choice of an ``n > 1`` request (`ChoiceMerger`), streamed every ``stream_interval`` tokens."""
 
     #: The stock request's call into vLLM (``AsyncLLM.generate`` with its arguments).
     executor_callback: Any
@@ -60,17 +67,28 @@ class ScoringGenerateRequest(_stock.GenerateRequest):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         generate = self.executor_callback
+        engine_interval = engine_stream_interval(generate)
+        self._interval = engine_interval
 
         def with_int_logit_bias(prompt: Any, sampling_params: Any, *rest: Any, **kw: Any) -> Any:
+            self._interval = request_stream_interval(sampling_params, engine_interval)
             return generate(prompt, int_logit_bias(sampling_params), *rest, **kw)
 
         self.executor_callback = with_int_logit_bias
 
     async def execute(self) -> Any:
-        """The stock request's vLLM outputs, each holding all ``n`` choices."""
+        """The stock request's vLLM outputs, each holding all ``n`` choices; streamed, those
+        `IntervalGate` lets through."""
         merger = ChoiceMerger(_requested_n(self.triton_request))
+        gate: IntervalGate | None = None
         async for request_output in super().execute():
-            yield merger.merge(request_output)
+            merged = merger.merge(request_output)
+            if self.stream:
+                # The stock execute reads the request (and calls vLLM) before its first output.
+                gate = gate or IntervalGate(self._interval)
+                if not gate.due(merged):
+                    continue
+            yield merged
 
     def create_response(
         self, request_output: Any, request_output_state: dict[str, Any], prepend_input: bool

@@ -155,11 +155,12 @@ def _tensor(name: str, value: object, datatype: str) -> grpcclient.InferInput:
     return tensor
 
 
-def test_tritonclient_streams_tokens_through_the_public_port(served: Served) -> None:
+def _stream(served: Served, sampling: dict[str, Any]) -> tuple[list[str], list[int]]:
+    """One ``tritonclient`` stream of ``sampling`` (end of sequence banned): each response's
+    text and its ``num_output_tokens``."""
     responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client = grpcclient.InferenceServerClient(served.grpc_url)
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
-    sampling = {"max_tokens": 24, "temperature": 0.8, "seed": 3}
     banned = {"constraints": {"version": 1, "banned_tokens": [served.tiny.eos_token_id]}}
     try:
         client.async_stream_infer(
@@ -191,8 +192,27 @@ def test_tritonclient_streams_tokens_through_the_public_port(served: Served) -> 
     finally:
         client.stop_stream()
         client.close()
+    return pieces, counts
+
+
+def test_tritonclient_streams_tokens_through_the_public_port(served: Served) -> None:
+    pieces, counts = _stream(served, {"max_tokens": 24, "temperature": 0.8, "seed": 3})
     assert len(pieces) > 1 and "".join(pieces)
     assert sum(counts) == 24
+
+
+def test_stream_interval_batches_tokens_into_fewer_responses(served: Served) -> None:
+    # vLLM 0.27.1 batches only DELTA outputs; the stock backend streams cumulative ones, so
+    # without our backend's gate every token would still be its own response.
+    greedy = {"max_tokens": 16, "temperature": 0.0}
+    each_pieces, each = _stream(served, greedy)
+    pieces, counts = _stream(served, {**greedy, "stream_interval": 4})
+    # vLLM merges outputs its reader has not taken, so a loaded machine may send fewer.
+    assert sum(each) == 16 and len(each) > 5
+    # The first token at once, then at least 4 a response ([1, 4, 4, 4, 3] unmerged).
+    assert sum(counts) == 16 and len(counts) <= 5
+    assert all(count >= 4 for count in counts[1:-1])
+    assert "".join(pieces) == "".join(each_pieces)
 
 
 def _film_reply(served: Served, response_format: dict[str, Any], seed: int) -> Any:

@@ -147,6 +147,25 @@ def test_a_stream_carries_prompt_logprobs_once(backend: ModuleType, pb_utils: Mo
     assert carrying == [0]
 
 
+def test_a_stream_goes_out_every_stream_interval_tokens(
+    backend: ModuleType, pb_utils: ModuleType
+) -> None:
+    # The stock backend streams vLLM's cumulative outputs, which vLLM 0.27.1 does not batch.
+    model = loaded(backend, pb_utils)
+    params = {"max_tokens": 9, "temperature": 0.0}
+    flags = {"stream": True, "return_num_output_tokens": True}
+    each = infer(model, pb_utils, "the cat", params, **flags)
+    batched = infer(model, pb_utils, "the cat", {**params, "stream_interval": 4}, **flags)
+    assert [outputs(r)["num_output_tokens"] for r, _ in each] == [[1]] * 9
+    assert [outputs(r)["num_output_tokens"] for r, _ in batched] == [[1], [4], [4]]
+    assert batched[-1][1] == pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+    def text(sent: list[tuple[Any, int]]) -> bytes:
+        return b"".join(outputs(r)["text_output"][0] for r, _ in sent)
+
+    assert text(batched) == text(each)
+
+
 def test_flat_and_list_prompt_logprobs_encode_alike() -> None:
     toy = ToyModel()
     as_list = prompt_logprobs_of(toy, "a red sky today")

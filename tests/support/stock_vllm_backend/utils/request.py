@@ -59,7 +59,11 @@ class GenerateRequest:
         sampling_params = SamplingParams(**json.loads(text))
         self.additional_outputs = {
             name: _flag(request, name)
-            for name in ("return_finish_reason", "return_num_input_tokens")
+            for name in (
+                "return_finish_reason",
+                "return_num_input_tokens",
+                "return_num_output_tokens",
+            )
         }
         async for output in self.executor_callback(
             {"prompt": prompt.decode()}, sampling_params, self.id, lora_request=None
@@ -82,4 +86,12 @@ class GenerateRequest:
         if self.additional_outputs.get("return_num_input_tokens"):
             count = np.asarray(len(request_output.prompt_token_ids), dtype=np.uint32)
             tensors.append(pb_utils.Tensor("num_input_tokens", count))
+        if self.additional_outputs.get("return_num_output_tokens"):
+            # Each choice's tokens since its previous response, as the stock backend counts.
+            before = request_output_state.setdefault("sent_tokens", [0] * len(choices))
+            counts = [len(c.token_ids) - before[i] for i, c in enumerate(choices)]
+            request_output_state["sent_tokens"] = [len(c.token_ids) for c in choices]
+            tensors.append(
+                pb_utils.Tensor("num_output_tokens", np.asarray(counts, dtype=np.uint32))
+            )
         return pb_utils.InferenceResponse(output_tensors=tensors)
