@@ -91,6 +91,14 @@ _SAMPLING = (
         "include_usage adds the usage chunk; include_obfuscation=true is refused",
         _stream_options,
     ),
+    FieldRule(
+        "stream_interval",
+        Policy.HONOURED,
+        "extension, as in vLLM's server: sampling_parameters.stream_interval; a streamed chunk "
+        "carries up to this many tokens (the first token at once), raised to the engine's "
+        "stream_interval if that is larger; a 400 against the stock Triton backend, which "
+        "ignores it",
+    ),
     FieldRule("temperature", Policy.HONOURED, "sampling_parameters.temperature"),
     FieldRule("top_p", Policy.HONOURED, "sampling_parameters.top_p"),
     FieldRule("user", Policy.INERT, "no effect on output; never logged"),

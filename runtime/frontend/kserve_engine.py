@@ -47,6 +47,19 @@ from runtime.serving_backend import PROMPT_LOGPROBS_OUTPUT
 __all__ = ["PROMPT_LOGPROBS_OUTPUT", "KServeEngine", "prompt_token_logprobs"]
 
 _NOT_FINISHED = "None"
+#: Sampling fields the stock backend cannot honour (field, what it does, what ours does).
+_STOCK_BACKEND_FIELDS = (
+    (
+        "logit_bias",
+        "hands vLLM logit_bias keys as JSON strings that vLLM refuses",
+        "passes them as token ids",
+    ),
+    (
+        "stream_interval",
+        "streams every token on its own whatever stream_interval says",
+        "honours it",
+    ),
+)
 _STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 
@@ -237,13 +250,13 @@ class KServeEngine(Engine):
         return PROMPT_LOGPROBS_OUTPUT in await self._declared_outputs()
 
     async def generate(self, params: GenerateParams) -> AsyncGenerator[EngineOutput, None]:
-        if "logit_bias" in params.sampling and not await self._extended():
-            raise FieldRefusedError(
-                "logit_bias",
-                f"model '{self.model_name}' runs the stock Triton vLLM backend, which hands vLLM "
-                "logit_bias keys as JSON strings that vLLM refuses; the serving image's "
-                "llm_serving_vllm backend passes them as token ids",
-            )
+        for field, stock, ours in _STOCK_BACKEND_FIELDS:
+            if field in params.sampling and not await self._extended():
+                raise FieldRefusedError(
+                    field,
+                    f"model '{self.model_name}' runs the stock Triton vLLM backend, which {stock}; "
+                    f"the serving image's llm_serving_vllm backend {ours}",
+                )
         values = {
             "text_input": params.prompt,
             "stream": params.stream,

@@ -67,7 +67,15 @@ def build_sampling(
 ) -> dict[str, Any]:
     """Map every honoured sampling field; keys the client did not send are left to vLLM."""
     params: dict[str, Any] = {"max_tokens": max_tokens}
-    for name in ("n", "seed", "temperature", "top_p", "frequency_penalty", "presence_penalty"):
+    for name in (
+        "n",
+        "seed",
+        "temperature",
+        "top_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "stream_interval",
+    ):
         value = getattr(request, name)
         if value is not None:
             params[name] = value

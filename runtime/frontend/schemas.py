@@ -159,6 +159,11 @@ class _Sampling(_Strict):
     stop: str | list[str] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
+    stream_interval: int | None = Field(
+        default=None,
+        ge=1,
+        description="Extension (vLLM's own field): tokens per streamed chunk, the first at once.",
+    )
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     user: str | None = None

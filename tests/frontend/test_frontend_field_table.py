@@ -207,6 +207,32 @@ def _(p: Probe) -> None:
     assert p.post(stream_options={"include_usage": True}).status_code == 400
 
 
+@case(GEN, "stream_interval")
+def _(p: Probe) -> None:
+    no_eos = {"logit_bias": {"0": -100}} if p.real else {}  # the tiny Llama's <|eos|> is 0
+    body = {"stream": True, "max_tokens": 12, "temperature": 0, **no_eos}
+    body["stream_options"] = {"include_usage": True}
+
+    def texts(response: httpx.Response) -> list[str]:
+        events = _sse(response)
+        assert events[-1]["usage"]["completion_tokens"] == 12
+        pieces = [
+            (c["delta"].get("content") or "") if p.route == CHAT else c["text"]
+            for e in events
+            for c in e["choices"]
+        ]
+        return [piece for piece in pieces if piece]
+
+    each = texts(p.post(**body))
+    batched = texts(p.post(**body, stream_interval=4))
+    assert p.last().sampling_parameters["stream_interval"] == 4
+    assert "".join(batched) == "".join(each)
+    if p.real:
+        # The first token at once, then four a response: at most 1, 5, 9 and 12 tokens.
+        assert len(batched) <= 4, batched
+    p.refused("stream_interval", stream=True, stream_interval=0)
+
+
 @case(GEN, "temperature")
 def _(p: Probe) -> None:
     assert p.sent(temperature=0.25)["temperature"] == 0.25

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -334,20 +335,28 @@ def test_scoring_is_refused_against_a_backend_without_prompt_logprobs(
         served.stop()
 
 
-def test_logit_bias_is_refused_against_the_stock_backend(
-    standin: KServeStandIn, tokenizer_dir: Path
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        # The stock backend fails every logit_bias request (real Triton shows it:
+        # tests/serving_backend/test_real_triton_stock_backend.py); say so before sending one.
+        ("logit_bias", {"3": 5}),
+        # It streams vLLM's cumulative outputs, which vLLM 0.27.1 never batches.
+        ("stream_interval", 4),
+    ],
+)
+def test_fields_the_stock_backend_cannot_honour_are_refused(
+    standin: KServeStandIn, tokenizer_dir: Path, field: str, value: Any
 ) -> None:
-    # The stock backend fails every logit_bias request (real Triton shows it:
-    # tests/serving_backend/test_real_triton_stock_backend.py); say so before sending one.
     served = serve(make_settings(standin, tokenizer_dir, model_name="llm-stock"), standin)
     try:
         sent = len(standin.requests)
         for stream in (False, True):
-            body = {"model": MODEL, "prompt": "the", "logit_bias": {"3": 5}, "stream": stream}
+            body = {"model": MODEL, "prompt": "the", field: value, "stream": stream}
             response = httpx.post(served.url + "/v1/completions", json=body)
             assert response.status_code == 400, response.text
             error = response.json()["error"]
-            assert error["param"] == "logit_bias" and "llm_serving_vllm" in error["message"]
+            assert error["param"] == field and "llm_serving_vllm" in error["message"]
         assert len(standin.requests) == sent
         plain = {"model": MODEL, "prompt": "the", "max_tokens": 2}
         assert httpx.post(served.url + "/v1/completions", json=plain).status_code == 200
