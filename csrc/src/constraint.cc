@@ -66,7 +66,9 @@ void SetAvailable(ItemListRule& rule, const CatalogTrie& trie, uint32_t min_item
   const std::size_t n = trie.num_items();
   rule.available.assign((n + 63) / 64, 0);
   if (all_allowed) {
-    for (std::size_t r = 0; r < n; ++r) rule.available[r >> 6] |= uint64_t{1} << (r & 63u);
+    // Whole words: this runs for every request, on the engine's loop, over the whole catalog.
+    std::fill(rule.available.begin(), rule.available.end(), ~uint64_t{0});
+    if ((n & 63u) != 0) rule.available.back() = (uint64_t{1} << (n & 63u)) - 1;
   } else {
     for (std::size_t i = 0; i < num_allowed; ++i) {
       if (allowed[i] < 0 || static_cast<std::size_t>(allowed[i]) >= n) {
@@ -106,11 +108,18 @@ std::shared_ptr<const Constraint> MakeItemListConstraint(
   ItemListRule& rule = c->item_list;
   SetAvailable(rule, *trie, min_items, max_items, allowed, num_allowed, all_allowed);
   rule.root_mask.assign(c->words, 0);
-  const auto end = static_cast<uint32_t>(trie->num_items());
-  for (uint32_t r = NextSetBit(rule.available.data(), 0, end); r < end;) {
-    const TrieNode& child = trie->node(trie->ChildContaining(CatalogTrie::kRoot, r));
-    SetBit(rule.root_mask.data(), child.token);
-    r = NextSetBit(rule.available.data(), child.hi, end);
+  if (all_allowed) {
+    // Every first token opens some item: no search per child.
+    const TrieNode& root = trie->node(CatalogTrie::kRoot);
+    const int32_t* first_tokens = trie->child_tokens(root);
+    for (uint32_t k = 0; k < root.num_children; ++k) SetBit(rule.root_mask.data(), first_tokens[k]);
+  } else {
+    const auto end = static_cast<uint32_t>(trie->num_items());
+    for (uint32_t r = NextSetBit(rule.available.data(), 0, end); r < end;) {
+      const TrieNode& child = trie->node(trie->ChildContaining(CatalogTrie::kRoot, r));
+      SetBit(rule.root_mask.data(), child.token);
+      r = NextSetBit(rule.available.data(), child.hi, end);
+    }
   }
   rule.trie = std::move(trie);
   rule.prefix = std::move(prefix);

@@ -94,6 +94,11 @@ class TokenizedCatalog:
     def num_tokens(self) -> int:
         return sum(len(t) for t in self.tokens)
 
+    @cached_property
+    def max_token(self) -> int:
+        """The largest token id of :attr:`vocabulary` (read on every request, computed once)."""
+        return max(self.vocabulary)
+
 
 def catalog_dir_from_env() -> Path | None:
     """The catalog directory from ``LLM_SERVING_CATALOG_DIR``, or None when unset."""

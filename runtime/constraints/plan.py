@@ -164,7 +164,7 @@ def _item_list_plan(
                 f"its first token {token} also continues catalog item {owner!r} into a longer "
                 f"item of catalog {catalog.name!r}; choose a {name} that cannot continue an item",
             )
-    if max(tokenized.vocabulary) >= vocab_size or eos in tokenized.vocabulary:
+    if tokenized.max_token >= vocab_size or eos in tokenized.vocabulary:
         raise ConstraintConfigError(
             "constraints.item_list.catalog",
             f"catalog {catalog.name!r} has tokens outside the vocabulary of {vocab_size} "

@@ -157,6 +157,27 @@ def test_tokenizer_checks_name_the_field(
     assert fragment in str(info.value)
 
 
+def test_catalog_tokenized_for_another_vocabulary_is_refused(toy_dir: Path) -> None:
+    """A catalog token at or past the model's vocabulary, or equal to its end of sequence,
+    means another tokenizer: both are named on the catalog field."""
+    encode = tokenizer_encoder(word_tokenizer(WORDS))
+    tokenized = tokenize_catalog(load_catalog(toy_dir / "catalogs", "films"), encode)
+    largest = max(t for item in tokenized.tokens for t in item)
+    assert tokenized.max_token == largest
+    in_catalog_only = min(tokenized.vocabulary - set(encode([", "])[0]))
+    for vocab_size, eos in ((largest, 0), (VOCAB, in_catalog_only)):
+        with pytest.raises(ConstraintConfigError) as info:
+            resolve_constraints(
+                parse_constraints(_item_list()),
+                catalogs=lambda name: tokenized,
+                encode=encode,
+                vocab_size=vocab_size,
+                eos_token_id=eos,
+            )
+        assert info.value.field == "constraints.item_list.catalog"
+        assert "was it tokenized with this model's tokenizer?" in str(info.value)
+
+
 @pytest.mark.parametrize(
     ("lines", "fragment"),
     [
