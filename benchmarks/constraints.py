@@ -94,7 +94,7 @@ def _catalog(num_items: int, seed: int) -> TokenizedCatalog:
     return TokenizedCatalog(catalog, tuple(seqs), {}, frozenset())
 
 
-def _plan(catalog: TokenizedCatalog, allowed: tuple[int, ...]) -> ConstraintPlan:
+def _plan(catalog: TokenizedCatalog, allowed: tuple[int, ...] | None) -> ConstraintPlan:
     item_list = ItemListPlan(
         catalog=catalog,
         prefix=(PREFIX,),
@@ -311,6 +311,26 @@ def _python_trie_footprint(catalog: TokenizedCatalog) -> tuple[float, float]:
     return elapsed, size / catalog.num_tokens
 
 
+def bench_setup(w: Workload, allow: int | None, repeats: int) -> dict[str, Any]:
+    """A request's constraint built from its plan (what ``update_state`` does for each new
+    request, on the engine's loop): ``allow`` items of the catalog, or every item (None)."""
+    rng = random.Random(allow or 0)
+    count = len(w.catalog.tokens)
+    allowed = None if allow is None else tuple(sorted(rng.sample(range(count), allow)))
+    plan = _plan(w.catalog, allowed)
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        compile_plan(plan, w.native, w.vocabulary)
+        samples.append(time.perf_counter() - start)
+    return {
+        "impl": "engine_setup",
+        "items": count,
+        "allow_size": allow,
+        "setup_us": statistics.median(samples) * 1e6,
+    }
+
+
 def run(quick: bool) -> list[dict[str, Any]]:
     catalog = _catalog(100_000, seed=7)
     start = time.perf_counter()
@@ -362,6 +382,8 @@ def run(quick: bool) -> list[dict[str, Any]]:
             "vocab_mb": decoded_w.vocabulary.memory_bytes / 1e6,  # type: ignore[union-attr]
         }
     )
+    for allow in (None, 2_000, 50_000):
+        compile_rows.append(bench_setup(w, allow, 50 if quick else 500))
     for batch in [64] if quick else [1, 64, 256]:
         reqs = _requests(catalog, batch, 2_000, batch * 7 + 2_000)
         for mode, run_w, run_reqs in (
@@ -414,6 +436,11 @@ def _print(rows: list[dict[str, Any]]) -> None:
         if "compile_s" in r:
             impl = r["impl"] + (" decoded" if r.get("mode") == "decoded" else "")
             print(f"{impl:<28}{r['items']:>8}{r['compile_s']:>12.3f}{r['bytes_per_token']:>13.1f}")
+    print(f"\n{'request set-up, items allowed':<32}{'of items':>10}{'median_us':>12}")
+    for r in rows:
+        if "setup_us" in r:
+            allowed = "every item" if r["allow_size"] is None else f"{r['allow_size']:,}"
+            print(f"{allowed:<32}{r['items']:>10,}{r['setup_us']:>12.1f}")
     modes = {(r["mode"], r["batch"]): r for r in rows if "mode" in r and "batch" in r}
     if modes:
         print("\nengine_all_threads, allow 2,000: canonical vs decoded matching, side by side")
