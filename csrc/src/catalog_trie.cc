@@ -4,6 +4,7 @@
 #include <numeric>
 #include <string>
 
+#include "llm_serving/bits.h"
 #include "llm_serving/errors.h"
 #include "llm_serving/trie_children.h"
 
@@ -90,6 +91,12 @@ std::shared_ptr<const CatalogTrie> CatalogTrie::Build(const int32_t* tokens,
     trie->child_hi_.push_back(nodes[child].hi);
   }
   nodes.shrink_to_fit();
+  trie->first_tokens_mask_.assign((static_cast<std::size_t>(vocab_size) + 31) / 32, 0);
+  const TrieNode& root = trie->node(kRoot);
+  const int32_t* first_tokens = trie->child_tokens(root);
+  for (uint32_t k = 0; k < root.num_children; ++k) {
+    SetBit(trie->first_tokens_mask_.data(), first_tokens[k]);
+  }
   return trie;
 }
 
@@ -113,7 +120,8 @@ uint32_t CatalogTrie::ChildContaining(uint32_t node, uint32_t rank) const {
 std::size_t CatalogTrie::MemoryBytes() const {
   return sizeof(*this) + nodes_.capacity() * sizeof(TrieNode) +
          children_.capacity() * sizeof(uint32_t) + child_tokens_.capacity() * sizeof(int32_t) +
-         child_hi_.capacity() * sizeof(uint32_t) + rank_of_item_.capacity() * sizeof(uint32_t);
+         child_hi_.capacity() * sizeof(uint32_t) + rank_of_item_.capacity() * sizeof(uint32_t) +
+         first_tokens_mask_.capacity() * sizeof(uint32_t);
 }
 
 }  // namespace llm_serving

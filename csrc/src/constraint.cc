@@ -109,10 +109,9 @@ std::shared_ptr<const Constraint> MakeItemListConstraint(
   SetAvailable(rule, *trie, min_items, max_items, allowed, num_allowed, all_allowed);
   rule.root_mask.assign(c->words, 0);
   if (all_allowed) {
-    // Every first token opens some item: no search per child.
-    const TrieNode& root = trie->node(CatalogTrie::kRoot);
-    const int32_t* first_tokens = trie->child_tokens(root);
-    for (uint32_t k = 0; k < root.num_children; ++k) SetBit(rule.root_mask.data(), first_tokens[k]);
+    // The trie's vocabulary is at most the constraint's (checked above): a prefix of the row.
+    const auto& first_tokens = trie->first_tokens_mask();
+    std::copy(first_tokens.begin(), first_tokens.end(), rule.root_mask.begin());
   } else {
     const auto end = static_cast<uint32_t>(trie->num_items());
     for (uint32_t r = NextSetBit(rule.available.data(), 0, end); r < end;) {

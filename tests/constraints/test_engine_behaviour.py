@@ -149,6 +149,24 @@ def test_engine_matches_reference_at_full_vocabulary_size() -> None:
             engine.advance(slot, [token])
 
 
+def test_a_list_allowing_every_item_starts_with_every_first_token() -> None:
+    """Without an allow list the first row is the catalog's first tokens, also for a catalog
+    compiled for a smaller vocabulary than the model's (its tokens fill a prefix of the row)."""
+    vocab, eos, sep, term = 128_256, 2, 10, 11
+    tokenized = _random_catalog(2_000, 4_000, seed=6)
+    first_tokens = sorted({seq[0] for seq in tokenized.tokens})
+    assert first_tokens[-1] >= 32 * 64  # past the row's first 64 words
+    for catalog_vocab in (4_000, vocab):
+        native = compile_catalog(tokenized, catalog_vocab)
+        for unique in (False, True):
+            item_list = ItemListPlan(tokenized, (), (sep,), (term,), 1, None, unique, None)
+            engine = ConstraintEngine(1, vocab, 1)
+            engine.add(0, compile_plan(ConstraintPlan(vocab, eos, item_list, None, ()), native))
+            mask = np.zeros((1, engine.words), np.int32)
+            engine.fill(mask, np.asarray([0], np.int32))
+            assert _allowed(mask[0]) == first_tokens
+
+
 def test_rows_under_a_wide_node_follow_what_is_still_available() -> None:
     """Item A alone and A followed by each of 100 tokens: the row after A lists exactly the
     children whose items remain (every child when nothing is used up or left out, fewer for

@@ -41,6 +41,9 @@ class CatalogTrie {
   const int32_t* child_tokens(const TrieNode& n) const {
     return child_tokens_.data() + n.first_child;
   }
+  // The items' first tokens as a bitmask of ceil(vocab_size / 32) words: the row of a request
+  // that allows every item, copied instead of rebuilt per request.
+  const std::vector<uint32_t>& first_tokens_mask() const { return first_tokens_mask_; }
   // The child of `node` reached by `token`, or kNone.
   uint32_t Child(uint32_t node, int32_t token) const;
   // The child of `node` whose range holds `rank` (a rank inside a child's subtree).
@@ -58,6 +61,7 @@ class CatalogTrie {
   std::vector<int32_t> child_tokens_;
   std::vector<uint32_t> child_hi_;
   std::vector<uint32_t> rank_of_item_;
+  std::vector<uint32_t> first_tokens_mask_;
   std::size_t num_tokens_ = 0;
   int32_t vocab_size_ = 0;
 };
