@@ -7,6 +7,10 @@ each request by its next token and filling the whole batch's next-token bitmask.
 runs the same kind of output over a 10,000-item catalog written as an EBNF alternation (it
 has no per-request allow lists and cannot forbid repeats).
 
+``engine_mask`` rows time what a CPU engine does with the bitmask next: setting every masked
+token's float32 logit to -inf in a ``[batch, 128,256]`` array (``mask_logits``), the step that
+fills the bitmask untimed.
+
 Decoded matching (``mode: decoded`` rows) runs the same requests over the same catalog with
 the items as text: the vocabulary's tokens get byte strings (syllable words, the 256 single
 bytes, punctuation), the items are their tokens' text, and the engine walks the vocabulary's
@@ -180,6 +184,27 @@ def bench_engine(w: Workload, reqs: _Requests, threads: int, steps: int) -> dict
         start = time.perf_counter()
         engine.native.advance_batch(slots, tokens)
         engine.fill(mask, rows)
+        samples.append(time.perf_counter() - start)
+    return _stats(samples[3:], batch)
+
+
+def bench_mask(w: Workload, reqs: _Requests, threads: int, steps: int) -> dict[str, float]:
+    """Masking a batch's float32 logits with each step's bitmask (the step itself untimed)."""
+    batch = len(reqs.plans)
+    engine = ConstraintEngine(batch, VOCAB, threads)
+    for slot, plan in enumerate(reqs.plans):
+        engine.add(slot, compile_plan(plan, w.native, w.vocabulary))
+        engine.advance(slot, reqs.paths[slot][: reqs.positions[slot]])
+    mask = np.zeros((batch, engine.words), dtype=np.int32)
+    rows = np.arange(batch, dtype=np.int32)
+    logits = np.random.default_rng(batch).standard_normal((batch, VOCAB), dtype=np.float32)
+    samples = []
+    for _ in range(steps + 3):
+        tokens = np.asarray(_next_tokens(reqs, engine.reset), dtype=np.int32)
+        engine.native.advance_batch(rows, tokens)
+        engine.fill(mask, rows)
+        start = time.perf_counter()
+        engine.mask_logits(logits, mask, rows)
         samples.append(time.perf_counter() - start)
     return _stats(samples[3:], batch)
 
@@ -409,6 +434,8 @@ def run(quick: bool) -> list[dict[str, Any]]:
                 "engine_1_thread": partial(bench_engine, w, _copy(reqs), 1, steps),
                 "engine_all_threads": partial(bench_engine, w, _copy(reqs), threads, steps),
             }
+            if allow == 2_000:
+                measured["engine_mask"] = partial(bench_mask, w, _copy(reqs), threads, steps)
             # The reference builds a Python trie per request: 50,000-item lists only up to 64.
             if allow == 2_000 or batch <= (8 if quick else 64):
                 measured["python_reference"] = partial(
