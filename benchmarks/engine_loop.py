@@ -15,9 +15,10 @@ them constrained; constrained requests alternate between an item list over a cat
 tokens. ``engine_isolated`` replays the tokens the engine generated through the native engine
 alone, the way ``benchmarks/constraints.py`` measures a step: advance every constrained slot
 by its token, then fill their bitmask rows. ``engine_isolated_cold`` is the same replay with a
-64 MiB buffer (twice this machine's last-level cache) written between steps, as the model's
-forward pass does between engine steps: not a target, it tells cache misses apart from
-overhead when the in-engine time exceeds the isolated one.
+64 MiB buffer written between steps, as the model's forward pass does between engine steps
+(16 times a core's L2 on the 2-core machines; some of them report a larger shared L3, which it
+then only partly evicts): not a target, it tells cache misses apart from overhead when the
+in-engine time exceeds the isolated one.
 
 Throughput (``tokens_per_s``): generated tokens over wall time of one batch of requests,
 every request generating the same number of tokens; ``ours`` constrains all of them with an
@@ -30,8 +31,9 @@ items), ``unconstrained`` the same requests without either. Impls alternate with
 a copy of the previous commit's modules under another package name) in the same engine, in
 turn with ours on the same requests: ``baseline_in_engine`` rows, a change side by side.
 
-``--quick``: 32 tokens per request and one run per configuration, throughput at B = 32 and 256
-in three rounds (under 2 minutes on 2 cores; the full run about 3).
+``--quick``: 32 tokens per request and one run per configuration (two with a baseline, one in
+each order), throughput at B = 32 and 256 in three rounds (under 2 minutes on 2 cores; the full
+run about 3).
 
     python -m benchmarks.engine_loop [--quick] [--json PATH] [--baseline-processor MODULE:CLASS]
 
@@ -248,7 +250,7 @@ def _p99_us(samples: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))] * 1e6
 
 
-#: Written between cold replay steps: larger than the last-level cache of the machines we run on.
+#: Written between cold replay steps: many times a core's L2 cache.
 EVICTION_BYTES = 64 << 20
 
 
@@ -292,7 +294,10 @@ def bench_isolated(
 def bench_steps(engine: Engine, quick: bool) -> list[dict[str, Any]]:
     batches = [8, 32, 128, 256]
     max_tokens = 32 if quick else 64
-    repeats = 1 if quick else 3
+    # Whichever processor runs first on a configuration's requests is measured slower (up to
+    # 1.6x at batch 128 in an A/A run of ours against itself), so with a baseline every
+    # configuration runs in both orders.
+    repeats = (1 if quick else 3) * len(engine.clocks)
     rows: list[dict[str, Any]] = []
     for batch in batches:
         for fraction in (0.0, 0.5, 1.0):
@@ -302,7 +307,8 @@ def bench_steps(engine: Engine, quick: bool) -> list[dict[str, Any]]:
             cold: list[float] = []
             for r in range(repeats):
                 requests = _step_requests(batch, constrained, max_tokens, seed=1000 * r + batch)
-                for impl in engine.clocks:
+                order = list(engine.clocks)
+                for impl in order[::-1] if r % 2 else order:
                     with engine.measuring(impl) as clock:
                         outputs, _ = engine.generate(requests)
                     measured[impl] += clock.steady(batch)
