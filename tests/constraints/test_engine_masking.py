@@ -51,3 +51,19 @@ def test_native_mask_refuses_what_it_cannot_index() -> None:
         engine.mask_logits(torch.zeros((3, 40)).half(), bitmask, np.asarray([0], np.int32))
     with pytest.raises(ValueError, match="must be contiguous"):
         engine.mask_logits(torch.zeros((40, 3)).t(), bitmask, np.asarray([0], np.int32))
+
+
+def test_allowed_logits_keep_their_exact_bits() -> None:
+    """NaN, infinities and -0.0 pass through an allowed position unchanged; masked ones
+    become -inf whatever they held, in words that are partly, wholly and not at all allowed."""
+    engine = ConstraintEngine(2, 96, 1)
+    specials = np.asarray([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-45, -3.5], dtype=np.float32)
+    logits = np.resize(specials, (2, 96)).astype(np.float32)
+    before = logits.view(np.uint32).copy()
+    bitmask = np.asarray([[0x5555_5555, 0, ~0], [~0, 0x0000_0001, 0x7FFF_FFFE]], dtype=np.int64)
+    bitmask = bitmask.astype(np.uint32)
+    engine.mask_logits(logits, bitmask.view(np.int32), np.asarray([0, 1], dtype=np.int32))
+    allowed = np.unpackbits(bitmask.view(np.uint8), bitorder="little").reshape(2, 96) == 1
+    after = logits.view(np.uint32)
+    assert np.array_equal(after[allowed], before[allowed])
+    assert (after[~allowed] == np.float32(-np.inf).view(np.uint32)).all()
