@@ -168,21 +168,25 @@ def _next_tokens(reqs: _Requests, restart: Callable[[int], None]) -> list[int]:
     return tokens
 
 
+def _engine_at_start(w: Workload, reqs: _Requests, threads: int) -> ConstraintEngine:
+    """An engine holding every request in slot i, advanced to its starting position."""
+    engine = ConstraintEngine(len(reqs.plans), VOCAB, threads)
+    for slot, plan in enumerate(reqs.plans):
+        engine.add(slot, compile_plan(plan, w.native, w.vocabulary))
+        engine.advance(slot, reqs.paths[slot][: reqs.positions[slot]])
+    return engine
+
+
 def bench_engine(w: Workload, reqs: _Requests, threads: int, steps: int) -> dict[str, float]:
     batch = len(reqs.plans)
-    engine = ConstraintEngine(batch, VOCAB, threads)
-    constraints = [compile_plan(p, w.native, w.vocabulary) for p in reqs.plans]
-    for slot, constraint in enumerate(constraints):
-        engine.add(slot, constraint)
-        engine.advance(slot, reqs.paths[slot][: reqs.positions[slot]])
+    engine = _engine_at_start(w, reqs, threads)
     mask = np.zeros((batch, engine.words), dtype=np.int32)
     rows = np.arange(batch, dtype=np.int32)
-    slots = rows.copy()
     samples = []
     for _ in range(steps + 3):
         tokens = np.asarray(_next_tokens(reqs, engine.reset), dtype=np.int32)
         start = time.perf_counter()
-        engine.native.advance_batch(slots, tokens)
+        engine.native.advance_batch(rows, tokens)
         engine.fill(mask, rows)
         samples.append(time.perf_counter() - start)
     return _stats(samples[3:], batch)
@@ -191,10 +195,7 @@ def bench_engine(w: Workload, reqs: _Requests, threads: int, steps: int) -> dict
 def bench_mask(w: Workload, reqs: _Requests, threads: int, steps: int) -> dict[str, float]:
     """Masking a batch's float32 logits with each step's bitmask (the step itself untimed)."""
     batch = len(reqs.plans)
-    engine = ConstraintEngine(batch, VOCAB, threads)
-    for slot, plan in enumerate(reqs.plans):
-        engine.add(slot, compile_plan(plan, w.native, w.vocabulary))
-        engine.advance(slot, reqs.paths[slot][: reqs.positions[slot]])
+    engine = _engine_at_start(w, reqs, threads)
     mask = np.zeros((batch, engine.words), dtype=np.int32)
     rows = np.arange(batch, dtype=np.int32)
     logits = np.random.default_rng(batch).standard_normal((batch, VOCAB), dtype=np.float32)

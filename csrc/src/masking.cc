@@ -9,7 +9,8 @@ namespace llm_serving {
 namespace {
 
 static_assert(std::numeric_limits<float>::is_iec559, "masking writes IEEE 754 -inf bits");
-constexpr uint32_t kMaskedBits = 0xff800000u;  // -inf as IEEE 754 binary32
+constexpr float kMasked = -std::numeric_limits<float>::infinity();
+constexpr uint32_t kMaskedBits = 0xff800000u;  // kMasked's IEEE 754 binary32 bits
 
 constexpr std::array<uint32_t, 32> BitTable() {
   std::array<uint32_t, 32> bits{};
@@ -42,7 +43,7 @@ void MaskRow(float* logits, const uint32_t* bits, std::size_t columns) {
     // which need no read (at a vocabulary of 128,256 most of a row is either).
     if (bits[w] == ~0u) continue;
     if (bits[w] == 0) {
-      std::fill(out, out + 32, -std::numeric_limits<float>::infinity());
+      std::fill(out, out + 32, kMasked);
     } else {
       MaskWord(out, bits[w], 32);
     }
