@@ -64,15 +64,23 @@ class ConstraintBatch:
         default_eos_token_id: int | None,
         num_threads: int | None = None,
         pin_memory: bool = False,
+        bitmasks: int = 1,
     ) -> None:
+        if bitmasks < 1:
+            raise ValueError(f"bitmasks must be at least 1, got {bitmasks}")
         self.engine = ConstraintEngine(max_batch, vocab_size, num_threads)
         self.vocab_size = vocab_size
         self.registry = registry
         self.default_eos_token_id = default_eos_token_id
-        self.bitmask = torch.zeros((max_batch, self.engine.words), dtype=torch.int32)
-        if pin_memory:
-            self.bitmask = self.bitmask.pin_memory()
-        self._bitmask_np = self.bitmask.numpy()
+        self._bitmasks: list[torch.Tensor] = []
+        for _ in range(bitmasks):
+            buffer = torch.zeros((max_batch, self.engine.words), dtype=torch.int32)
+            self._bitmasks.append(buffer.pin_memory() if pin_memory else buffer)
+        self._bitmask_nps = [buffer.numpy() for buffer in self._bitmasks]
+        #: Index of the buffer this step fills (``rotate_bitmask`` moves it on).
+        self.bitmask_index = 0
+        self.bitmask = self._bitmasks[0]
+        self._bitmask_np = self._bitmask_nps[0]
         #: Each slot's live output-token list (None: unconstrained) and how many of its tokens
         #: the engine has consumed; both move with the slot.
         self._outputs: list[list[int] | None] = [None] * max_batch
@@ -148,6 +156,22 @@ class ConstraintBatch:
         output_a, consumed_a = self._outputs[a], int(self._consumed[a])
         self._bind(a, self._outputs[b], int(self._consumed[b]))
         self._bind(b, output_a, consumed_a)
+
+    @property
+    def bitmask_count(self) -> int:
+        """How many host bitmask buffers the batch alternates between."""
+        return len(self._bitmasks)
+
+    def rotate_bitmask(self) -> int:
+        """Make the next buffer the one this step fills (cyclically); its index.
+
+        With two buffers a step fills one while the device may still be copying the other;
+        every constrained row is rewritten at each step, so no buffer carries state forward.
+        """
+        self.bitmask_index = (self.bitmask_index + 1) % len(self._bitmasks)
+        self.bitmask = self._bitmasks[self.bitmask_index]
+        self._bitmask_np = self._bitmask_nps[self.bitmask_index]
+        return self.bitmask_index
 
     def start_fill(self, only: np.ndarray | None = None) -> None:
         """Consume new tokens and start filling the rows whose tokens are all known.

@@ -18,21 +18,32 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
 
-def apply_bitmask_inplace(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
+def apply_bitmask_inplace(
+    logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None
+) -> None:
     """Set ``logits[r, j]`` to -inf for every r in ``rows`` where bit j of ``bitmask[r]`` is 0.
 
-    ``bitmask`` is indexed like ``logits`` and lives on its device; rows not listed are left
-    alone. On CUDA with xgrammar installed its kernel does the work, elsewhere a torch path.
+    ``bitmask`` is indexed like ``logits`` and lives on its device, as does ``rows`` (None: every
+    row of ``logits``); rows not listed are left alone. Nothing here waits for the device. On
+    CUDA with xgrammar installed its kernel does the work, elsewhere a torch path.
     """
-    if rows.numel() == 0:
+    if rows is not None and rows.numel() == 0:
         return
-    vocab_size = logits.shape[-1]
+    n, vocab_size = logits.shape
     if logits.is_cuda and _HAS_XGRAMMAR:
         import xgrammar
 
+        # xgrammar's signature says a list of ints, but its kernels take a device tensor as
+        # vLLM passes it: a list would be a copy from the device, which waits for it.
         xgrammar.apply_token_bitmask_inplace(
-            logits, bitmask[: logits.shape[0]], vocab_size=vocab_size, indices=rows.tolist()
+            logits,
+            bitmask[:n],
+            vocab_size=vocab_size,
+            indices=rows,  # type: ignore[arg-type]
         )
+        return
+    if rows is None:
+        logits.masked_fill_(~unpack_bitmask(bitmask[:n], vocab_size), float("-inf"))
         return
     allowed = unpack_bitmask(bitmask.index_select(0, rows), vocab_size)
     selected = logits.index_select(0, rows)

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 from tokenizers import Tokenizer
 from vllm import SamplingParams
@@ -19,7 +18,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 
 from runtime.constraints.batch import ConstraintBatch
 from runtime.constraints.catalog import Encoder, catalog_dir_from_env, tokenizer_encoder
-from runtime.constraints.masking import apply_bitmask_inplace
+from runtime.constraints.device_mask import HOST_BITMASKS, DeviceMask
 from runtime.constraints.plan import check_catalog_fields
 from runtime.constraints.registry import CatalogRegistry
 from runtime.constraints.schema import parse_constraints
@@ -129,18 +128,25 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         model_config = vllm_config.model_config
         vocab_size = model_config.get_vocab_size()
         registry = catalog_registry(model_config.tokenizer, vocab_size)
+        on_device = self.masks_on_device(device)
+        pin_memory = is_pin_memory and device.type == "cuda"
         self.batch = ConstraintBatch(
             max_batch=vllm_config.scheduler_config.max_num_seqs,
             vocab_size=vocab_size,
             registry=registry,
             default_eos_token_id=model_eos_token_id(vllm_config),
-            pin_memory=is_pin_memory and device.type == "cuda",
+            pin_memory=pin_memory,
+            bitmasks=HOST_BITMASKS if on_device else 1,
         )
         self.device = device
-        self._device_bitmask: torch.Tensor | None = None
-        self._copy_done: torch.cuda.Event | None = None
-        if device.type != "cpu":
-            self._device_bitmask = torch.empty_like(self.batch.bitmask, device=device)
+        self._device_mask = (
+            DeviceMask(self.batch, device, pin_memory=pin_memory) if on_device else None
+        )
+
+    @staticmethod
+    def masks_on_device(device: torch.device) -> bool:
+        """Whether ``apply`` copies the bitmask to ``device`` instead of masking on the host."""
+        return device.type != "cpu"
 
     def is_argmax_invariant(self) -> bool:
         return False
@@ -157,29 +163,18 @@ class ConstraintLogitsProcessor(LogitsProcessor):
                     self.batch.swap(a, b)
                 else:
                     self.batch.move(a, b)
-        if self._copy_done is not None:
-            # The previous step's host-to-device copy reads the buffer the fill writes.
-            self._copy_done.synchronize()
+        if self._device_mask is not None:
+            self._device_mask.before_fill()
         self.batch.start_fill()
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         rows = self.batch.finish_fill()
         if rows.size == 0:
             return logits
-        if self._device_bitmask is None:
+        if self._device_mask is None:
             self.batch.mask(logits, rows)
-            return logits
-        n = logits.shape[0]
-        rows = rows[: np.searchsorted(rows, n)]
-        if rows.size == 0:
-            return logits
-        host = self.batch.bitmask
-        self._device_bitmask[:n].copy_(host[:n], non_blocking=True)
-        if self.device.type == "cuda":
-            self._copy_done = torch.cuda.Event()
-            self._copy_done.record()
-        index = torch.from_numpy(rows).to(torch.int64).to(self.device)
-        apply_bitmask_inplace(logits, self._device_bitmask, index)
+        else:
+            self._device_mask.apply(logits, rows)
         return logits
 
     @property

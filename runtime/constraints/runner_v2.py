@@ -62,7 +62,6 @@ class ConstraintLogitsProcessorV2(RunnerV2Processor):  # type: ignore[misc,valid
         self._staged: list[tuple[int, Any]] = []
         # Output tokens copied from the device so far, per req_idx (the batch reads these).
         self._outputs: list[list[int] | None] = [None] * req_states.max_num_reqs
-        self._device_bitmask: torch.Tensor | None = None
 
     def add_request(self, req_idx: int, sampling_params: Any) -> bool:
         """Stage a request (effective at the next ``apply_staged_writes``); True if constrained."""

@@ -6,7 +6,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
+from runtime.constraints.processor import ConstraintLogitsProcessor
 from tests.constraints.toy import word_tokenizer, write_catalog
 
 WORDS = ["red", "green", "blue", "sky", "sea", "moon", "[", "]", ";", "and", ".", "end", "list:"]
@@ -29,6 +31,15 @@ def vllm_config(tokenizer_dir: Path, vocab_size: int, max_num_seqs: int) -> Simp
     return SimpleNamespace(
         model_config=model, scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs)
     )
+
+
+class DevicePathOnHost(ConstraintLogitsProcessor):
+    """The processor as it runs on an accelerator (double-buffered host bitmask, copies, the
+    torch masking path), with the CPU standing in for the device."""
+
+    @staticmethod
+    def masks_on_device(device: torch.device) -> bool:
+        return True
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdateBuilder, MoveDirectionality
 
 from runtime.constraints.processor import ConstraintLogitsProcessor
-from tests.constraints.conftest import vllm_config
+from tests.constraints.conftest import DevicePathOnHost, vllm_config
 from tests.constraints.decoded_support import spells_valid_list
 from tests.constraints.reference import ReferenceConstraint, words_per_row
 from tests.constraints.toy import catalog_model, word_tokenizer
@@ -142,16 +142,17 @@ def _run_history(
     vocab: int,
     tokenizer: Tokenizer | None = None,
     matching: str = "canonical",
+    device_path: bool = False,
 ) -> None:
-    """Drive the processor through a random history; ``matching`` is the catalog's mode."""
+    """Drive the processor through a random history; ``matching`` is the catalog's mode,
+    ``device_path`` runs the accelerator's masking (double-buffered host bitmask) on the CPU."""
     rng = random.Random(seed)
     requests: dict[int, _Request] = {}
     if tokenizer is None:
         tokenizer = word_tokenizer(ITEM_WORDS + PUNCT)
     with catalog_model(items, tokenizer, vocab, EOS, matching) as (root, plan_of):
-        proc = ConstraintLogitsProcessor(
-            vllm_config(root, vocab, MAX_BATCH), torch.device("cpu"), False
-        )
+        processor = DevicePathOnHost if device_path else ConstraintLogitsProcessor
+        proc = processor(vllm_config(root, vocab, MAX_BATCH), torch.device("cpu"), False)
 
         plans = [plan_of(c) for c in configs]
         waiting = list(range(len(configs)))
@@ -280,9 +281,16 @@ def _run_history(
     max_examples=60,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-@given(data=st.data(), seed=st.integers(0, 2**32 - 1), pad=st.sampled_from([0, 1, 19]))
-def test_engine_matches_reference_over_batch_histories(data: Any, seed: int, pad: int) -> None:
+@given(
+    data=st.data(),
+    seed=st.integers(0, 2**32 - 1),
+    pad=st.sampled_from([0, 1, 19]),
+    device_path=st.booleans(),
+)
+def test_engine_matches_reference_over_batch_histories(
+    data: Any, seed: int, pad: int, device_path: bool
+) -> None:
     items = data.draw(catalogs())
     vocab = 2 + len(ITEM_WORDS) + len(PUNCT) + pad
     configs = data.draw(st.lists(constraint_configs(items, vocab), min_size=1, max_size=12))
-    _run_history(items, configs, seed, vocab)
+    _run_history(items, configs, seed, vocab, device_path=device_path)
