@@ -331,9 +331,15 @@ class Entrypoint:
     async def _spawn(
         self, argv: list[str], env: dict[str, str], what: str
     ) -> asyncio.subprocess.Process:
-        """Start ``argv`` as a child the shutdown will stop; ``what`` names it if it cannot run."""
+        """Start ``argv`` as a child the shutdown will stop; ``what`` names it if it cannot run.
+
+        Each server leads its own process group, which its helpers join (Triton's backend
+        stubs and their vLLM engine cores), so that stopping it ends them too. The group stays
+        in the entrypoint's session: a new session is a new scheduler autogroup, which changes
+        how the kernel shares the CPUs between the servers (uvloop takes no ``process_group``).
+        """
         try:
-            process = await asyncio.create_subprocess_exec(*argv, env=env)
+            process = await asyncio.create_subprocess_exec(*argv, env=env, preexec_fn=os.setpgrp)
         except OSError as exc:
             raise _Failed(7, f"cannot run {what}: {exc}", _FIXES["start"]) from exc
         self.state.processes.append(process)
@@ -503,7 +509,8 @@ class Entrypoint:
         return ExitCode.DRAINED
 
     async def _stop_processes(self, deadline: float) -> bool:
-        """SIGTERM every child (frontend first), wait ``deadline`` seconds, then SIGKILL."""
+        """SIGTERM every child (frontend first), wait ``deadline`` seconds, then SIGKILL; then
+        SIGKILL what is left of its process group."""
         clean = True
         for process in reversed(self.state.processes):
             if process.returncode is None:
@@ -513,9 +520,12 @@ class Entrypoint:
                 await asyncio.wait_for(process.wait(), timeout=deadline + 5)
             except TimeoutError:
                 clean = False
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                await process.wait()
+            # A killed Triton leaves its backend stubs and their engine cores running, holding
+            # the model's memory (GPU memory on a GPU node), and so can a stub that hangs after
+            # Triton exits: they are of no use without it.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
         return clean
 
 

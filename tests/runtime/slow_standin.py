@@ -3,12 +3,16 @@ a per-token delay (``STANDIN_TOKEN_DELAY_SECONDS``), so tests can have requests 
 SIGTERM; a hold (``STANDIN_HOLD_UNTIL_FILE``: each generation, once its request is recorded,
 waits until that file exists), so a test decides when in-flight requests may finish; and a
 readiness switch (``STANDIN_UNREADY_WHILE_FILE``: not ready while that file exists) to model a
-backend health check failing for a while. A test helper only; never imported by product code."""
+backend health check failing for a while; and a helper process (``STANDIN_HELPER_PID_FILE``: its
+pid is written there) that ignores SIGTERM and outlives the server, as a hung backend stub or a
+vLLM engine core does when Triton is killed. A test helper only; never imported by product
+code."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -47,7 +51,21 @@ def _switched_ready(self: kserve_server.KServeStandIn) -> bool:
     return bool(_ready(self)) and not (unready and Path(unready).exists())
 
 
+def _start_helper(pid_file: str) -> None:
+    # In the server's process group, like the stubs Triton forks; reparented once it dies.
+    helper = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)",
+        ]
+    )
+    Path(pid_file).write_text(str(helper.pid))
+
+
 if __name__ == "__main__":
+    if helper_pid_file := os.environ.get("STANDIN_HELPER_PID_FILE"):
+        _start_helper(helper_pid_file)
     kserve_server.KServeStandIn.__init__ = _slow_init  # type: ignore[method-assign]
     kserve_server.KServeStandIn._generate = _held_generate  # type: ignore[method-assign]
     kserve_server.KServeStandIn.ready = property(_switched_ready)  # type: ignore[method-assign,assignment]

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -185,3 +186,47 @@ def test_sigterm_during_an_early_stage_stops_after_it(tmp_path: Path) -> None:
     assert code == ExitCode.DRAINED, err
     assert "SIGTERM after stage 3/8 plugins: start cancelled, nothing to drain" in err
     assert "stage 4/8" not in err and "started" not in err
+
+
+def _ended(pid: int, timeout: float = 15) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("how", ["idle stop", "drain deadline", "server killed"])
+def test_what_the_server_leaves_running_stops_with_it(tmp_path: Path, how: str) -> None:
+    """A helper of Triton's (a hung backend stub, an engine core of a killed Triton) that
+    ignores SIGTERM and outlives the server ends with it, however the server ended."""
+    pod = Pod.create(tmp_path)
+    helper = tmp_path / "helper.pid"
+    pod.env["STANDIN_HELPER_PID_FILE"] = str(helper)
+    pod.env["LLM_SERVING_DRAIN_SECONDS"] = "1"
+    record = tmp_path / "requests.jsonl"
+    pod.env["KSERVE_STANDIN_RECORD"] = str(record)
+    pod.env["STANDIN_TOKEN_DELAY_SECONDS"] = "0.5"  # 15 s per request, past the deadline
+    pod.start().wait_ready()
+    assert wait_for_file(helper), pod.stderr()
+    pid = int(helper.read_text())
+    threads: list[threading.Thread] = []
+    if how == "drain deadline":
+        threads = _traffic(pod.port("public_grpc"), {}, {})
+        _wait_until_received(record)
+    if how == "server killed":
+        (triton,) = pod.leftover_servers()
+        triton.kill()
+        code, err = pod.wait_exit()
+        assert code == ExitCode.SERVER_EXITED, err
+    else:
+        code, err = pod.terminate()
+        expected = ExitCode.DRAIN_TIMEOUT if how == "drain deadline" else ExitCode.DRAINED
+        assert code == expected, err
+    for thread in threads:
+        thread.join(timeout=30)
+    assert _ended(pid), f"the server's helper {pid} outlived the pod ({how})"
