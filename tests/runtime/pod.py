@@ -8,6 +8,7 @@ embedded and standalone) is ``tests/runtime/real_pod.py`` with ``test_pod_real_t
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import signal
@@ -33,6 +34,8 @@ from tests.runtime.wheelmaker import make_source
 from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
+#: Environment variable naming the pod (its root folder) in every process it starts.
+POD_MARKER = "POD_TEST_ROOT"
 LIGHT_MATRIX = """
 format_version = 1
 default_triton = "26.08"
@@ -195,6 +198,9 @@ class Pod:
                 "LLM_SERVING_HEALTH_PORT": str(free_port()),
                 "LLM_SERVING_READY_TIMEOUT_SECONDS": "60",
                 "LLM_SERVING_DRAIN_SECONDS": "10",
+                # Inherited by everything the pod starts (Triton's stubs, vLLM's engine cores):
+                # how leftover_processes finds them once their parents are gone.
+                POD_MARKER: str(root),
                 "KSERVE_STANDIN_LOAD_SECONDS": "0",
                 # The stand-in refuses a command line that lacks what the pod relies on.
                 "KSERVE_STANDIN_REQUIRE_POD_FLAGS": "1",
@@ -292,17 +298,44 @@ class Pod:
         return self.process.wait(timeout=timeout), self.log.text()
 
     def stop_if_running(self) -> None:
-        """Stop the entrypoint, and with it its servers, if a test left it running."""
-        if self.process is None or self.process.poll() is not None:
+        """Stop the entrypoint if a test left it running, then kill whatever of the pod is left.
+
+        A real Triton can take longer than the wait here to finalize its model, and killing
+        the entrypoint then would leave Triton's stubs and vLLM's engine cores (1.7 GB each)
+        running under the tests that follow.
+        """
+        if self.process is None:
             return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        for server in self.leftover_servers():
-            server.kill()
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        for process in self.leftover_processes(timeout=0):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+
+    def leftover_processes(self, timeout: float = 5) -> list[psutil.Process]:
+        """Processes of this pod other than the entrypoint still running after ``timeout``
+        seconds (SIGKILLed ones take a moment to go), found by the marker in their environment."""
+        entrypoint = self.process.pid if self.process is not None else None
+        deadline = time.monotonic() + timeout
+        while True:
+            found = []
+            for process in psutil.process_iter():
+                try:
+                    if process.pid == entrypoint or process.status() == psutil.STATUS_ZOMBIE:
+                        continue
+                    environ = process.environ()
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+                if environ.get(POD_MARKER) == str(self.root):
+                    found.append(process)
+            if not found or time.monotonic() >= deadline:
+                return found
+            time.sleep(0.1)
 
     def leftover_servers(self) -> list[psutil.Process]:
         """Processes still running with this pod's Triton HTTP port in their argv (orphans)."""

@@ -511,6 +511,9 @@ def test_sigterm_during_streams_drains_every_request(served: Served) -> None:
     code, err = served.pod.terminate(timeout=180)
     for thread in threads:
         thread.join(timeout=120)
+    # Past the drain deadline (below) Triton is killed: its stub and vLLM's engine core end too.
+    left = served.pod.leftover_processes(timeout=15)
+    assert left == [], [p.cmdline() for p in left]
     text, reasons, usage = results["frontend"]
     assert reasons == ["length"] and usage is not None and usage.completion_tokens == 200 and text
     assert results["grpc"] == (200, [])
@@ -590,4 +593,5 @@ def test_model_that_fails_to_load_exits_at_the_gate(tiny_llm: TinyLlm, tmp_path:
     assert code == ExitCode.STAGE_GATE, err[-4000:]
     line = failure_line(err)
     assert f"before the model {MODEL} was ready" in line
-    assert not pod.leftover_servers()
+    left = pod.leftover_processes(timeout=15)
+    assert left == [], [p.cmdline() for p in left]
