@@ -338,12 +338,13 @@ class Pod:
             time.sleep(0.1)
 
     def leftover_servers(self) -> list[psutil.Process]:
-        """Processes still running with this pod's Triton HTTP port in their argv (orphans)."""
+        """The pod's processes still running with its Triton HTTP port in their argv."""
         flag = f"--http-port={self.port('triton_http')}"
         found = []
-        for process in psutil.process_iter(["cmdline"]):
-            if flag in (process.info["cmdline"] or []):
-                found.append(process)
+        for process in self.leftover_processes(timeout=0):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if flag in process.cmdline():
+                    found.append(process)
         return found
 
     def stderr(self) -> str:
