@@ -26,6 +26,9 @@ item list (separator ``", "``, at least 20 items) over a catalog of 10,000 items
 is vLLM's structured outputs with the same list as an EBNF grammar over the same items
 (``item (", " item){19,}``; xgrammar takes about six minutes to compile it over the 100,000
 items), ``unconstrained`` the same requests without either. Impls alternate within each round.
+``tokens_per_s`` is the median over rounds, ``round_tokens_per_s`` each round's; the table's
+last column is the median (and range) of the rounds' ours / unconstrained ratios, whose two
+runs were seconds apart, so a slow spell of a shared machine moves one ratio, not both medians.
 
 ``--baseline-processor MODULE:CLASS`` measures another version of the processor class (say,
 a copy of the previous commit's modules under another package name) in the same engine, in
@@ -370,6 +373,7 @@ def bench_throughput(engine: Engine, texts: list[str], quick: bool) -> list[dict
                     "impl": impl,
                     "batch": batch,
                     "tokens_per_s": statistics.median(samples),
+                    "round_tokens_per_s": samples,
                     "items": len(texts),
                     "max_tokens": max_tokens,
                 }
@@ -469,19 +473,28 @@ def _print(rows: list[dict[str, Any]]) -> None:
             f" max/min {max(per_request) / min(per_request):.2f} (<= 2)"
             f"; none constrained {idle:.1f} us (<= 20)"
         )
-    throughput = {(r["impl"], r["batch"]): r["tokens_per_s"] for r in rows if "tokens_per_s" in r}
+    throughput = {(r["impl"], r["batch"]): r for r in rows if "tokens_per_s" in r}
     if throughput:
         print("\nthroughput, tokens/s (ours and xgrammar: every request an item list)")
         print(
             f"{'batch':>6}{'ours':>10}{'xgrammar':>10}{'unconstr.':>11}"
-            f"{'ours/unconstr.':>16}{'ours/xgrammar':>15}"
+            f"{'ours/unconstr.':>16}{'ours/xgrammar':>15}{'ours/unconstr. by round':>26}"
         )
         for batch in sorted({b for _, b in throughput}):
             ours, xg, free = (throughput[(i, batch)] for i in ("ours", "xgrammar", "unconstrained"))
             print(
-                f"{batch:>6}{ours:>10.0f}{xg:>10.0f}{free:>11.0f}{ours / free:>16.3f}"
-                f"{ours / xg:>15.2f}"
+                f"{batch:>6}{ours['tokens_per_s']:>10.0f}{xg['tokens_per_s']:>10.0f}"
+                f"{free['tokens_per_s']:>11.0f}{ours['tokens_per_s'] / free['tokens_per_s']:>16.3f}"
+                f"{ours['tokens_per_s'] / xg['tokens_per_s']:>15.2f}"
+                f"{_round_ratios(ours, free):>26}"
             )
+
+
+def _round_ratios(rows: dict[str, Any], baseline: dict[str, Any]) -> str:
+    """Each round's ratio (the impls ran seconds apart in it), and their median, as text."""
+    pairs = zip(rows["round_tokens_per_s"], baseline["round_tokens_per_s"], strict=True)
+    ratios = [a / b for a, b in pairs]
+    return f"{statistics.median(ratios):.3f} ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
 def main(argv: list[str] | None = None) -> None:
