@@ -172,6 +172,8 @@ class Pod:
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[str] | None = None
     log: StderrLog = field(default_factory=StderrLog)
+    #: Process groups seen holding a marked process of this pod (see `leftover_processes`).
+    groups: set[int] = field(default_factory=set)
 
     @classmethod
     def create(cls, root: Path, *, light_matrix: bool = True, source: Path | None = None) -> Pod:
@@ -294,6 +296,7 @@ class Pod:
 
     def terminate(self, timeout: float = 60) -> tuple[int, str]:
         assert self.process is not None
+        self.remember_groups()
         self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout=timeout), self.log.text()
 
@@ -306,6 +309,7 @@ class Pod:
         """
         if self.process is None:
             return
+        self.remember_groups()
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -317,22 +321,41 @@ class Pod:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
 
+    def remember_groups(self) -> None:
+        """Note the process groups of the pod's servers while they run: once a server has
+        gone, its group is what still finds the engine processes it leaves behind."""
+        self.leftover_processes(timeout=0)
+
     def leftover_processes(self, timeout: float = 5) -> list[psutil.Process]:
         """Processes of this pod other than the entrypoint still running after ``timeout``
-        seconds (SIGKILLed ones take a moment to go), found by the marker in their environment."""
+        seconds (SIGKILLed ones take a moment to go).
+
+        A process is the pod's if its environment carries the marker, or if it is in a process
+        group where one that does was seen: vLLM's engine processes write their title
+        (``VLLM::EngineCore``) over their environment, and only their group, which the
+        entrypoint gives each server it starts, still shows whose they are.
+        """
         entrypoint = self.process.pid if self.process is not None else None
         deadline = time.monotonic() + timeout
         while True:
-            found = []
+            marked: list[psutil.Process] = []
+            unmarked: list[tuple[psutil.Process, int]] = []
             for process in psutil.process_iter():
                 try:
                     if process.pid == entrypoint or process.status() == psutil.STATUS_ZOMBIE:
                         continue
-                    environ = process.environ()
-                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    group = os.getpgid(process.pid)
+                    is_marked = process.environ().get(POD_MARKER) == str(self.root)
+                except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
                     continue
-                if environ.get(POD_MARKER) == str(self.root):
-                    found.append(process)
+                if not is_marked:
+                    unmarked.append((process, group))
+                    continue
+                marked.append(process)
+                # The entrypoint runs in the tests' own group, which is never the pod's.
+                if group != os.getpgrp():
+                    self.groups.add(group)
+            found = marked + [p for p, group in unmarked if group in self.groups]
             if not found or time.monotonic() >= deadline:
                 return found
             time.sleep(0.1)

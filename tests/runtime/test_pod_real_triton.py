@@ -581,6 +581,25 @@ def test_embeddings_are_the_pooling_models_vectors(tiny_llm: TinyLlm, tmp_path: 
     assert reply.usage.prompt_tokens == sum(len(tokenizer(t)["input_ids"]) for t in texts)
 
 
+def test_what_a_killed_entrypoint_leaves_is_found_and_stopped(
+    tiny_llm: TinyLlm, tmp_path: Path
+) -> None:
+    # Killed, the entrypoint cannot stop its servers. vLLM's engine processes write their
+    # title over their environment, so the pod's marker cannot find them; their group can.
+    pod = real_pod(tmp_path, tiny_llm)
+    _served(pod, tiny_llm)
+    pod.remember_groups()
+    assert pod.process is not None
+    pod.process.kill()
+    pod.process.wait()
+    left = pod.leftover_processes(timeout=0)
+    titles = [" ".join(p.cmdline()).strip() for p in left]
+    assert any(t.startswith("VLLM::EngineCore") for t in titles), titles
+    pod.stop_if_running()
+    left = pod.leftover_processes(timeout=15)
+    assert left == [], [p.cmdline() for p in left]
+
+
 def test_model_that_fails_to_load_exits_at_the_gate(tiny_llm: TinyLlm, tmp_path: Path) -> None:
     # Longer than the model's 2048 positions: vLLM refuses the engine, Triton the model.
     pod = real_pod(
