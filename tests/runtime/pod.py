@@ -317,9 +317,17 @@ class Pod:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        for process in self.leftover_processes(timeout=0):
+        left = self.leftover_processes(timeout=0)
+        groups = set()
+        for process in left:
+            with contextlib.suppress(ProcessLookupError):
+                groups.add(os.getpgid(process.pid))
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
+        # What joined their groups since the scan (an engine core starting its worker) ends too.
+        for group in groups - {os.getpgrp()}:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
 
     def remember_groups(self) -> None:
         """Note the process groups of the pod's servers while they run: once a server has
