@@ -27,8 +27,12 @@ is vLLM's structured outputs with the same list as an EBNF grammar over the same
 (``item (", " item){19,}``; xgrammar takes about six minutes to compile it over the 100,000
 items), ``unconstrained`` the same requests without either. Impls alternate within each round.
 ``tokens_per_s`` is the median over rounds, ``round_tokens_per_s`` each round's; the table's
-last column is the median (and range) of the rounds' ours / unconstrained ratios, whose two
-runs were seconds apart, so a slow spell of a shared machine moves one ratio, not both medians.
+"by round" column is the median (and range) of the rounds' ours / unconstrained ratios, whose
+two runs were seconds apart, so a slow spell of a shared machine moves one ratio, not both
+medians. ``processor_share`` (median over rounds) is the processor's ``update_state`` +
+``apply`` summed over every step of a run, requests joining and leaving included, over the
+run's wall time: the part of a shortfall against unconstrained that is the processor's own work
+(what its work costs the model's caches is not in it).
 
 ``--baseline-processor MODULE:CLASS`` measures another version of the processor class (say,
 a copy of the previous commit's modules under another package name) in the same engine, in
@@ -356,17 +360,20 @@ def bench_throughput(engine: Engine, texts: list[str], quick: bool) -> list[dict
     rows: list[dict[str, Any]] = []
     for batch in batches:
         rates: dict[str, list[float]] = {impl: [] for impl in impls}
+        shares: dict[str, list[float]] = {impl: [] for impl in impls}
         for r in range(rounds + 1):
             # Each round starts with another impl, so that none always follows the same one.
             order = list(impls.items())
             for impl, extra in order[r % 3 :] + order[: r % 3]:
                 requests = _requests(batch, batch, max_tokens, 7 * r + batch, extra)
-                outputs, seconds = engine.generate(requests)
+                with engine.measuring("processor_in_engine") as clock:
+                    outputs, seconds = engine.generate(requests)
                 tokens = sum(map(len, outputs))
                 if tokens != batch * max_tokens:
                     raise RuntimeError(f"{impl}: {tokens} tokens, expected {batch * max_tokens}")
                 if r:  # round 0 warms up: catalog and grammar compiles, first shapes
                     rates[impl].append(tokens / seconds)
+                    shares[impl].append(sum(s for _, s, _ in clock.steps) / seconds)
         for impl, samples in rates.items():
             rows.append(
                 {
@@ -374,6 +381,7 @@ def bench_throughput(engine: Engine, texts: list[str], quick: bool) -> list[dict
                     "batch": batch,
                     "tokens_per_s": statistics.median(samples),
                     "round_tokens_per_s": samples,
+                    "processor_share": statistics.median(shares[impl]),
                     "items": len(texts),
                     "max_tokens": max_tokens,
                 }
@@ -479,6 +487,7 @@ def _print(rows: list[dict[str, Any]]) -> None:
         print(
             f"{'batch':>6}{'ours':>10}{'xgrammar':>10}{'unconstr.':>11}"
             f"{'ours/unconstr.':>16}{'ours/xgrammar':>15}{'ours/unconstr. by round':>26}"
+            f"{'processor, ours':>17}"
         )
         for batch in sorted({b for _, b in throughput}):
             ours, xg, free = (throughput[(i, batch)] for i in ("ours", "xgrammar", "unconstrained"))
@@ -487,6 +496,7 @@ def _print(rows: list[dict[str, Any]]) -> None:
                 f"{free['tokens_per_s']:>11.0f}{ours['tokens_per_s'] / free['tokens_per_s']:>16.3f}"
                 f"{ours['tokens_per_s'] / xg['tokens_per_s']:>15.2f}"
                 f"{_round_ratios(ours, free):>26}"
+                f"{ours['processor_share']:>16.1%}"
             )
 
 
