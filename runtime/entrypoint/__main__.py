@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import resource
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -55,9 +56,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import uvloop
 
-        return uvloop.run(run())
+        code = uvloop.run(run())
     except ImportError:
-        return asyncio.run(run())
+        code = asyncio.run(run())
+    _ignore_stop_signals()
+    return code
+
+
+def _ignore_stop_signals() -> None:
+    """Once the servers are stopped and the exit code is decided, a late SIGTERM or SIGINT (a
+    second one, landing while the interpreter shuts down) must not turn it into a signal death:
+    closing the event loop put back the default actions."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -152,6 +153,21 @@ def test_idle_stop_with_a_zero_deadline_is_drained(tmp_path: Path) -> None:
     code, err = pod.terminate()
     assert code == ExitCode.DRAINED, err
     assert "drained: every in-flight request finished" in err
+
+
+@pytest.mark.parametrize("late", ["SIGTERM", "SIGINT"])
+def test_a_stop_signal_during_the_exit_leaves_the_exit_code(tmp_path: Path, late: str) -> None:
+    """A second signal that lands once the drain is over, while Python tears down its
+    modules, does not turn exit 0 into a death by that signal."""
+    pod = Pod.create(tmp_path)
+    hook = Path(__file__).parent / "late_signal"
+    pod.env["PYTHONPATH"] = os.pathsep.join([str(hook), pod.env["PYTHONPATH"]])
+    pod.env["POD_TEST_LATE_SIGNAL"] = late
+    pod.start().wait_ready()
+    code, err = pod.terminate()
+    assert code == ExitCode.DRAINED, err
+    assert "drained: every in-flight request finished" in err
+    assert "Traceback" not in err, err
 
 
 def test_sigterm_while_the_model_loads_cancels_the_start(tmp_path: Path) -> None:
