@@ -65,8 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _ignore_stop_signals() -> None:
     """Once the servers are stopped and the exit code is decided, a late SIGTERM or SIGINT (a
-    second one, landing while the interpreter shuts down) must not turn it into a signal death:
-    closing the event loop put back the default actions."""
+    second one) must not turn it into a signal death: as the interpreter tears down, Python
+    gives every signal it handled its default action back, and leaves only ignored ones be."""
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
 
