@@ -15,7 +15,9 @@ files, and a truncated or corrupt file is skipped and reported instead of failin
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +37,8 @@ __all__ = [
     "ReaderFactory",
     "mark_dead_processes",
 ]
+
+log = logging.getLogger(__name__)
 
 LabelSet = tuple[tuple[str, str], ...]
 """Label pairs, sorted as prometheus_client's mmap keys hold them."""
@@ -95,11 +99,19 @@ class _Layout:
     key_idx: np.ndarray
     key_words: np.ndarray
     value_idx: np.ndarray
-    plans: dict[str, np.ndarray] = field(default_factory=dict)
+    plans: dict[str, _SumPlan] = field(default_factory=dict)
     described: set[str] = field(default_factory=set)
 
     def matches(self, words: np.ndarray) -> bool:
         return len(words) * 8 == self.size and np.array_equal(words[self.key_idx], self.key_words)
+
+
+@dataclass(frozen=True)
+class _SumPlan:
+    """The summed series each value of a file adds to; ``unique`` when no two share one."""
+
+    slots: np.ndarray
+    unique: bool
 
 
 @dataclass(frozen=True)
@@ -156,13 +168,33 @@ def mark_dead_processes(directory: Path, names: list[str] | None = None) -> list
     return [n for n in names if os.path.exists(os.path.join(directory, n))]
 
 
+# Outside these the text format 0.0.4 and OpenMetrics 1.0 have no valid name: one such name
+# (prometheus_client accepts UTF-8 names) makes a Prometheus 2 scraper reject the whole body.
+_NOT_IN_METRIC_NAME = re.compile(r"[^a-zA-Z0-9_:]")
+_NOT_IN_LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def _legacy_name(name: str, invalid: re.Pattern[str]) -> str:
+    """``name`` with each character no legacy name may hold made ``_``, as prometheus_client's
+    ``underscores`` escaping writes it for scrapers that do not ask for UTF-8 names."""
+    name = invalid.sub("_", name)
+    return f"_{name}" if not name or name[0].isdigit() else name
+
+
 def _parse_key(raw: bytes) -> _ParsedKey:
     try:
         metric, sample, labels, help_text = json.loads(raw)
-        labels_key = tuple(sorted((str(k), str(v)) for k, v in labels.items()))
+        labels_key = tuple(
+            sorted((_legacy_name(str(k), _NOT_IN_LABEL_NAME), str(v)) for k, v in labels.items())
+        )
     except (ValueError, TypeError, AttributeError) as exc:
         raise _CorruptFile(f"undecodable key: {exc}") from exc
-    return str(metric), str(sample), labels_key, str(help_text)
+    return (
+        _legacy_name(str(metric), _NOT_IN_METRIC_NAME),
+        _legacy_name(str(sample), _NOT_IN_METRIC_NAME),
+        labels_key,
+        str(help_text),
+    )
 
 
 def _build_layout(data: bytes, words: np.ndarray) -> _Layout:
@@ -205,13 +237,17 @@ class _Merge:
         self.touched: set[int] = set()
         self.gauges: dict[str, dict[tuple[str, LabelSet], tuple[float, float]]] = {}
 
-    def add_sums(self, plan: np.ndarray, values: np.ndarray) -> None:
+    def add_sums(self, plan: _SumPlan, values: np.ndarray) -> None:
         if len(self.totals) < len(self.slots):
             self.totals = np.concatenate(
                 [self.totals, np.zeros(len(self.slots) - len(self.totals))]
             )
-        # A key appears once per file, so the plan's slots are distinct: no np.add.at needed.
-        self.totals[plan] += values
+        if plan.unique:
+            self.totals[plan.slots] += values
+        else:
+            # Two keys of one file on one series (a name made legal, or two help texts of one
+            # metric): both add up, as prometheus_client's collector adds them.
+            np.add.at(self.totals, plan.slots, values)
 
     def add_gauges(
         self,
@@ -343,7 +379,7 @@ class MultiprocReader:
             self._slots.append(slot)
         return index
 
-    def _plan(self, layout: _Layout, typ: str) -> np.ndarray:
+    def _plan(self, layout: _Layout, typ: str) -> _SumPlan:
         if typ not in layout.plans:
             plan: list[int] = []
             for metric, sample, labels, _ in layout.parsed:
@@ -354,7 +390,9 @@ class MultiprocReader:
                 else:
                     slot = _Slot(metric, sample, labels, None)
                 plan.append(self._slot(slot))
-            layout.plans[typ] = np.array(plan, dtype=np.intp)
+            layout.plans[typ] = _SumPlan(
+                np.array(plan, dtype=np.intp), unique=len(set(plan)) == len(plan)
+            )
         return layout.plans[typ]
 
     def _reset_if_large(self) -> None:
@@ -367,7 +405,18 @@ class MultiprocReader:
         """Merge every ``*.db`` file; raises ``OSError`` only if the directory is unreadable."""
         names = sorted(e.name for e in os.scandir(self._directory) if e.name.endswith(".db"))
         if self._mark_dead:
-            names = mark_dead_processes(self._directory, names)
+            try:
+                names = mark_dead_processes(self._directory, names)
+            except OSError as exc:
+                # A directory this process cannot write (mounted read-only): the dead
+                # processes' live gauges stay, as with the setting off, and vLLM's series too.
+                log.warning(
+                    "cannot remove dead processes' files from %s (%s); "
+                    "METRICS_PROXY_MARK_DEAD_PROCESSES is off from now on",
+                    self._directory,
+                    exc,
+                )
+                self._mark_dead = False
         self._reset_if_large()
         # Forget files that are gone so the per-file map stays as large as the directory.
         self._file_layouts = {n: self._file_layouts[n] for n in names if n in self._file_layouts}
@@ -399,7 +448,7 @@ class MultiprocReader:
             else:
                 plan = self._plan(layout, typ)
                 merge.add_sums(plan, values)
-                merge.touched.update(plan.tolist())
+                merge.touched.update(plan.slots.tolist())
         touched = frozenset(merge.touched)
         if touched != self._plan_for[0]:
             self._plan_for = (touched, _render_plan(touched, self._slots, self._meta))

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import gzip
 import logging
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -251,6 +253,39 @@ async def test_routes(vllm_dir: Path, triton, proxy_factory) -> None:
     assert (await proxy.client.post("/metrics")).status_code == 405
     head = await proxy.client.head("/metrics")
     assert head.status_code == 200 and head.content == b""
+
+
+# A vLLM plugin's metrics with names prometheus_client accepts (UTF-8) but that neither
+# exposition format allows unquoted; and a legal name the first one collides with once made legal.
+PLUGIN_WRITER = """
+from prometheus_client import Counter, Gauge
+Counter("plugin.requests", "Requests a plugin saw", ["route-name"]).labels("chat").inc(3)
+Counter("plugin_requests", "The same, legally named", ["route_name"]).labels("chat").inc(2)
+Gauge("9lives", "Starts with a digit", multiprocess_mode="max").set(9)
+"""
+
+
+async def test_names_a_plugin_wrote_are_made_legal(
+    vllm_dir: Path, triton, proxy_factory, tmp_path: Path
+) -> None:
+    """One illegal name must not lose the whole scrape (Prometheus 2 refuses the body): each
+    character a legacy name may not hold becomes ``_``, as prometheus_client's ``underscores``
+    escaping writes it, and ``vllm:`` names keep their colon."""
+    directory = tmp_path / "multiproc"
+    shutil.copytree(vllm_dir, directory)
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
+    subprocess.run([sys.executable, "-c", PLUGIN_WRITER], env=env, check=True)
+    proxy = await proxy_factory(make_settings(directory, triton.url))
+    text = (await proxy.metrics()).text
+    out = subprocess.run(["promtool", "check", "metrics"], input=text.encode(), capture_output=True)
+    assert out.returncode in (0, 3), out.stderr.decode()
+    series = _series(text)
+    assert series[_pod("plugin_requests_total", route_name="chat")] == 5.0
+    assert series[_pod("_9lives")] == 9.0
+    assert any(key.startswith("vllm:prompt_tokens_total{") for key in series)
+    om = (await proxy.metrics(accept=OPENMETRICS)).text
+    names = {family.name for family in parse_openmetrics(om)}
+    assert {"plugin_requests", "_9lives", "vllm:prompt_tokens"} <= names
 
 
 def test_missing_multiproc_dir_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import shutil
 import signal
@@ -13,6 +15,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.multiprocess import mark_process_dead
 
 from runtime.metrics_proxy.multiproc import MultiprocReader, ReaderFactory
@@ -205,3 +208,45 @@ def test_thousands_of_stale_files_are_all_counted(mode_dir, reader, tmp_path: Pa
     many_peak, many_value = peak(many)
     assert many_value == pytest.approx(few_value * 3000 / 200)
     assert many_peak < 16 << 20, (few_peak, many_peak)
+
+
+def test_one_series_under_two_keys_of_one_file_adds_up(reader, tmp_path: Path) -> None:
+    """A process that made one metric twice with two help texts holds one series under two keys:
+    both count, as in prometheus_client's collector."""
+    values = MmapedDict(str(tmp_path / "counter_1.db"))
+    values.write_value(mmap_key("c", "c_total", ["k"], ["a"], "first help"), 5.0, 0.0)
+    values.write_value(mmap_key("c", "c_total", ["k"], ["a"], "second help"), 7.0, 0.0)
+    values.close()
+    view = _reader_view(reader, tmp_path)
+    assert view == collector_view(tmp_path)
+    assert view[("c_total", (("k", "a"),))] == 12.0
+
+
+def test_marking_dead_processes_in_a_read_only_directory_keeps_the_series(
+    mode_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Removing a dead process's files fails on a read-only mount (as root, this machine's only
+    way to get one is to make ``os.remove`` answer as such a mount does): the merge goes on as
+    with marking off, and marking stops after one warning."""
+    directory, _ = mode_dir
+    copy = tmp_path / "copy"
+    shutil.copytree(directory, copy)
+
+    def read_only(path: str) -> None:
+        raise OSError(errno.EROFS, "Read-only file system", path)
+
+    monkeypatch.setattr(os, "remove", read_only)
+    files = MultiprocReader(copy, mark_dead_processes=True)
+    with caplog.at_level(logging.WARNING, logger="runtime.metrics_proxy.multiproc"):
+        first, second = files.read(), files.read()
+    unmarked = _reader_view(MultiprocReader, copy)
+    for result in (first, second):
+        assert result.corrupt_files == ()
+        view = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in result.families
+            for s in family.samples
+        }
+        assert view == unmarked
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "Read-only file system" in warnings[0], warnings
