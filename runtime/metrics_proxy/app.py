@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from urllib.parse import urlsplit
@@ -35,12 +36,24 @@ def _check(settings: ProxySettings) -> None:
             "PROMETHEUS_MULTIPROC_DIR is not set: point it (or METRICS_PROXY_MULTIPROC_DIR) "
             "at the directory vLLM writes its multiprocess metrics to"
         )
-    parts = urlsplit(settings.triton_url)
+    directory = settings.multiproc_dir
+    if (
+        settings.mark_dead_processes
+        and directory.is_dir()
+        and not os.access(directory, os.W_OK | os.X_OK)
+    ):
+        raise ProxyConfigError(
+            f"METRICS_PROXY_MARK_DEAD_PROCESSES removes dead processes' files from {directory}, "
+            "which this process cannot write (mounted read-only?): unset it or mount the "
+            "directory writable"
+        )
     try:
+        parts = urlsplit(settings.triton_url)
         port = 80 if parts.port is None else parts.port
-    except ValueError:  # not a number, or past 65535
-        port = 0
-    if parts.scheme != "http" or not parts.hostname or not 1 <= port <= 65535:
+        hostname = parts.hostname
+    except ValueError:  # an unclosed "[", a port not a number or past 65535
+        parts, port, hostname = None, 0, None
+    if parts is None or parts.scheme != "http" or not hostname or not 1 <= port <= 65535:
         raise ProxyConfigError(
             "METRICS_PROXY_TRITON_URL: Triton's metrics URL must be http://host[:port]/path "
             f"with a port in 1..65535, got {settings.triton_url!r}"

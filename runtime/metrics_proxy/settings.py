@@ -29,7 +29,7 @@ class ProxySettings(BaseSettings):
         description="Whole-request bound on Triton's fetch; a slow Triton is down.",
     )
     triton_max_bytes: int = Field(
-        32 << 20, gt=0, description="Largest Triton exposition accepted, bounding memory."
+        4 << 20, gt=0, description="Largest Triton exposition accepted, bounding memory."
     )
     multiproc_dir: Path | None = Field(
         None,
