@@ -308,9 +308,10 @@ class ToolStream(abc.ABC):
 class HermesToolStream(ToolStream):
     """``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` blocks within the text.
 
-    Content is the text outside the blocks; whitespace is held back until more content
-    follows, so when the output makes calls the whitespace around them that ends it is
-    dropped. Text that may begin a block is held back until it is decided.
+    The last block may end without its ``</tool_call>`` once its call is complete; one whose
+    JSON is unfinished is malformed. Content is the text outside the blocks; whitespace is
+    held back until more content follows, so when the output makes calls the whitespace around
+    them that ends it is dropped. Text that may begin a block is held back until it is decided.
     """
 
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -372,6 +373,12 @@ class HermesToolStream(ToolStream):
         return delta
 
     def _finish(self, finish_reason: str | None) -> ToolDelta:
+        # A block whose call is complete stands without its </tool_call>, as vLLM's hermes
+        # parser has it: the model may stop right after the JSON, or a stop sequence may take
+        # the tag. The call is already recorded (and streamed); the start of a tag held back
+        # in ``_feed`` is all that is left of the block here.
+        if self._state == "close":
+            self._state, self._text = "text", ""
         if self._state != "text":
             raise _Malformed("the output ended inside a <tool_call> block")
         content = self._content_piece(self._text)  # the start of a marker that never came
