@@ -10,8 +10,9 @@ from typing import Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
 
-__all__ = ["ChatTemplate", "ChatTemplateError"]
+__all__ = ["ChatTemplate", "ChatTemplateError", "tokenizer_adds_bos"]
 
 
 class ChatTemplateError(ValueError):
@@ -27,6 +28,13 @@ def _token_text(value: Any) -> str:
     if isinstance(value, dict):
         return str(value.get("content", ""))
     return "" if value is None else str(value)
+
+
+def tokenizer_adds_bos(tokenizer: Tokenizer, bos_token: str) -> bool:
+    """Whether ``tokenizer`` starts what it encodes with ``bos_token`` on its own (its
+    post-processor), as when vLLM tokenizes a text prompt with special tokens added."""
+    bos_id = tokenizer.token_to_id(bos_token) if bos_token else None
+    return bos_id is not None and tokenizer.encode("", add_special_tokens=True).ids[:1] == [bos_id]
 
 
 def _compile(source: str) -> jinja2.Template:
@@ -79,11 +87,18 @@ class ChatTemplate:
         )
 
     def render(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        strip_bos: bool = False,
     ) -> str:
-        """The prompt text for ``messages``, ending with the assistant's generation prompt."""
+        """The prompt text for ``messages``, ending with the assistant's generation prompt.
+
+        ``strip_bos`` leaves out one leading ``bos_token``, for a tokenizer that adds it itself.
+        """
         try:
-            return self.compiled.render(
+            text = self.compiled.render(
                 messages=messages,
                 tools=tools,
                 add_generation_prompt=True,
@@ -96,3 +111,8 @@ class ChatTemplate:
             # Templates index into client-sent messages: any failure (tojson on an Undefined,
             # a missing key, a type error) is the request's, so it is reported, not a 500.
             raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from None
+        # vLLM's own server tokenizes the rendered text without special tokens; the backend
+        # tokenizes text_input with them, so a template's BOS would follow the tokenizer's.
+        if strip_bos and self.bos_token and text.startswith(self.bos_token):
+            return text[len(self.bos_token) :]
+        return text

@@ -12,6 +12,11 @@ from runtime.frontend.schemas import ChatCompletionRequest, CompletionRequest
 
 __all__ = ["build_sampling", "resolve_max_tokens"]
 
+# vLLM 0.27.1's SamplingParams raises a temperature in (0, _MAX_TEMP) to _MAX_TEMP, then takes
+# one below _SAMPLING_EPS as greedy: only 0 is greedy there, and so only 0 is here.
+_VLLM_SAMPLING_EPS = 1e-5
+_VLLM_MAX_TEMP = 1e-2
+
 
 def resolve_max_tokens(
     requested: int | None, prompt_tokens: int, max_model_len: int, field: str, *, prompt_field: str
@@ -57,6 +62,39 @@ def _logit_bias(bias: dict[str, float], vocab_size: int) -> dict[int, float]:
     return out
 
 
+def _greedy(temperature: float | None) -> bool:
+    """Whether vLLM samples greedily at ``temperature`` (unset is vLLM's default, 1.0)."""
+    if temperature is None:
+        return False
+    if 0 < temperature < _VLLM_MAX_TEMP:
+        temperature = _VLLM_MAX_TEMP
+    return temperature < _VLLM_SAMPLING_EPS
+
+
+def _check_engine_rules(request: ChatCompletionRequest | CompletionRequest) -> None:
+    """Refuse what vLLM's ``SamplingParams._verify_args`` refuses and the schemas admit.
+
+    The stock Triton backend turns those refusals into a failed request (a 502 here, retried by
+    SDKs), so they are 400s naming the field before anything is sent.
+    """
+    n = request.n if request.n is not None else 1
+    if n > 1 and _greedy(request.temperature):
+        raise InvalidRequestError(
+            f"n={n} asks for {n} different choices, but temperature=0 samples greedily and "
+            "gives one; send n=1, or a temperature above 0",
+            param="n",
+        )
+    stops = [request.stop] if isinstance(request.stop, str) else request.stop or []
+    for i, stop in enumerate(stops):
+        if not stop:
+            where = "stop" if isinstance(request.stop, str) else f"stop[{i}]"
+            raise InvalidRequestError(
+                f"{where} is an empty string, which the engine refuses; "
+                "leave it out or send a non-empty stop string",
+                param="stop",
+            )
+
+
 def build_sampling(
     request: ChatCompletionRequest | CompletionRequest,
     *,
@@ -66,6 +104,7 @@ def build_sampling(
     vocab_size: int,
 ) -> dict[str, Any]:
     """Map every honoured sampling field; keys the client did not send are left to vLLM."""
+    _check_engine_rules(request)
     params: dict[str, Any] = {"max_tokens": max_tokens}
     for name in (
         "n",

@@ -9,7 +9,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter
 from tokenizers import Tokenizer
 
-from runtime.frontend.chat_template import ChatTemplate
+from runtime.frontend.chat_template import ChatTemplate, tokenizer_adds_bos
 from runtime.frontend.engine import Engine
 from runtime.frontend.settings import FrontendSettings
 
@@ -88,6 +88,12 @@ class FrontendState:
     matryoshka: Matryoshka = field(default_factory=Matryoshka)
     metrics: FrontendMetrics = field(default_factory=FrontendMetrics)
     open_streams: int = 0
+    #: Whether the tokenizer adds the template's bos_token itself; chat prompts then drop the
+    #: template's, or the engine would run on two.
+    adds_bos: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.adds_bos = tokenizer_adds_bos(self.tokenizer, self.template.bos_token)
 
     def prompt_tokens(self, text: str) -> int:
         """Tokens the backend will count: it tokenizes text_input with special tokens added."""

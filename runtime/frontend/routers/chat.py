@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
@@ -29,7 +30,7 @@ from runtime.frontend.generation import (
     usage,
 )
 from runtime.frontend.sampling import build_sampling, resolve_max_tokens
-from runtime.frontend.schemas import ChatCompletionRequest, ChatMessage
+from runtime.frontend.schemas import AssistantToolCall, ChatCompletionRequest, ChatMessage
 from runtime.frontend.state import FrontendState
 from runtime.frontend.streaming import run_until_disconnect, sse_response
 from runtime.frontend.structured import JsonRequirement, requirement_for, structured_outputs_value
@@ -40,6 +41,26 @@ __all__ = ["ROUTE", "router"]
 
 ROUTE = "/v1/chat/completions"
 router = APIRouter(tags=["chat"])
+
+
+def _replayed_call(call: AssistantToolCall, where: str) -> dict[str, Any]:
+    """A replayed tool call with its ``arguments`` parsed, as vLLM's chat_utils parses them.
+
+    Templates written for transformers read arguments as a mapping (``arguments | tojson``);
+    empty or ``null`` arguments become ``{}``, and any other JSON value is kept as parsed.
+    """
+    item = call.model_dump()
+    text = call.function.arguments
+    try:
+        parsed = json.loads(text) if text else None
+    except (ValueError, RecursionError) as exc:
+        raise InvalidRequestError(
+            f"{where} is not JSON ({exc}); send the arguments as the JSON text the model "
+            "wrote, as the API returned them",
+            param=where,
+        ) from None
+    item["function"]["arguments"] = {} if parsed is None else parsed
+    return item
 
 
 def _template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -54,8 +75,12 @@ def _template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         item["content"] = m.text()
         if m.name is not None:
             item["name"] = m.name
-        if m.tool_calls is not None:
-            item["tool_calls"] = [call.model_dump() for call in m.tool_calls]
+        # An empty list is left out, as vLLM does, so templates take the plain assistant path.
+        if m.tool_calls:
+            item["tool_calls"] = [
+                _replayed_call(call, f"messages[{i}].tool_calls[{j}].function.arguments")
+                for j, call in enumerate(m.tool_calls)
+            ]
         if m.tool_call_id is not None:
             item["tool_call_id"] = m.tool_call_id
         out.append(item)
@@ -123,7 +148,9 @@ async def create_chat_completion(
             param="response_format",
         )
     try:
-        prompt = state.template.render(_template_messages(body.messages), plan.template_tools)
+        prompt = state.template.render(
+            _template_messages(body.messages), plan.template_tools, strip_bos=state.adds_bos
+        )
     except ChatTemplateError as exc:
         raise InvalidRequestError(str(exc), param="messages") from None
     max_tokens = resolve_max_tokens(
@@ -146,6 +173,10 @@ async def create_chat_completion(
         structured=structured,
         vocab_size=state.tokenizer.get_vocab_size(),
     )
+    if plan.template_tools is not None:
+        # As vLLM's tool parsers ask (hermes' adjust_request): some tokenizers mark the
+        # tool-call markers special, and detokenizing would drop them before the parser runs.
+        sampling["skip_special_tokens"] = False
     params = GenerateParams(prompt, sampling, stream, logprobs is not None, new_id("chatcmpl"))
     n = body.n or 1
     if stream:
