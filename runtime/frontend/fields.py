@@ -81,9 +81,18 @@ _SAMPLING = (
         "values lie in [-100, 100], anything else is a 400",
     ),
     FieldRule("max_tokens", Policy.HONOURED, "sampling_parameters.max_tokens"),
-    FieldRule("n", Policy.HONOURED, "sampling_parameters.n; one choice per output"),
+    FieldRule(
+        "n",
+        Policy.HONOURED,
+        "sampling_parameters.n; one choice per output; n above 1 with temperature 0 (greedy) "
+        "is a 400, as in vLLM",
+    ),
     FieldRule("seed", Policy.HONOURED, "sampling_parameters.seed"),
-    FieldRule("stop", Policy.HONOURED, "sampling_parameters.stop"),
+    FieldRule(
+        "stop",
+        Policy.HONOURED,
+        "sampling_parameters.stop; an empty stop string is a 400, as in vLLM",
+    ),
     FieldRule("stream", Policy.HONOURED, "server-sent events; backend tensor stream=true"),
     FieldRule(
         "stream_options",
@@ -117,7 +126,10 @@ CHAT_FIELDS: tuple[FieldRule, ...] = (
         Policy.HONOURED,
         "rendered with the model's own chat template (developer becomes system; text parts "
         "only; a non-null refusal is refused; replayed tool_calls are {id, type function, "
-        "function {name, arguments}}); a template that fails to render them is a 400",
+        "function {name, arguments}}, arguments parsed from JSON as vLLM does: empty or null "
+        "become {}, text that is not JSON is a 400 naming it, an empty tool_calls list is left "
+        "out); a BOS the template writes first is left out when the tokenizer adds its own; a "
+        "template that fails to render them is a 400",
     ),
     *_SAMPLING,
     FieldRule("audio", Policy.REFUSED, "", _always("audio output is not supported")),
@@ -193,7 +205,9 @@ CHAT_FIELDS: tuple[FieldRule, ...] = (
     FieldRule(
         "tools",
         Policy.HONOURED,
-        "passed to the chat template; refused when no tool-call parser is configured; with "
+        "passed to the chat template; refused when no tool-call parser is configured; unless "
+        "tool_choice is none, sampling_parameters.skip_special_tokens=false, as vLLM's tool "
+        "parsers ask (tool-call markers that are special tokens stay in the text); with "
         "stream, calls are parsed as text arrives and sent as delta.tool_calls fragments "
         "(finish_reason tool_calls); parameters are checked as response_format schemas are; "
         "function.strict=true validates each call's arguments against its parameters before "
