@@ -24,7 +24,7 @@ from contracts.labels import (
     NEWEST_ANNOTATION,
     STRATEGY_LABEL,
 )
-from contracts.naming import kubernetes_name, route_label
+from contracts.naming import dns_label, kubernetes_name, route_label
 
 __all__ = [
     "VersionSpec",
@@ -109,14 +109,18 @@ def age_annotations(spec: VersionSpec, newest: bool) -> dict[str, str]:
 def _validate(args: VersionedArgs) -> None:
     if not args.versions:
         raise VersionedConfigError(f"model {args.model_id}: versions is empty; list at least one")
-    seen: set[str] = set()
+    hosts: set[str] = set()
+    labels: set[str] = set()
     for index, spec in enumerate(args.versions):
-        label = _route_label(spec.version)
-        if label in seen:
+        # Versions need distinct hostnames and distinct label values (their pods' selector);
+        # the label collapses runs of other characters that the hostname keeps.
+        host, label = _route_label(spec.version), dns_label(spec.version)
+        if host in hosts or label in labels:
             raise VersionedConfigError(
                 f"model {args.model_id}: versions[{index}] {spec.version!r} repeats a version"
             )
-        seen.add(label)
+        hosts.add(host)
+        labels.add(label)
         if (spec.pod_template is None) == (spec.service_name is None):
             raise VersionedConfigError(
                 f"model {args.model_id}: versions[{index}] needs exactly one of pod_template "
@@ -169,10 +173,11 @@ class VersionedModel(pulumi.ComponentResource):
         return route_hosts(labels, self._args.domain)
 
     def _meta(self, version: str, **extra: Any) -> dict[str, Any]:
+        # As ModelService labels its objects: a version such as ``v5_`` is no label value.
         labels = {
             **self._args.labels,
-            MODEL_ID_LABEL: self._args.model_id,
-            MODEL_VERSION_LABEL: version,
+            MODEL_ID_LABEL: dns_label(self._args.model_id),
+            MODEL_VERSION_LABEL: dns_label(version),
             STRATEGY_LABEL: "versioned",
         }
         return {"namespace": self._args.namespace, "labels": labels, **extra}

@@ -1,11 +1,13 @@
 """Cross-object checks over a plan: what no single object's schema sees and ``pulumi up`` (or
 the cluster after it) would meet: routes sharing a hostname on one listener, routes to
 missing Services or ports, claims that bind no volume, IRSA annotations whose role does not
-trust the service account, GPU pods and pods pinned to a node group that cannot land there."""
+trust the service account, GPU pods and pods pinned to a node group that cannot land there;
+and labels the API server refuses, which the schema types only as strings."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +23,7 @@ __all__ = [
     "check_plan",
     "claims_bind",
     "irsa_roles",
+    "label_syntax",
     "pinned_pods_fit",
     "route_backends",
     "route_hostnames",
@@ -33,6 +36,9 @@ _IRSA = "eks.amazonaws.com/role-arn"
 _TAINT_EFFECTS = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute"}
 _SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9}
 Manifest = dict[str, Any]
+# apimachinery's IsQualifiedName and IsValidLabelValue (pkg/util/validation).
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 @dataclass(frozen=True)
@@ -310,12 +316,59 @@ def pinned_pods_fit(run: ProgramRun) -> list[str]:
     return problems
 
 
+def _label_problem(key: str, value: Any) -> str | None:
+    prefix, _, name = key.rpartition("/")
+    bad_prefix = bool(prefix) and (len(prefix) > 253 or not _LABEL_PREFIX.match(prefix))
+    if bad_prefix or not _LABEL_NAME.match(name):
+        return f"label key {key!r} is not a qualified name ([prefix/]name, name 1-63 characters)"
+    text = str(value)
+    if value == COMPUTED or text == "" or _LABEL_NAME.match(text):
+        return None
+    return (
+        f"label {key}={text!r} is not a valid label value (at most 63 of A-Z, a-z, 0-9, "
+        "'-', '_', '.', beginning and ending with a letter or digit)"
+    )
+
+
+def _label_sets(manifest: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """``(where, labels)`` of an object's labels, its pod template's and its selector's."""
+    yield "metadata.labels", (manifest.get("metadata") or {}).get("labels") or {}
+    spec = manifest.get("spec") or {}
+    if not isinstance(spec, Mapping):
+        return
+    template = spec.get("template") or {}
+    if isinstance(template, Mapping):
+        yield "spec.template.metadata.labels", (template.get("metadata") or {}).get("labels") or {}
+    selector = spec.get("selector") or {}
+    if manifest.get("kind") == "Service":
+        yield "spec.selector", selector
+    elif isinstance(selector, Mapping):
+        yield "spec.selector.matchLabels", selector.get("matchLabels") or {}
+
+
+def label_syntax(run: ProgramRun) -> list[str]:
+    """Every label key and value of every object (its own, its pod template's, its selector's)
+    is one the API server accepts: it refuses the whole object otherwise, and neither the
+    built-in schemas nor the custom resources' shape check look at them."""
+    problems = []
+    for manifest in _manifests(run):
+        for where, labels in _label_sets(manifest):
+            if not isinstance(labels, Mapping):
+                continue
+            for key, value in sorted(labels.items()):
+                problem = _label_problem(str(key), value)
+                if problem is not None:
+                    problems.append(f"{_ident(manifest)}: {where}: {problem}")
+    return problems
+
+
 CHECKS: dict[str, Callable[[ProgramRun], list[str]]] = {
     "route hostnames": route_hostnames,
     "route backends": route_backends,
     "claims bind": claims_bind,
     "IRSA roles": irsa_roles,
     "pods fit their node group": pinned_pods_fit,
+    "label syntax": label_syntax,
 }
 """Every cross-object check by name; each returns one message per problem."""
 

@@ -123,3 +123,20 @@ def test_a_gpu_pod_without_its_node_group_fails() -> None:
     run.resources.remove(group)
     problems = CHECKS["pods fit their node group"](run)
     assert problems and all("no node group of the plan has labels" in p for p in problems)
+
+
+def test_a_label_the_api_server_refuses_fails() -> None:
+    # Custom resources are checked only by shape offline, and the built-in schemas type a
+    # label value as any string: a value ending in '_' (a version like v5_) passed both.
+    run, picked = _broken(
+        "dev-us-west-2", lambda r: r.name.endswith(("-v4-grpcroute", "-v4-deployment"))
+    )
+    deployment, route = sorted(picked, key=lambda r: r.type)  # apps/v1 before gateway.*
+    route.inputs["metadata"]["labels"]["llm-serving/model-version"] = "v5_"
+    deployment.inputs["spec"]["selector"]["matchLabels"]["bad key/x"] = "ok"
+    problems = sorted(CHECKS["label syntax"](run))
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("Deployment llm-serving/catalog-ranker-8b-v4: spec.selector")
+    assert "label key 'bad key/x' is not a qualified name" in problems[0]
+    assert problems[1].startswith("GRPCRoute llm-serving/")
+    assert "metadata.labels: label llm-serving/model-version='v5_' is not a valid" in problems[1]
