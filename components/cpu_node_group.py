@@ -59,7 +59,7 @@ class CpuNodeGroupArgs:
     max_size: int
     """Upper scaling bound."""
     desired_size: int
-    """Initial size; later changes by the cluster autoscaler are not reverted."""
+    """Node count, set on every update: no autoscaler resizes the group."""
     ami_type: str = "AL2023_x86_64_STANDARD"
     """One of :data:`AMI_TYPES`."""
     capacity_type: str = "ON_DEMAND"
@@ -67,7 +67,8 @@ class CpuNodeGroupArgs:
     root_volume_gib: int = 100
     """Encrypted gp3 root volume size: without instance store, unpacked packages land here."""
     kubernetes_version: pulumi.Input[str] | None = None
-    """Kubelet version; ``None`` follows the cluster."""
+    """Kubernetes version of the nodes: pass the cluster's, so that they upgrade after it.
+    ``None``: the cluster's version when the group is created, never upgraded after."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """Extra node labels."""
 

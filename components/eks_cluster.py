@@ -19,6 +19,9 @@ class ClusterHandles:
     """What the platform needs from a cluster, created or adopted."""
 
     name: pulumi.Output[str]
+    version: pulumi.Output[str]
+    """The control plane's Kubernetes version: node groups take it, so that they upgrade once
+    the control plane has (an output of the created cluster, the lookup of an adopted one)."""
     endpoint: pulumi.Output[str]
     certificate_authority: pulumi.Output[str]
     security_group_id: pulumi.Output[str]
@@ -79,6 +82,7 @@ def create_cluster(name: str, args: ClusterArgs, parent: pulumi.Resource) -> Clu
     )
     return ClusterHandles(
         name=cluster.name,
+        version=cluster.version,
         endpoint=cluster.endpoint,
         certificate_authority=cluster.certificate_authority.apply(lambda ca: ca.data),
         security_group_id=cluster.vpc_config.apply(lambda v: v.cluster_security_group_id),
@@ -98,6 +102,7 @@ def adopt_cluster(cluster_name: str, parent: pulumi.Resource) -> ClusterHandles:
     )
     return ClusterHandles(
         name=found.name,
+        version=found.version,
         endpoint=found.endpoint,
         certificate_authority=found.certificate_authorities.apply(lambda cas: cas[0].data),
         security_group_id=found.vpc_config.apply(lambda v: v.cluster_security_group_id),

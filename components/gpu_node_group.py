@@ -92,7 +92,7 @@ class GpuNodeGroupArgs:
     max_size: int
     """Upper scaling bound."""
     desired_size: int
-    """Initial size; later changes by the cluster autoscaler are not reverted."""
+    """Node count, set on every update: no autoscaler resizes the group."""
     gpus_per_node: int
     """GPUs of each instance, used to size pods."""
     ami_type: str = "AL2023_x86_64_NVIDIA"
@@ -104,7 +104,8 @@ class GpuNodeGroupArgs:
     capacity_reservation_id: str | None = None
     """The EC2 Capacity Block (``cr-...``) a ``CAPACITY_BLOCK`` group launches into."""
     kubernetes_version: pulumi.Input[str] | None = None
-    """Kubelet version; ``None`` follows the cluster."""
+    """Kubernetes version of the nodes: pass the cluster's, so that they upgrade after it.
+    ``None``: the cluster's version when the group is created, never upgraded after."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """Extra node labels."""
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
 
 from contracts.naming import physical_name
 
-__all__ = ["ROLE_NAME_LIMIT", "node_role", "role_name", "service_trust_policy"]
+__all__ = ["ROLE_NAME_LIMIT", "NodeRole", "node_role", "role_name", "service_trust_policy"]
 
 ROLE_NAME_LIMIT = 64
 _NODE_POLICIES = (
@@ -37,7 +38,18 @@ def role_name(resource_name: str) -> str | None:
     return physical_name(resource_name, ROLE_NAME_LIMIT)
 
 
-def node_role(name: str, parent: pulumi.Resource) -> aws.iam.Role:
+@dataclass(frozen=True)
+class NodeRole:
+    """An EKS node role and its policy attachments."""
+
+    role: aws.iam.Role
+    """The role the node group's instances assume."""
+    attachments: tuple[aws.iam.RolePolicyAttachment, ...]
+    """The worker, CNI and ECR read policies: a node group depends on them, as its nodes
+    cannot join the cluster without them and the group must be gone before they are."""
+
+
+def node_role(name: str, parent: pulumi.Resource) -> NodeRole:
     """The role of an EKS managed node group's instances, with the standard worker policies."""
     role = aws.iam.Role(
         f"{name}-node-role",
@@ -45,11 +57,13 @@ def node_role(name: str, parent: pulumi.Resource) -> aws.iam.Role:
         assume_role_policy=service_trust_policy("ec2.amazonaws.com"),
         opts=pulumi.ResourceOptions(parent=parent),
     )
-    for policy in _NODE_POLICIES:
+    attachments = tuple(
         aws.iam.RolePolicyAttachment(
             f"{name}-{policy.rsplit('/', 1)[1]}",
             role=role.name,
             policy_arn=policy,
             opts=pulumi.ResourceOptions(parent=role),
         )
-    return role
+        for policy in _NODE_POLICIES
+    )
+    return NodeRole(role=role, attachments=attachments)

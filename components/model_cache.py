@@ -49,7 +49,8 @@ class ModelCacheArgs:
     vpc_id: pulumi.Input[str]
     """VPC of the file system and the GPU nodes."""
     subnet_id: pulumi.Input[str]
-    """The one subnet a PERSISTENT_2 file system lives in."""
+    """The one subnet a PERSISTENT_2 file system lives in. Changing it would replace the file
+    system, which is protected: such an update fails until it is unprotected."""
     node_security_group_id: pulumi.Input[str]
     """Security group of the GPU nodes: the only clients allowed on the Lustre ports."""
     bucket_name: pulumi.Input[str]
@@ -128,7 +129,7 @@ class ModelCache(pulumi.ComponentResource):
             enable_key_rotation=True,
             opts=pulumi.ResourceOptions(parent=self),
         )
-        group = self._create_security_group()
+        group, rules = self._create_security_group()
         file_system = aws.fsx.LustreFileSystem(
             f"{name}-fs",
             deployment_type="PERSISTENT_2",
@@ -140,7 +141,15 @@ class ModelCache(pulumi.ComponentResource):
             kms_key_id=key.arn,
             subnet_ids=args.subnet_id,
             security_group_ids=[group.id],
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                # FSx refuses to create the file system (InvalidNetworkSettings) until its
+                # security group admits Lustre traffic, and the group starts with no rules.
+                depends_on=rules,
+                # Replacing it empties the cache and moves the volume handle of the bound
+                # static PVs; deleting it drops every restored model. Either must be deliberate.
+                protect=True,
+            ),
         )
         association = aws.fsx.DataRepositoryAssociation(
             f"{name}-models",
@@ -176,7 +185,11 @@ class ModelCache(pulumi.ComponentResource):
             }
         )
 
-    def _create_security_group(self) -> aws.ec2.SecurityGroup:
+    def _create_security_group(
+        self,
+    ) -> tuple[aws.ec2.SecurityGroup, list[pulumi.Resource]]:
+        """The file system's security group and its rules: Lustre ports from the nodes and
+        between the servers."""
         group = aws.ec2.SecurityGroup(
             f"{self._name}-lustre",
             description="FSx for Lustre model cache: Lustre ports from GPU nodes only",
@@ -184,10 +197,11 @@ class ModelCache(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         sources = {"nodes": self._args.node_security_group_id, "servers": group.id}
+        rules: list[pulumi.Resource] = []
         for low, high in LUSTRE_PORTS:
             for role, source in sources.items():
                 # Lustre servers also talk to each other on the same ports.
-                aws.vpc.SecurityGroupIngressRule(
+                ingress = aws.vpc.SecurityGroupIngressRule(
                     f"{self._name}-lustre-{role}-{low}",
                     security_group_id=group.id,
                     referenced_security_group_id=source,
@@ -197,7 +211,8 @@ class ModelCache(pulumi.ComponentResource):
                     description=f"Lustre {low}-{high} from the {role}",
                     opts=pulumi.ResourceOptions(parent=group),
                 )
-            aws.vpc.SecurityGroupEgressRule(
+                rules.append(ingress)
+            egress = aws.vpc.SecurityGroupEgressRule(
                 f"{self._name}-lustre-servers-out-{low}",
                 security_group_id=group.id,
                 referenced_security_group_id=group.id,
@@ -207,7 +222,8 @@ class ModelCache(pulumi.ComponentResource):
                 description=f"Lustre {low}-{high} between servers",
                 opts=pulumi.ResourceOptions(parent=group),
             )
-        return group
+            rules.append(egress)
+        return group, rules
 
     def _create_claim(
         self, file_system: aws.fsx.LustreFileSystem, claim: str, *, read_only: bool

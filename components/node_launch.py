@@ -8,6 +8,7 @@ from typing import Protocol
 import pulumi
 import pulumi_aws as aws
 
+from components.iam import NodeRole
 from contracts.naming import physical_name
 
 __all__ = [
@@ -68,7 +69,7 @@ def encrypted_root_volume(
 def managed_node_group(
     name: str,
     args: NodeGroupPlacement,
-    role: aws.iam.Role,
+    role: NodeRole,
     template: aws.ec2.LaunchTemplate,
     *,
     ami_type: str,
@@ -78,17 +79,23 @@ def managed_node_group(
     taints: Sequence[aws.eks.NodeGroupTaintArgs] | None = None,
 ) -> aws.eks.NodeGroup:
     """The EKS managed node group ``{name}-nodes`` launched from ``template``, one node
-    replaced at a time; ``args.desired_size`` is only its initial size."""
+    replaced at a time, at the sizes of ``args`` on every update.
+
+    ``template`` must name no AMI (``image_id``): EKS then picks the AMI of ``ami_type`` for
+    ``args.kubernetes_version``, which it refuses to set for a template with a custom AMI.
+    """
     return aws.eks.NodeGroup(
         f"{name}-nodes",
         node_group_name=physical_name(f"{name}-nodes", NODE_GROUP_NAME_LIMIT),
         cluster_name=args.cluster_name,
-        node_role_arn=role.arn,
+        node_role_arn=role.role.arn,
         subnet_ids=list(args.subnet_ids),
         ami_type=ami_type,
         capacity_type=capacity_type,
         instance_types=list(args.instance_types),
         version=args.kubernetes_version,
+        # No cluster autoscaler or Karpenter runs on these clusters: the stack file owns the
+        # size, so desired_size is not ignored (scaling to 0 drains a Capacity Block group).
         scaling_config=aws.eks.NodeGroupScalingConfigArgs(
             min_size=args.min_size, max_size=args.max_size, desired_size=args.desired_size
         ),
@@ -98,9 +105,5 @@ def managed_node_group(
         launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
             id=template.id, version=template.latest_version.apply(str)
         ),
-        opts=pulumi.ResourceOptions(
-            parent=parent,
-            # The autoscaler owns the size once the group exists.
-            ignore_changes=["scalingConfig.desiredSize"],
-        ),
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=list(role.attachments)),
     )

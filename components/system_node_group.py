@@ -44,11 +44,12 @@ class SystemNodeGroupArgs:
     max_size: int
     """Upper scaling bound."""
     desired_size: int
-    """Initial size; later changes by an autoscaler are not reverted."""
+    """Node count, set on every update: no autoscaler resizes the group."""
     root_volume_gib: int = 50
     """Encrypted gp3 root volume size (images, logs, the add-ons' emptyDir volumes)."""
     kubernetes_version: pulumi.Input[str] | None = None
-    """Kubelet version; ``None`` follows the cluster."""
+    """Kubernetes version of the nodes: pass the cluster's, so that they upgrade after it.
+    ``None``: the cluster's version when the group is created, never upgraded after."""
 
 
 class SystemNodeGroup(pulumi.ComponentResource):

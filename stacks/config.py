@@ -464,6 +464,12 @@ class ModelCacheConfig(_Strict):
     storage_capacity_gib: int = Field(default=2400, ge=1200)
     throughput_per_unit: Literal[125, 250, 500, 1000] = 250
     restore_batch_size: int = Field(default=64, ge=1, description="files per lfs hsm_restore")
+    subnet_id: str | None = Field(
+        default=None,
+        pattern=r"^subnet-[0-9a-f]+$",
+        description="the file system's subnet, one of network.private_subnet_ids; unset: the "
+        "first listed, so reordering that list would move (replace) the file system",
+    )
 
     @model_validator(mode="after")
     def _capacity(self) -> ModelCacheConfig:
@@ -539,9 +545,24 @@ class RegionStackConfig(_Strict):
                     f"({', '.join(self.network.private_subnet_ids)}); name the private subnet "
                     f"in the Availability Zone of {group.capacity_reservation_id}",
                 )
+        cache_subnet = self.model_cache.subnet_id
+        if cache_subnet is not None and cache_subnet not in self.network.private_subnet_ids:
+            raise _FieldError(
+                ("model_cache", "subnet_id"),
+                f"{cache_subnet} is not one of network.private_subnet_ids "
+                f"({', '.join(self.network.private_subnet_ids)}); name the private subnet the "
+                "file system lives in",
+            )
         if self.cluster.mode == "adopt" and self.network.node_security_group_id is None:
             raise ValueError("network.node_security_group_id is required to adopt a cluster")
         return self
+
+    @property
+    def cache_subnet_id(self) -> str:
+        """The model cache's subnet: ``model_cache.subnet_id``, else the first private subnet."""
+        if self.model_cache.subnet_id is not None:
+            return self.model_cache.subnet_id
+        return self.network.private_subnet_ids[0]
 
     def _check_placement(
         self,

@@ -68,6 +68,9 @@ class RecordedResource:
     dependencies: list[str] = field(default_factory=list)
     property_dependencies: dict[str, list[str]] = field(default_factory=dict)
     """Per input property, the resources its value came from (what a policy pack sees)."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """The resource options the engine acts on that were set: ``protect``,
+    ``retainOnDelete``, ``deleteBeforeReplace``, ``ignoreChanges``, ``replaceOnChanges``."""
 
     @property
     def key(self) -> str:
@@ -120,6 +123,7 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
         properties: Any,
         custom: bool,
         property_dependencies: dict[str, list[str]] | None = None,
+        options: dict[str, Any] | None = None,
     ) -> None:
         record = RecordedResource(
             urn=urn,
@@ -130,6 +134,7 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
             inputs=_plain(rpc.deserialize_properties(properties, keep_unknowns=True)),
             dependencies=sorted(request.dependencies),
             property_dependencies=property_dependencies or {},
+            options=options or {},
         )
         # Two registrations of one URN on two threads must not both pass the check.
         with self._lock:
@@ -150,6 +155,7 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
                 request.object,
                 bool(request.custom),
                 {key: sorted(deps.urns) for key, deps in request.propertyDependencies.items()},
+                _options(request),
             )
         return response
 
@@ -163,17 +169,36 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
         )
 
 
+def _options(request: Any) -> dict[str, Any]:
+    """The engine-facing options a registration set (the unset ones are left out, so that two
+    plans differ only where an option does)."""
+    options: dict[str, Any] = {
+        "protect": request.protect,
+        "retainOnDelete": request.retainOnDelete,
+        "deleteBeforeReplace": request.deleteBeforeReplace,
+        "ignoreChanges": sorted(request.ignoreChanges),
+        "replaceOnChanges": sorted(request.replaceOnChanges),
+    }
+    return {key: value for key, value in options.items() if value}
+
+
 class PlanMocks(pulumi_mocks.Mocks):
     """Answers resource registrations and provider functions without a cloud.
 
     Outputs that the cloud would compute stay unknown, as in a preview; the global stack's
-    outputs, the account and each version's ``manifest.json`` (with ``serving_mode``) are
-    stand-ins.
+    outputs, the account, an adopted cluster (at ``adopted_cluster_version``) and each
+    version's ``manifest.json`` (with ``serving_mode``) are stand-ins.
     """
 
-    def __init__(self, global_outputs: Mapping[str, Any], serving_mode: str = "embedded") -> None:
+    def __init__(
+        self,
+        global_outputs: Mapping[str, Any],
+        serving_mode: str = "embedded",
+        adopted_cluster_version: str = "1.33",
+    ) -> None:
         self.global_outputs = dict(global_outputs)
         self.serving_mode = serving_mode
+        self.adopted_cluster_version = adopted_cluster_version
 
     def new_resource(self, args: pulumi_mocks.MockResourceArgs) -> tuple[str | None, dict]:
         outputs = dict(args.inputs)
@@ -203,7 +228,11 @@ class PlanMocks(pulumi_mocks.Mocks):
                 "id": MOCK_ACCOUNT,
             }
         if args.token == "aws:eks/getCluster:getCluster":
-            return {"id": args.args["name"], **_cluster_outputs(args.args["name"])}
+            return {
+                "id": args.args["name"],
+                **_cluster_outputs(args.args["name"]),
+                "version": self.adopted_cluster_version,
+            }
         if args.token == "aws:iam/getOpenIdConnectProvider:getOpenIdConnectProvider":
             url = args.args.get("url", "")
             return {"arn": f"arn:aws:iam::{MOCK_ACCOUNT}:oidc-provider/{url}", "url": url}

@@ -254,6 +254,12 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: value}
 
 
+def _compared(resource: RecordedResource) -> dict[str, Any]:
+    """A resource's inputs and engine options (``(option) protect``), flattened to paths."""
+    options = _flatten(resource.options)
+    return {**_flatten(resource.inputs), **{f"(option) {k}": v for k, v in options.items()}}
+
+
 def diff_runs(before: ProgramRun, after: ProgramRun) -> list[str]:
     """Per-resource differences between two plans: ``+`` added, ``-`` removed, ``~`` changed."""
     old = {r.key: r for r in before.resources}
@@ -265,7 +271,7 @@ def diff_runs(before: ProgramRun, after: ProgramRun) -> list[str]:
         elif key not in new:
             lines.append(f"- {key.replace('::', '  ')}")
         else:
-            a, b = _flatten(old[key].inputs), _flatten(new[key].inputs)
+            a, b = _compared(old[key]), _compared(new[key])
             changed = [p for p in sorted(a.keys() | b.keys()) if a.get(p) != b.get(p)]
             if changed:
                 lines.append(f"~ {key.replace('::', '  ')}")

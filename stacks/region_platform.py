@@ -131,6 +131,7 @@ class RegionPlatform(pulumi.ComponentResource):
                     capacity_type=group.capacity_type,
                     root_volume_gib=group.root_volume_gib,
                     capacity_reservation_id=group.capacity_reservation_id,
+                    kubernetes_version=cluster.version,
                 ),
                 opts=pulumi.ResourceOptions(parent=self),
             )
@@ -151,6 +152,7 @@ class RegionPlatform(pulumi.ComponentResource):
                     ami_type=group.ami_type,
                     capacity_type=group.capacity_type,
                     root_volume_gib=group.root_volume_gib,
+                    kubernetes_version=cluster.version,
                 ),
                 opts=pulumi.ResourceOptions(parent=self),
             )
@@ -172,7 +174,7 @@ class RegionPlatform(pulumi.ComponentResource):
             f"{name}-cache",
             ModelCacheArgs(
                 vpc_id=config.network.vpc_id,
-                subnet_id=config.network.private_subnet_ids[0],
+                subnet_id=config.cache_subnet_id,
                 node_security_group_id=node_sg,
                 bucket_name=args.bucket_name,
                 namespace=config.namespace,
@@ -238,6 +240,7 @@ class RegionPlatform(pulumi.ComponentResource):
                 min_size=sizes.min_size,
                 max_size=sizes.max_size,
                 desired_size=sizes.desired_size,
+                kubernetes_version=cluster.version,
             ),
             opts=pulumi.ResourceOptions(parent=self),
         )

@@ -47,6 +47,28 @@ def test_file_system_is_persistent_2_and_kms_encrypted(declared: Declared) -> No
     assert key.inputs["enableKeyRotation"] is True
 
 
+def test_file_system_waits_for_every_rule_of_its_security_group(declared: Declared) -> None:
+    # FSx refuses CreateFileSystem (InvalidNetworkSettings) while the group does not yet admit
+    # Lustre on 988 and 1018-1023; pulumi-aws creates the group without any rule.
+    fs = declared.one("aws:fsx/lustreFileSystem:LustreFileSystem")
+    group = declared.one("aws:ec2/securityGroup:SecurityGroup")
+    rules = [
+        r
+        for r in declared.run.resources
+        if r.type.startswith("aws:vpc/securityGroup") and r.parent == group.urn
+    ]
+    assert len(rules) == 6  # ingress from the nodes and the servers, egress to the servers
+    missing = [r.name for r in rules if r.urn not in fs.dependencies]
+    assert missing == [], f"the file system does not wait for {missing}"
+
+
+def test_file_system_is_protected_against_replacement_and_deletion(declared: Declared) -> None:
+    # Replacing it would empty the cache and move the volume handle of the bound static PVs.
+    fs = declared.one("aws:fsx/lustreFileSystem:LustreFileSystem")
+    assert fs.options.get("protect") is True
+    assert fs.inputs["subnetIds"] == "subnet-1"
+
+
 def test_association_imports_only_from_the_models_prefix(declared: Declared) -> None:
     association = declared.one("aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation")
     inputs = association.inputs

@@ -132,6 +132,11 @@ def test_served_versions_follow_strategy() -> None:
             "is not one of network.private_subnet_ids",
         ),
         (
+            lambda c: c["llm-serving:model_cache"].update(subnet_id="subnet-0fff"),
+            "llm-serving:model_cache.subnet_id",
+            "subnet-0fff is not one of network.private_subnet_ids",
+        ),
+        (
             lambda c: c.update({"llm-serving:model_cache": {"storage_capacity_gib": 3000}}),
             "llm-serving:model_cache",
             "1200 or a multiple of 2400",
