@@ -13,6 +13,7 @@ __all__ = [
     "AuthenticationError",
     "BackendError",
     "BackendUnavailableError",
+    "ClientDisconnectedError",
     "DeadlineExceededError",
     "FieldRefusedError",
     "FrontendError",
@@ -90,6 +91,14 @@ class RequestTooLargeError(FrontendError):
 class DeadlineExceededError(FrontendError):
     status_code = 504
     error_type = "timeout_error"
+
+
+class ClientDisconnectedError(FrontendError):
+    """The client went away before its response was ready; nobody reads the 499 it gets."""
+
+    # nginx's "client closed request": the access log tells these from the server's failures.
+    status_code = 499
+    error_type = "client_closed_request"
 
 
 class BackendError(FrontendError):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -18,11 +20,14 @@ __all__ = [
     "Collected",
     "collect",
     "envelope",
+    "merge_streams",
     "new_id",
     "now",
     "stream_outputs",
     "usage",
 ]
+
+T = TypeVar("T")
 
 
 def new_id(prefix: str) -> str:
@@ -80,6 +85,68 @@ def stream_outputs(engine: Engine, params: GenerateParams) -> AsyncGenerator[Eng
     per-token log-probabilities were asked for (each chunk then carries its own token's)."""
     outputs = engine.generate(params)
     return outputs if params.logprobs else coalesced(outputs)
+
+
+async def merge_streams(
+    streams: Sequence[AsyncGenerator[T, None]], closing_tasks: set[asyncio.Future[None]]
+) -> AsyncGenerator[tuple[int, T], None]:
+    """Items of all ``streams`` as they come, each with its stream's index; closing this
+    iterator, or an error from one stream, closes every stream (in a task kept in
+    ``closing_tasks`` until done).
+
+    A stream is asked for its next item only once its previous one has been taken, so a
+    :func:`coalesced` stream still merges what arrives while the consumer is busy.
+    """
+
+    if len(streams) == 1:
+        # The common case, without a task per item.
+        async with contextlib.aclosing(streams[0]) as only:
+            async for item in only:
+                yield 0, item
+        return
+
+    async def advance(stream: AsyncGenerator[T, None]) -> T:
+        return await anext(stream)
+
+    pending = {asyncio.ensure_future(advance(s)): i for i, s in enumerate(streams)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            # In stream order, so that outputs ready together leave in a stable order.
+            for task in sorted(done, key=pending.__getitem__):
+                index = pending.pop(task)
+                try:
+                    item = task.result()
+                except StopAsyncIteration:
+                    continue
+                yield index, item
+                pending[asyncio.ensure_future(advance(streams[index]))] = index
+    finally:
+        for task in pending:
+            task.cancel()
+        # Shielded: Starlette's task group cancels a departed client's stream again on every
+        # loop iteration, which would otherwise cut this wait short and leave streams open.
+        closing = asyncio.ensure_future(_close_streams(pending, streams))
+        # The event loop holds tasks weakly: one left running by a cancelled shield needs this.
+        closing_tasks.add(closing)
+        closing.add_done_callback(closing_tasks.discard)
+        await asyncio.shield(closing)
+
+
+async def _close_streams(
+    reading: Collection[asyncio.Future[Any]], streams: Sequence[AsyncGenerator[Any, None]]
+) -> None:
+    if reading:
+        await asyncio.wait(reading)
+    for task in reading:
+        if not task.cancelled():
+            task.exception()  # retrieved: a second failure is not logged as never seen
+    # A stream whose next item was being read ended with that read's cancellation; the others
+    # are suspended at a yield (or never started) and end here.
+    for stream in streams:
+        # One stream failing to close must not leave the others' requests running.
+        with contextlib.suppress(Exception):
+            await stream.aclose()
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +89,9 @@ class FrontendState:
     matryoshka: Matryoshka = field(default_factory=Matryoshka)
     metrics: FrontendMetrics = field(default_factory=FrontendMetrics)
     open_streams: int = 0
+    #: Tasks closing a departed request's backend streams, held until done (asyncio keeps
+    #: only weak references to tasks).
+    closing_tasks: set[asyncio.Future[None]] = field(default_factory=set)
     #: Whether the tokenizer adds the template's bos_token itself; chat prompts then drop the
     #: template's, or the engine would run on two.
     adds_bos: bool = field(init=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 import orjson
@@ -12,6 +12,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from runtime.frontend.errors import (
+    ClientDisconnectedError,
     DeadlineExceededError,
     FrontendError,
     RateLimitError,
@@ -20,7 +21,7 @@ from runtime.frontend.errors import (
 )
 from runtime.frontend.state import FrontendState
 
-__all__ = ["run_until_disconnect", "sse_response"]
+__all__ = ["gather_or_cancel", "run_until_disconnect", "sse_response"]
 
 T = TypeVar("T")
 
@@ -34,13 +35,17 @@ def sse(data: bytes | dict[str, Any] | str) -> bytes:
 
 
 async def run_until_disconnect(request: Request, work: Awaitable[T], timeout_s: float) -> T:
-    """Await ``work`` unless the client goes away (cancel it) or the deadline passes (504)."""
+    """Await ``work`` unless the client goes away (cancel it, then
+    :class:`ClientDisconnectedError`) or the deadline passes (504)."""
     task = asyncio.ensure_future(work)
+    disconnected = False
 
     async def watch() -> None:
+        nonlocal disconnected
         # The body has been read, so the next ASGI message is the disconnect (no polling).
         while (await request.receive())["type"] != "http.disconnect":
             pass
+        disconnected = True
         task.cancel()
 
     watcher = asyncio.ensure_future(watch())
@@ -51,9 +56,32 @@ async def run_until_disconnect(request: Request, work: Awaitable[T], timeout_s: 
         raise DeadlineExceededError(
             f"the request did not finish within {timeout_s:g} s", code="deadline_exceeded"
         ) from None
+    except asyncio.CancelledError:
+        # Only the work was cancelled, for the departed client: a CancelledError raised out of
+        # the endpoint would reach uvicorn as an application error. A cancellation of this
+        # task itself (server shutdown) still propagates.
+        current = asyncio.current_task()
+        if disconnected and current is not None and not current.cancelling():
+            raise ClientDisconnectedError(
+                "the client disconnected before the response was ready",
+                code="client_disconnected",
+            ) from None
+        raise
     finally:
         watcher.cancel()
         task.cancel()
+
+
+async def gather_or_cancel(works: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
+    """Results of ``works``, run concurrently; the first failure cancels the others, waits
+    until they have ended (their backend requests cancelled), and is raised as it is."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(work) for work in works]
+    except BaseExceptionGroup as failed:
+        # The routes' error handlers map single typed errors, not groups.
+        raise failed.exceptions[0] from None
+    return [task.result() for task in tasks]
 
 
 async def sse_response(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any, cast
@@ -11,13 +10,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from runtime.frontend.dependencies import AuthDep, StateDep, check_model
-from runtime.frontend.engine import GenerateParams, TokenLogprob
+from runtime.frontend.engine import EngineOutput, GenerateParams, TokenLogprob
 from runtime.frontend.errors import FieldRefusedError, InvalidRequestError
 from runtime.frontend.fields import check_fields
 from runtime.frontend.generation import (
     ChunkFrame,
     collect,
     envelope,
+    merge_streams,
     new_id,
     now,
     stream_outputs,
@@ -26,11 +26,13 @@ from runtime.frontend.generation import (
 from runtime.frontend.sampling import build_sampling, resolve_max_tokens
 from runtime.frontend.schemas import CompletionRequest
 from runtime.frontend.state import FrontendState
-from runtime.frontend.streaming import run_until_disconnect, sse_response
+from runtime.frontend.streaming import gather_or_cancel, run_until_disconnect, sse_response
 
-__all__ = ["ROUTE", "router"]
+__all__ = ["DEFAULT_MAX_TOKENS", "ROUTE", "router"]
 
 ROUTE = "/v1/completions"
+# OpenAI's legacy completions and vLLM's CompletionRequest.max_tokens (chat's is the context).
+DEFAULT_MAX_TOKENS = 16
 router = APIRouter(tags=["completions"])
 
 
@@ -48,6 +50,29 @@ def _logprobs(items: list[TokenLogprob] | tuple[TokenLogprob, ...], top: int, of
         "top_logprobs": tops,
         "text_offset": offsets,
     }
+
+
+def _default_max_tokens(
+    state: FrontendState, requested: int | None, prompt_tokens: int
+) -> int | None:
+    """``max_tokens`` as sent, else :data:`DEFAULT_MAX_TOKENS`; ``None`` for a prompt that
+    leaves no room at all, which :func:`resolve_max_tokens` refuses as too long."""
+    if requested is not None:
+        return requested
+    room = state.settings.max_model_len - prompt_tokens
+    if room < 1:
+        return None
+    if room < DEFAULT_MAX_TOKENS:
+        # vLLM refuses this prompt too rather than shorten the default budget.
+        raise InvalidRequestError(
+            f"the prompt is {prompt_tokens} tokens and max_tokens defaults to "
+            f"{DEFAULT_MAX_TOKENS}, more than the {room} left of the model's context of "
+            f"{state.settings.max_model_len} tokens; send max_tokens of at most {room} or a "
+            "shorter prompt",
+            param="prompt",
+            code="context_length_exceeded",
+        )
+    return DEFAULT_MAX_TOKENS
 
 
 def _prepare(
@@ -75,10 +100,19 @@ def _prepare(
             param="prompt",
         )
     samplings = []
-    for prompt in prompts:
+    for i, prompt in enumerate(prompts):
+        prompt_tokens = state.prompt_tokens(prompt)
+        if prompt_tokens == 0:
+            # vLLM refuses it ("The decoder prompt cannot be empty"); "" that the tokenizer
+            # turns into a BOS token is a prompt, as vLLM takes it.
+            name = "prompt" if isinstance(body.prompt, str) else f"prompt[{i}]"
+            raise InvalidRequestError(
+                f"{name} is empty: it has no tokens for the model; send some text",
+                param="prompt",
+            )
         max_tokens = resolve_max_tokens(
-            body.max_tokens,
-            state.prompt_tokens(prompt),
+            _default_max_tokens(state, body.max_tokens, prompt_tokens),
+            prompt_tokens,
             state.settings.max_model_len,
             "max_tokens",
             prompt_field="prompt",
@@ -116,10 +150,11 @@ async def create_completion(
             state, _events(state, body, rid, prompts, params, n, include_usage, top)
         )
 
-    async def run_all():
-        return await asyncio.gather(*(collect(state.engine, p, n) for p in params))
-
-    results = await run_until_disconnect(request, run_all(), state.settings.request_timeout_s)
+    results = await run_until_disconnect(
+        request,
+        gather_or_cancel(collect(state.engine, p, n) for p in params),
+        state.settings.request_timeout_s,
+    )
     choices = []
     prompt_tokens = completion_tokens = 0
     for p_index, (collected, p_tokens) in enumerate(results):
@@ -144,6 +179,48 @@ async def create_completion(
     )
 
 
+class _PromptChoices:
+    """What a stream has sent of one prompt's ``n`` choices, to turn its outputs into deltas."""
+
+    def __init__(self, index: int, prompt: str, n: int, echo: bool, top: int | None) -> None:
+        self.index = index
+        self.prompt = prompt
+        self.n = n
+        self.top = top
+        self.echoed = [not echo] * n
+        self.done = [False] * n
+        self.offsets = [0] * n
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+    def deltas(self, output: EngineOutput) -> list[dict[str, Any]]:
+        """The chunk choices for ``output``; each keeps its index ``prompt_index * n + index``."""
+        self.prompt_tokens = output.prompt_tokens or self.prompt_tokens
+        deltas = []
+        for c in output.choices:
+            if self.done[c.index]:
+                continue
+            self.completion_tokens += c.num_tokens
+            text = c.text
+            if not self.echoed[c.index]:
+                self.echoed[c.index] = True
+                text = self.prompt + text
+                self.offsets[c.index] = len(self.prompt)
+            self.done[c.index] = c.finish_reason is not None
+            deltas.append(
+                {
+                    "index": self.index * self.n + c.index,
+                    "text": text,
+                    "logprobs": _logprobs(c.logprobs, self.top, self.offsets[c.index])
+                    if self.top is not None
+                    else None,
+                    "finish_reason": c.finish_reason,
+                }
+            )
+            self.offsets[c.index] += len(text)
+        return deltas
+
+
 async def _events(
     state: FrontendState,
     body: CompletionRequest,
@@ -155,45 +232,22 @@ async def _events(
     top: int,
 ) -> AsyncGenerator[bytes | dict[str, Any], None]:
     created = now()
-    prompt_tokens = completion_tokens = 0
     frame = ChunkFrame(rid, "text_completion", created, body.model, include_usage)
-
-    # Prompts stream one after another; each choice keeps its index p_index * n + c_index.
-    for p_index, p in enumerate(params):
-        echoed = [not body.echo] * n
-        done = [False] * n
-        offsets = [0] * n
-        p_tokens = 0
-        # Closed here, not left to the garbage collector, so the backend request ends now.
-        async with aclosing(stream_outputs(state.engine, p)) as outputs:
-            async for output in outputs:
-                p_tokens = output.prompt_tokens or p_tokens
-                deltas = []
-                for c in output.choices:
-                    if done[c.index]:
-                        continue
-                    completion_tokens += c.num_tokens
-                    text = c.text
-                    if not echoed[c.index]:
-                        echoed[c.index] = True
-                        text = prompts[p_index] + text
-                        offsets[c.index] = len(prompts[p_index])
-                    done[c.index] = c.finish_reason is not None
-                    deltas.append(
-                        {
-                            "index": p_index * n + c.index,
-                            "text": text,
-                            "logprobs": _logprobs(c.logprobs, top, offsets[c.index])
-                            if p.logprobs
-                            else None,
-                            "finish_reason": c.finish_reason,
-                        }
-                    )
-                    offsets[c.index] += len(text)
-                if deltas:
-                    yield frame.encode(deltas)
-        prompt_tokens += p_tokens
+    sent = [
+        _PromptChoices(i, prompt, n, bool(body.echo), top if p.logprobs else None)
+        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True))
+    ]
+    # Prompts stream at once, their chunks interleaved as they come. Closed here, not left to
+    # the garbage collector, so every prompt's backend request ends now.
+    streams = [stream_outputs(state.engine, p) for p in params]
+    async with aclosing(merge_streams(streams, state.closing_tasks)) as outputs:
+        async for p_index, output in outputs:
+            deltas = sent[p_index].deltas(output)
+            if deltas:
+                yield frame.encode(deltas)
     if include_usage:
         final = envelope(rid, "text_completion", created, body.model, [])
-        final["usage"] = usage(prompt_tokens, completion_tokens)
+        final["usage"] = usage(
+            sum(s.prompt_tokens for s in sent), sum(s.completion_tokens for s in sent)
+        )
         yield final

@@ -2,24 +2,33 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from runtime.frontend.dependencies import AuthDep, StateDep, check_model
-from runtime.frontend.errors import FieldRefusedError
+from runtime.frontend.errors import FieldRefusedError, InvalidRequestError
 from runtime.frontend.fields import check_fields
 from runtime.frontend.schemas import EmbeddingRequest
-from runtime.frontend.streaming import run_until_disconnect
+from runtime.frontend.state import FrontendState
+from runtime.frontend.streaming import gather_or_cancel, run_until_disconnect
 
 __all__ = ["ROUTE", "router"]
 
 ROUTE = "/v1/embeddings"
 router = APIRouter(tags=["embeddings"])
+_HEAD_CHARS = 64
+
+
+def _no_tokens(state: FrontendState, text: str) -> bool:
+    """Whether ``text`` tokenizes to nothing, which vLLM refuses ("The decoder prompt cannot
+    be empty"); "" that gets special tokens (BERT's [CLS] [SEP]) is embedded, as in vLLM."""
+    # Tokenizing a 4 MiB batch whole would hold the event loop for about a second; a head
+    # that has tokens shows the text has them, so only texts that may be empty are.
+    return state.prompt_tokens(text[:_HEAD_CHARS]) == 0 and state.prompt_tokens(text) == 0
 
 
 @router.post(ROUTE)
@@ -29,7 +38,15 @@ async def create_embeddings(
     """Embed each input; ``encoding_format=base64`` packs little-endian float32."""
     check_fields(ROUTE, body)
     check_model(state, body.model)
-    texts = [body.input] if isinstance(body.input, str) else list(body.input)
+    # check_fields refused token-id inputs: what is left is text.
+    texts = cast(list[str], [body.input] if isinstance(body.input, str) else list(body.input))
+    for i, text in enumerate(texts):
+        if _no_tokens(state, text):
+            name = "input" if isinstance(body.input, str) else f"input[{i}]"
+            raise InvalidRequestError(
+                f"{name} is empty: it has no tokens for the model; send some text",
+                param="input",
+            )
     if body.dimensions is not None:
         size = state.embedding_size
         if size is None:
@@ -55,10 +72,11 @@ async def create_embeddings(
                 f"the model's embeddings shorten to {list(matryoshka.dimensions)} only",
             )
 
-    async def run_all():
-        return await asyncio.gather(*(state.engine.embed(t, body.dimensions) for t in texts))
-
-    results = await run_until_disconnect(request, run_all(), state.settings.request_timeout_s)
+    results = await run_until_disconnect(
+        request,
+        gather_or_cancel(state.engine.embed(t, body.dimensions) for t in texts),
+        state.settings.request_timeout_s,
+    )
     data = []
     for i, (vector, _tokens) in enumerate(results):
         encoded: Any = vector
