@@ -66,7 +66,7 @@ def _prompt(value: Any) -> str | None:
     if isinstance(value, list) and value and not isinstance(value[0], str):
         return "token-id prompts are not supported: the backend takes text_input only"
     if isinstance(value, list) and not value:
-        return "prompt must not be empty"
+        return "the list is empty; send at least one text"
     return None
 
 
@@ -225,8 +225,22 @@ CHAT_FIELDS: tuple[FieldRule, ...] = (
 )
 
 COMPLETION_FIELDS: tuple[FieldRule, ...] = (
-    FieldRule("prompt", Policy.HONOURED, "text_input; a list is one request per prompt", _prompt),
-    *_SAMPLING,
+    FieldRule(
+        "prompt",
+        Policy.HONOURED,
+        "text_input; a list is one request per prompt, all run at once (streamed too: chunks "
+        "interleave, each choice's index is prompt_index * n + its index); a failed prompt "
+        'cancels the others; a prompt with no tokens ("" unless the tokenizer adds a BOS) is '
+        "a 400",
+        _prompt,
+    ),
+    *(rule for rule in _SAMPLING if rule.field != "max_tokens"),
+    FieldRule(
+        "max_tokens",
+        Policy.HONOURED,
+        "sampling_parameters.max_tokens; default 16 (OpenAI's and vLLM's); a prompt that leaves "
+        "fewer than 16 tokens of context needs an explicit max_tokens, else a 400 as in vLLM",
+    ),
     FieldRule(
         "best_of",
         Policy.HONOURED,
@@ -240,7 +254,13 @@ COMPLETION_FIELDS: tuple[FieldRule, ...] = (
 
 EMBEDDING_FIELDS: tuple[FieldRule, ...] = (
     FieldRule("model", Policy.HONOURED, "must name the served model; otherwise 404"),
-    FieldRule("input", Policy.HONOURED, "embedding_request.input, one per string", _prompt),
+    FieldRule(
+        "input",
+        Policy.HONOURED,
+        "embedding_request.input, one per string, all at once; a failed one cancels the "
+        "others; an input with no tokens is a 400",
+        _prompt,
+    ),
     FieldRule(
         "dimensions",
         Policy.HONOURED,
