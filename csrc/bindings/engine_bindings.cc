@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -345,7 +346,9 @@ void Engine_Fill(BatchEngine& engine, const py::buffer& bitmask, const py::buffe
 // slot, new tokens are advanced up to the first placeholder (-1), then the row is filled, a row
 // stopped at a placeholder only with `fill_waiting`. Writes the rows whose tokens are all known,
 // then the others, into `order` and returns how many are ready. With `wait` false the step runs
-// on the engine's threads, which keep `bitmask` referenced until it is waited for.
+// on the engine's threads, which keep `bitmask` referenced until it is waited for. `consumed` and
+// `order` are written only once every row is checked and the engine accepted the step, so a
+// refused call leaves them as they were (tokens counted as consumed were advanced).
 py::ssize_t Engine_Step(BatchEngine& engine, const py::list& outputs, const py::buffer& rows,
                         const py::buffer& consumed, const py::buffer& order,
                         const py::buffer& bitmask, bool fill_waiting, bool wait) {
@@ -373,8 +376,10 @@ py::ssize_t Engine_Step(BatchEngine& engine, const py::list& outputs, const py::
   plan.fill.reserve(count);
   plan.begin.reserve(count + 1);
   plan.tokens.reserve(count);
+  std::vector<int64_t> new_consumed;  // per listed row, committed after the engine's checks
+  new_consumed.reserve(count);
+  std::vector<int32_t> ready_rows;
   std::vector<int32_t> waiting;
-  std::size_t ready = 0;
   for (std::size_t i = 0; i < count; ++i) {
     const int32_t row = row_ptr[i];
     if (row < 0 || row >= limit) {
@@ -386,9 +391,16 @@ py::ssize_t Engine_Step(BatchEngine& engine, const py::list& outputs, const py::
       throw ConfigError("outputs[" + std::to_string(row) + "] must be a list");
     }
     const py::ssize_t size = PyList_GET_SIZE(list);
-    py::ssize_t next = consumed_ptr[row];
-    const bool reset = size < next;  // tokens were discarded: replay the list from the start
-    if (reset) next = 0;
+    // A count beyond the list is legitimate (tokens were discarded: the list is replayed from
+    // the start); a negative one is not, and would index the list before its first item.
+    const int64_t previous = consumed_ptr[row];
+    if (previous < 0) {
+      const std::string index = std::to_string(row);
+      throw ConfigError("consumed[" + index + "] must be >= 0 (the tokens of outputs[" + index +
+                        "] already consumed), got " + std::to_string(previous));
+    }
+    const bool reset = previous > static_cast<int64_t>(size);
+    py::ssize_t next = reset ? 0 : static_cast<py::ssize_t>(previous);
     for (; next < size; ++next) {
       const long long token = PyLong_AsLongLong(PyList_GET_ITEM(list, next));
       if (token == -1 && PyErr_Occurred()) throw py::error_already_set();
@@ -400,25 +412,31 @@ py::ssize_t Engine_Step(BatchEngine& engine, const py::list& outputs, const py::
       }
       plan.tokens.push_back(static_cast<int32_t>(token));
     }
-    consumed_ptr[row] = next;
+    new_consumed.push_back(next);
     const bool known = next == size;
     plan.slots.push_back(row);
     plan.reset.push_back(reset ? 1 : 0);
     plan.fill.push_back(known || fill_waiting ? 1 : 0);
     plan.begin.push_back(plan.tokens.size());
-    if (known) {
-      order_ptr[ready++] = row;
-    } else {
-      waiting.push_back(row);
-    }
+    (known ? ready_rows : waiting).push_back(row);
   }
-  std::copy(waiting.begin(), waiting.end(), order_ptr + ready);
   auto* bitmask_ptr = static_cast<int32_t*>(b.ptr);
   const auto num_rows = static_cast<std::size_t>(b.shape[0]);
+  // The engine refuses a duplicate, inactive or out-of-bitmask slot before running anything,
+  // so committing after its call keeps a refused step from touching `consumed` and `order`.
+  const auto commit = [&] {
+    for (std::size_t i = 0; i < count; ++i) consumed_ptr[row_ptr[i]] = new_consumed[i];
+    std::copy(ready_rows.begin(), ready_rows.end(), order_ptr);
+    std::copy(waiting.begin(), waiting.end(), order_ptr + ready_rows.size());
+  };
+  const auto ready = static_cast<py::ssize_t>(ready_rows.size());
   if (wait) {
-    py::gil_scoped_release release;
-    engine.Step(std::move(plan), bitmask_ptr, num_rows);
-    return static_cast<py::ssize_t>(ready);
+    {
+      py::gil_scoped_release release;
+      engine.Step(std::move(plan), bitmask_ptr, num_rows);
+    }
+    commit();
+    return ready;
   }
   // As in Engine_Fill: the engine holds the bitmask's owner until the step is waited for.
   std::shared_ptr<void> keep = std::make_shared<py::object>(bitmask);
@@ -427,7 +445,8 @@ py::ssize_t Engine_Step(BatchEngine& engine, const py::list& outputs, const py::
     py::gil_scoped_release release;
     finished = engine.StepAsync(std::move(plan), bitmask_ptr, num_rows, keep);
   }
-  return static_cast<py::ssize_t>(ready);
+  commit();
+  return ready;
 }
 
 // `logits` is the address of a C-contiguous float32 [num_rows, columns] CPU buffer: the Python

@@ -183,13 +183,15 @@ class ConstraintEngine:
     ) -> int:
         """Bring each slot of ``rows`` (int32) up to its output-token list and fill its row.
 
-        ``consumed[row]`` (int64, updated) counts the tokens of ``outputs[row]`` the slot has
-        taken: a list now shorter resets the slot and replays it, new tokens are advanced up to
-        the first placeholder (-1). Rows stopped at a placeholder are filled only with
+        ``consumed[row]`` (int64, >= 0, updated) counts the tokens of ``outputs[row]`` the slot
+        has taken: a list now shorter resets the slot and replays it, new tokens are advanced up
+        to the first placeholder (-1). Rows stopped at a placeholder are filled only with
         ``fill_waiting``. Writes the rows whose tokens are all known, then the others, into
         ``order`` (int32, at least as long as ``rows``) and returns how many are ready. The
         lists are read at once; with ``wait=False`` the engine's threads do the rest, keeping
-        ``bitmask`` (int32 ``[n, words]``) referenced until :meth:`wait`.
+        ``bitmask`` (int32 ``[n, words]``) referenced until :meth:`wait`. A refused call
+        (:class:`EngineConfigError` naming the row, or :class:`EngineStateError`) changes
+        neither ``consumed`` nor ``order`` nor any slot.
         """
         return self._native.step(outputs, rows, consumed, order, bitmask, fill_waiting, wait)
 

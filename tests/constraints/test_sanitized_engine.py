@@ -14,6 +14,7 @@ TESTS = [
     "tests/constraints/test_config_errors.py",
     "tests/constraints/test_decoded_properties.py",
     "tests/constraints/test_engine_threads.py",
+    "tests/constraints/test_engine_step_refusals.py",
 ]
 
 
