@@ -9,6 +9,7 @@ a list that got shorter (tokens discarded) resets the state and replays it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 import numpy as np
 import torch
@@ -110,30 +111,85 @@ class ConstraintBatch:
             self._constrained[slot] = output is not None
             self._rows = None
 
-    def add(self, slot: int, config: object | None, output: list[int], eos: int | None) -> None:
-        """Bind ``slot`` to a request (None config: the slot becomes unconstrained)."""
+    def add(
+        self,
+        slot: int,
+        config: object | None,
+        output: list[int],
+        eos: int | None,
+        stop_token_ids: Iterable[int] = (),
+    ) -> None:
+        """Bind ``slot`` to a request (None config: the slot becomes unconstrained).
+
+        ``eos`` is the request's end-of-sequence id (None: the model's); ``stop_token_ids``
+        (vLLM's ``all_stop_token_ids``) are the other ids that end it, which a request whose
+        configuration fails here may end with when the EOS is not in the vocabulary.
+        """
         if config is None:
             self.remove(slot)
             return
         eos = eos if eos is not None else self.default_eos_token_id
         try:
-            plan = build_plan(config, self.registry, self.vocab_size, eos)
-            catalog = vocabulary = None
-            if plan.item_list is not None:
-                catalog = self.registry.get(plan.item_list.catalog.catalog.name).native
-                if plan.item_list.matching == "decoded":
-                    vocabulary = self.registry.vocabulary()
-            constraint = compile_plan(plan, catalog, vocabulary)
-        except ValueError as exc:
-            # validate_params runs without the tokenizer; what only the tokenizer can reject
-            # ends the request instead of crashing the engine loop.
-            logger.warning("constraint rejected at batch time, the request will end: %s", exc)
+            constraint = self._compile(config, eos)
+        except Exception as exc:
+            # update_state runs for the whole batch inside vLLM's engine loop: anything raised
+            # here would end every request, so this one ends instead (fails closed). A
+            # ValueError is a configuration only the tokenizer can reject (validate_params runs
+            # without it); anything else is a bug, logged with its traceback.
             self.rejected_requests += 1
-            constraint = _engine.Constraint.token_machine(
-                1, 0, [0], np.zeros((0, 3), np.int32), eos or 0, [], self.vocab_size
-            )
+            if isinstance(exc, ValueError):
+                logger.warning("constraint rejected at batch time, the request will end: %s", exc)
+            else:
+                logger.exception("constraint failed at batch time, the request will end")
+            fallback = self._end_now(slot, eos, stop_token_ids)
+            if fallback is None:
+                return
+            constraint = fallback
         self.engine.add(slot, constraint)
         self._bind(slot, output)
+
+    def _compile(self, config: object, eos: int | None) -> _engine.Constraint:
+        plan = build_plan(config, self.registry, self.vocab_size, eos)
+        catalog = vocabulary = None
+        if plan.item_list is not None:
+            catalog = self.registry.get(plan.item_list.catalog.catalog.name).native
+            if plan.item_list.matching == "decoded":
+                vocabulary = self.registry.vocabulary()
+        return compile_plan(plan, catalog, vocabulary)
+
+    def _end_now(
+        self, slot: int, eos: int | None, stop_token_ids: Iterable[int]
+    ) -> _engine.Constraint | None:
+        """A constraint that allows only a token ending the request: its EOS, else the model's,
+        else its lowest stop token inside the vocabulary (token 0 when none is).
+
+        None (the slot left unconstrained) only if even that cannot be built: an exception
+        here would end the whole batch.
+        """
+        try:
+            ends = [eos, self.default_eos_token_id, *sorted(stop_token_ids)]
+            valid = [t for t in ends if t is not None and 0 <= t < self.vocab_size]
+            if valid:
+                end = valid[0]
+            else:
+                # Nothing can end it early: it runs to max_tokens or a stop string, as any
+                # request of this model would. One fixed token keeps it failing closed (the
+                # model's own text could break the constraint unnoticed; a repeated token is
+                # taken for no answer), and an all -inf row would leave the sampler NaNs.
+                end = 0
+                logger.error(
+                    "the rejected request cannot end at once: none of its end tokens %s is "
+                    "inside the vocabulary of %d; it runs to max_tokens emitting token 0",
+                    [t for t in ends if t is not None],
+                    self.vocab_size,
+                )
+            return _engine.Constraint.token_machine(
+                1, 0, [0], np.zeros((0, 3), np.int32), end, [], self.vocab_size
+            )
+        except Exception:
+            logger.exception("cannot build the constraint that ends the rejected request")
+            self.remove(slot)
+            return None
 
     def remove(self, slot: int) -> None:
         if self._outputs[slot] is not None:

@@ -196,6 +196,17 @@ def _parse_line(path: Path, number: int, line: str) -> tuple[str, str]:
         raise CatalogError(f"{path}:{number}: id must be a non-empty string")
     if not isinstance(text, str) or not text:
         raise CatalogError(f"{path}:{number}: text of {item_id!r} must be a non-empty string")
+    # JSON escapes can spell lone surrogates ("\ud800"), which no tokenizer can encode: refused
+    # here, the package build refuses the catalog instead of a request failing in the engine.
+    for name, value in (("id", item_id), ("text", text)):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise CatalogError(
+                f"{path}:{number}: {name} {value!r} is not valid Unicode: character "
+                f"{exc.start} is a lone surrogate; write the character itself or an escaped "
+                "surrogate pair"
+            ) from None
     return item_id, text
 
 

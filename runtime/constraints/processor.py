@@ -21,7 +21,7 @@ from runtime.constraints.catalog import Encoder, catalog_dir_from_env, tokenizer
 from runtime.constraints.device_mask import HOST_BITMASKS, DeviceMask
 from runtime.constraints.plan import check_catalog_fields
 from runtime.constraints.registry import CatalogRegistry
-from runtime.constraints.schema import parse_constraints
+from runtime.constraints.schema import ConstraintConfigError, parse_constraints
 from runtime.constraints.token_bytes import TokenBytes, token_bytes_table
 
 if TYPE_CHECKING:
@@ -113,16 +113,51 @@ def _config_of(params: SamplingParams) -> object | None:
     return (params.extra_args or {}).get(EXTRA_ARGS_KEY)
 
 
+def _check_combination(params: SamplingParams) -> None:
+    """Refuse sampling parameters that mask logits beside a constraint.
+
+    vLLM applies each mask on its own, so a step where they leave no token in common is an all
+    -inf row: the sampler then picks a token neither allowed (token 0 in practice), appended to
+    the output until another limit ends it. Which tokens a constraint needs (separator,
+    terminator, end of sequence) is known only with the tokenizer, so the combination is
+    refused whatever the values.
+    """
+    if params.min_tokens > 0:
+        raise ConstraintConfigError(
+            "min_tokens",
+            f"min_tokens={params.min_tokens} cannot be combined with constraints: a constraint "
+            "allows only end of sequence once its list or machine is complete, which min_tokens "
+            "forbids; set min_tokens to 0 (item_list.min_items bounds the list's length)",
+        )
+    if params.allowed_token_ids is not None:
+        raise ConstraintConfigError(
+            "allowed_token_ids",
+            "allowed_token_ids cannot be combined with constraints: a step whose constraint "
+            "needs a token outside them (a separator, the terminator, end of sequence) would "
+            "have none; remove allowed_token_ids and ban tokens with constraints.banned_tokens "
+            "or allow them with a token_machine",
+        )
+    if getattr(params, "structured_outputs", None) is not None:
+        raise ConstraintConfigError(
+            "structured_outputs",
+            "structured outputs (response_format, JSON, regex, grammar) cannot be combined with "
+            "constraints: a step where the grammar and the constraint share no token ends the "
+            "request with an error; send one of them",
+        )
+
+
 class ConstraintLogitsProcessor(LogitsProcessor):
     """Batch-level processor: masks run on the engine's threads between update and apply."""
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
-        """Reject a bad configuration (schema, unknown catalog, unknown item ids) up front."""
+        """Reject a bad configuration (schema, unknown catalog, unknown item ids, sampling
+        parameters that mask the same logits) up front."""
         config = _config_of(sampling_params)
         if config is None:
             return
         check_catalog_fields(parse_constraints(config), catalog_dir_from_env())
+        _check_combination(sampling_params)
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
         model_config = vllm_config.model_config
@@ -157,7 +192,13 @@ class ConstraintLogitsProcessor(LogitsProcessor):
             for index in batch_update.removed:
                 self.batch.remove(index)
             for index, params, _prompt, output in batch_update.added:
-                self.batch.add(index, _config_of(params), output, params.eos_token_id)
+                self.batch.add(
+                    index,
+                    _config_of(params),
+                    output,
+                    params.eos_token_id,
+                    params.all_stop_token_ids,
+                )
             for a, b, direction in batch_update.moved:
                 if direction == MoveDirectionality.SWAP:
                     self.batch.swap(a, b)

@@ -73,7 +73,7 @@ class ConstraintLogitsProcessorV2(RunnerV2Processor):  # type: ignore[misc,valid
             config = (params.extra_args or {}).get(EXTRA_ARGS_KEY)
             output: list[int] = []
             self._outputs[req_idx] = output if config is not None else None
-            self.batch.add(req_idx, config, output, params.eos_token_id)
+            self.batch.add(req_idx, config, output, params.eos_token_id, params.all_stop_token_ids)
         self._staged.clear()
 
     def _read_tokens(self, req_idxs: np.ndarray) -> None:

@@ -22,6 +22,7 @@ from pydantic import (
 
 __all__ = [
     "MAX_ALLOW_ITEMS",
+    "MAX_LIST_ITEMS",
     "ConstraintConfigError",
     "ConstraintSpec",
     "ItemListSpec",
@@ -32,6 +33,8 @@ __all__ = [
 
 #: Largest per-request ``allow`` list the engine accepts.
 MAX_ALLOW_ITEMS = 100_000
+#: Largest ``min_items`` / ``max_items``: the engine counts a list's items in 32 bits.
+MAX_LIST_ITEMS = 2**32 - 1
 #: Largest token state machine a request may send.
 MAX_MACHINE_STATES = 100_000
 MAX_MACHINE_TRANSITIONS = 1_000_000
@@ -60,8 +63,12 @@ class ItemListSpec(_Strict):
     terminator: str = Field(
         default="", description="Text after the last item; empty means end of sequence."
     )
-    min_items: int = Field(default=1, ge=1, description="Fewest items in the list.")
-    max_items: int | None = Field(default=None, ge=1, description="Most items; none = no limit.")
+    min_items: int = Field(
+        default=1, ge=1, le=MAX_LIST_ITEMS, description="Fewest items in the list."
+    )
+    max_items: int | None = Field(
+        default=None, ge=1, le=MAX_LIST_ITEMS, description="Most items; none = no limit."
+    )
     unique: bool = Field(default=False, description="No item may appear twice.")
     allow: list[str] | None = Field(
         default=None,
