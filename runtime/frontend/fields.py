@@ -116,7 +116,8 @@ _SAMPLING = (
         Policy.HONOURED,
         "extension: validated by runtime.constraints.schema (catalog names and item ids "
         "against LLM_SERVING_CATALOG_DIR when set), sent as "
-        "sampling_parameters.extra_args.constraints",
+        "sampling_parameters.extra_args.constraints; a 400 beside response_format json_object "
+        "or json_schema, or a tool_choice that forces a call (the engine refuses the pair)",
     ),
 )
 

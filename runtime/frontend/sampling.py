@@ -128,6 +128,16 @@ def build_sampling(
         key, value = structured
         params[key] = value
     if request.constraints is not None:
+        if structured is not None:
+            # The engine's constraint processor refuses the pair (a step where the grammar and
+            # the constraint share no token would end the request): a 400 here, not a 502.
+            raise InvalidRequestError(
+                "constraints cannot be combined with structured outputs (response_format "
+                "json_object or json_schema, or a tool_choice that forces a call): send one of "
+                "them",
+                param="constraints",
+                code="invalid_constraints",
+            )
         try:
             spec = parse_constraints(request.constraints)
             # Beside Triton in the pod, the catalogs are here too: an unknown catalog or item id

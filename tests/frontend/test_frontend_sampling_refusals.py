@@ -100,3 +100,39 @@ def test_real_engine_samples_two_choices_at_a_tiny_temperature(real_frontend: Se
     response = httpx.post(real_frontend.url + "/v1/chat/completions", json=body, timeout=60)
     assert response.status_code == 200, response.text
     assert [c["index"] for c in response.json()["choices"]] == [0, 1]
+
+
+CONSTRAINTS = {"version": 1, "banned_tokens": [3]}
+
+
+def test_constraints_beside_response_format_are_refused_before_the_backend(
+    frontend: Served,
+) -> None:
+    # The engine's constraint processor refuses the pair (validate_params), which the stock
+    # backend would return as a failed request.
+    before = len(frontend.requests)
+    body = {**CHAT, "response_format": {"type": "json_object"}, "constraints": CONSTRAINTS}
+    response = httpx.post(frontend.url + "/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "constraints" and "response_format" in error["message"]
+    assert len(frontend.requests) == before
+    alone = httpx.post(
+        frontend.url + "/v1/chat/completions", json={**CHAT, "constraints": CONSTRAINTS}, timeout=30
+    )
+    assert alone.status_code == 200, alone.text
+
+
+def test_constraints_beside_a_forced_tool_call_are_refused() -> None:
+    # A tool_choice that forces a call reaches build_sampling as structured outputs too.
+    request = ChatCompletionRequest(**CHAT, constraints=CONSTRAINTS)
+    with pytest.raises(InvalidRequestError) as refused:
+        build_sampling(
+            request,
+            max_tokens=3,
+            logprobs=None,
+            structured=("structured_outputs", '{"json": {"type": "object"}}'),
+            vocab_size=64,
+        )
+    assert refused.value.param == "constraints"
+    assert "extra_args" in _sampling(request)
