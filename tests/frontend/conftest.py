@@ -40,6 +40,19 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 API_KEY = "sk-test-frontend-key"
+# A tool whose calls a random model can finish: its one argument is bounded within max_tokens.
+LOOKUP_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 8}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
 # What the tool-calling model ("llm-tools") writes when the prompt offers tools (the template's
 # "Tools: " block) and asks for these; hermes-style <tool_call> blocks, three characters a token.
 WEATHER_CALL = (

@@ -19,7 +19,14 @@ from tokenizers import Tokenizer, processors
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
-from tests.frontend.conftest import Served, make_settings, serve, serve_real, write_tokenizer
+from tests.frontend.conftest import (
+    LOOKUP_TOOL,
+    Served,
+    make_settings,
+    serve,
+    serve_real,
+    write_tokenizer,
+)
 from tests.support.kserve_server import KServeStandIn
 from tests.support.real_triton import TritonServer
 from tests.support.tiny_llm import BOS as TINY_BOS
@@ -115,28 +122,16 @@ def test_real_engine_counts_the_tiny_models_bos_once(
     assert response.json()["usage"]["prompt_tokens"] == len(ids)
 
 
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "lookup",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 8}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
 NAMED = {"type": "function", "function": {"name": "lookup"}}
 
 
 @pytest.mark.parametrize(
     ("fields", "skipped"),
     [
-        pytest.param({"tools": [TOOL]}, False, id="auto"),
-        pytest.param({"tools": [TOOL], "tool_choice": "required"}, False, id="required"),
-        pytest.param({"tools": [TOOL], "tool_choice": NAMED}, False, id="named"),
-        pytest.param({"tools": [TOOL], "tool_choice": "none"}, None, id="none"),
+        pytest.param({"tools": [LOOKUP_TOOL]}, False, id="auto"),
+        pytest.param({"tools": [LOOKUP_TOOL], "tool_choice": "required"}, False, id="required"),
+        pytest.param({"tools": [LOOKUP_TOOL], "tool_choice": NAMED}, False, id="named"),
+        pytest.param({"tools": [LOOKUP_TOOL], "tool_choice": "none"}, None, id="none"),
         pytest.param({}, None, id="no-tools"),
     ],
 )
@@ -151,7 +146,7 @@ def test_tool_calls_keep_special_tokens(
 
 
 def test_real_backend_takes_skip_special_tokens(real_frontend: Served) -> None:
-    response = _chat(real_frontend, tools=[TOOL], max_tokens=4, temperature=0)
+    response = _chat(real_frontend, tools=[LOOKUP_TOOL], max_tokens=4, temperature=0)
     assert response.status_code == 200, response.text
     assert real_frontend.requests[-1].sampling_parameters["skip_special_tokens"] is False
 

@@ -22,7 +22,7 @@ from runtime.frontend.schemas import (
     EmbeddingRequest,
     ScoreRequest,
 )
-from tests.frontend.conftest import Served
+from tests.frontend.conftest import LOOKUP_TOOL, Served
 
 MODEL = "toy-llm"
 CHAT, COMPLETIONS, EMBEDDINGS, SCORE = TABLES
@@ -376,28 +376,13 @@ def _(p: Probe) -> None:
     p.refused("verbosity", verbosity="high")
 
 
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "lookup",
-        "parameters": {
-            "type": "object",
-            # Bounded, so that a random model's call ends within max_tokens.
-            "properties": {"city": {"type": "string", "maxLength": 8}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
-
-
 @case(CHAT, "tools")
 def _(p: Probe) -> None:
-    reply = p.ok(tools=[TOOL], max_tokens=4, temperature=0)
+    reply = p.ok(tools=[LOOKUP_TOOL], max_tokens=4, temperature=0)
     assert "Tools: " in p.last().text_input and '"lookup"' in p.last().text_input
     assert reply["choices"][0]["message"].get("tool_calls") is None
     # Streamed: the same template, the output parsed as it arrives (no call in plain text).
-    events = _sse(p.post(tools=[TOOL], max_tokens=4, stream=True, temperature=0))
+    events = _sse(p.post(tools=[LOOKUP_TOOL], max_tokens=4, stream=True, temperature=0))
     assert "Tools: " in p.last().text_input and p.last().flags["stream"] is True
     assert all("tool_calls" not in e["choices"][0]["delta"] for e in events if e["choices"])
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
@@ -407,13 +392,13 @@ def _(p: Probe) -> None:
 @case(CHAT, "tool_choice")
 def _(p: Probe) -> None:
     named = {"type": "function", "function": {"name": "lookup"}}
-    reply = p.ok(tools=[TOOL], tool_choice=named, max_tokens=90, temperature=0)
+    reply = p.ok(tools=[LOOKUP_TOOL], tool_choice=named, max_tokens=90, temperature=0)
     sent = json.loads(p.last().sampling_parameters["structured_outputs"])
-    assert sent == {"json": TOOL["function"]["parameters"]}
+    assert sent == {"json": LOOKUP_TOOL["function"]["parameters"]}
     call = reply["choices"][0]["message"]["tool_calls"][0]
     assert call["function"]["name"] == "lookup" and json.loads(call["function"]["arguments"])
     assert reply["choices"][0]["finish_reason"] == "tool_calls"
-    required = p.post(tools=[TOOL], tool_choice="required", max_tokens=60)
+    required = p.post(tools=[LOOKUP_TOOL], tool_choice="required", max_tokens=60)
     if required.status_code == 400:
         # "required" is an array of calls with no bound on its length (as in vLLM's own server):
         # a random model may still be adding calls at max_tokens.
@@ -421,10 +406,10 @@ def _(p: Probe) -> None:
     else:
         calls = required.json()["choices"][0]["message"]["tool_calls"]
         assert calls[0]["function"]["name"] == "lookup", required.text
-    p.ok(tools=[TOOL], tool_choice="none")
+    p.ok(tools=[LOOKUP_TOOL], tool_choice="none")
     assert "Tools: " not in p.last().text_input
     streamed = _sse(
-        p.post(tools=[TOOL], tool_choice=named, max_tokens=90, temperature=0, stream=True)
+        p.post(tools=[LOOKUP_TOOL], tool_choice=named, max_tokens=90, temperature=0, stream=True)
     )
     assert json.loads(p.last().sampling_parameters["structured_outputs"]) == sent
     first = streamed[0]["choices"][0]["delta"]["tool_calls"][0]
