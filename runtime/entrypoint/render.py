@@ -22,6 +22,7 @@ from runtime.package.triton_models import MODEL_REPOSITORY
 from runtime.serving_backend import BACKEND_NAME, RESPONSE_HOOK, STOCK_BACKEND_NAME
 
 __all__ = [
+    "engine_gpus",
     "instance_kind",
     "link_catalogs",
     "plugin_processors",
@@ -75,25 +76,39 @@ def vllm_backend_for(pair: CompatPair) -> tuple[str, str | None]:
     )
 
 
-def _world_size(engine_args: dict[str, object]) -> int:
-    """GPUs one engine spans; the manifest holds these sizes as integers of at least 1."""
-    world = 1
-    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+#: vLLM 0.27.1's ``ParallelConfig``: ``world_size`` is pipeline x tensor x prefill-context
+#: parallel (decode context parallelism reuses the tensor-parallel ranks), and each of the
+#: ``data_parallel_size`` engine cores gets a world of its own (``world_size_across_dp``).
+_ENGINE_SIZES = (
+    "pipeline_parallel_size",
+    "tensor_parallel_size",
+    "prefill_context_parallel_size",
+    "data_parallel_size",
+)
+
+
+def engine_gpus(engine_args: dict[str, object]) -> int:
+    """GPUs one vLLM engine spans, as vLLM's ``ParallelConfig.world_size_across_dp`` counts
+    them; the manifest holds these sizes as integers of at least 1."""
+    gpus = 1
+    for key in _ENGINE_SIZES:
         size = engine_args.get(key, 1)
         assert isinstance(size, int), f"engine_args.{key} passed the manifest as {size!r}"
-        world *= size
-    return world
+        gpus *= size
+    return gpus
 
 
 def instance_kind(engine_args: dict[str, object], setting: str = "auto") -> str:
     """The ``instance_group`` kind of a vllm model: ``setting`` (`EntrypointSettings`'s
-    ``instance_kind``) unless ``auto``, which is ``KIND_GPU`` for a one-GPU engine only."""
+    ``instance_kind``) unless ``auto``, which is ``KIND_GPU`` for a one-GPU engine only
+    (`engine_gpus`)."""
     if setting == "model":
         return "KIND_MODEL"
     if setting == "gpu":
         return "KIND_GPU"
-    # Multi-GPU engines must own device placement (Triton's KIND_GPU assumes one GPU).
-    return "KIND_MODEL" if _world_size(engine_args) > 1 else "KIND_GPU"
+    # For KIND_GPU the stock vLLM backend sets CUDA_VISIBLE_DEVICES to the instance's one
+    # device, so an engine spanning more GPUs could not see them and would fail to load.
+    return "KIND_MODEL" if engine_gpus(engine_args) > 1 else "KIND_GPU"
 
 
 def _vllm_config(name: str, backend: str, kind: str) -> str:

@@ -10,6 +10,8 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from runtime.settings_env import variable_for
+
 __all__ = ["EntrypointSettings"]
 
 Port = Annotated[int, Field(ge=1, le=65535)]
@@ -18,6 +20,16 @@ Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 """A finite duration; ``inf`` would overflow where it becomes an int or a timer."""
 # Triton reads --exit-timeout-secs (the drain deadline, rounded) into a C int.
 _MAX_DRAIN_SECONDS = 2**31 - 1
+
+
+#: The ports the pod's servers bind, in field order (a validator sees only earlier fields).
+_PORTS = (
+    "public_grpc_port",
+    "triton_http_port",
+    "triton_metrics_port",
+    "frontend_port",
+    "health_port",
+)
 
 
 def _overlaps(a: Path, b: Path) -> bool:
@@ -137,6 +149,35 @@ class EntrypointSettings(BaseSettings):
                 "port (LLM_SERVING_PUBLIC_GRPC_PORT) itself once its model has loaded; remove "
                 "the variable from the pod spec"
             )
+
+    @field_validator("tritonserver", "frontend_command")
+    @classmethod
+    def _command(cls, value: str) -> str:
+        # Split now, so that a bad command is refused before any stage runs rather than when
+        # stage 7 starts the server, after the package was unpacked and rendered.
+        try:
+            words = shlex.split(value)
+        except ValueError as exc:
+            raise ValueError(
+                f"cannot split it into shell words ({exc}); close the quote or escape it"
+            ) from None
+        if not words:
+            raise ValueError("it names no command; set the program to run, or unset it")
+        return value
+
+    @field_validator(*_PORTS)
+    @classmethod
+    def _distinct_port(cls, value: int, info: ValidationInfo) -> int:
+        # Each is bound by one server of this pod (the health server is the entrypoint's own),
+        # so a shared port fails at start, blaming whichever binds second. Earlier ports are
+        # in info.data, so the variable named last in _PORTS is the one reported.
+        for other in _PORTS:
+            if other == info.field_name:
+                break
+            if info.data.get(other) == value:
+                variable = variable_for(cls, other)
+                raise ValueError(f"port {value} is also {variable}; give each port its own number")
+        return value
 
     @field_validator("multiproc_dir")
     @classmethod

@@ -19,7 +19,13 @@ from pydantic import (
 
 from runtime.package.ensembles import check_ensemble
 from runtime.package.errors import PackageError
-from runtime.package.triton_models import MODEL_REPOSITORY, Ensemble, TensorSpec, TritonModel
+from runtime.package.triton_models import (
+    MODEL_REPOSITORY,
+    Ensemble,
+    TensorSpec,
+    TritonModel,
+    refuse_optional_outputs,
+)
 
 __all__ = [
     "ARCHIVE_NAME",
@@ -50,8 +56,9 @@ _ID_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
 _SHA256_PATTERN = r"^[0-9a-f]{64}$"
 # vLLM loads a named processor with ``module, qualname = name.split(":")``: exactly one colon.
 _PROCESSOR_NAME = re.compile(r"(?!\d)\w+(\.(?!\d)\w+)*:(?!\d)\w+(\.(?!\d)\w+)*")
-# vLLM's parallel sizes, each ``Field(ge=1)`` in its ParallelConfig; render multiplies the first
-# two into the world size that picks the instance group's kind.
+# vLLM's parallel sizes, each ``Field(ge=1)`` in its ParallelConfig; render multiplies all but
+# decode context parallel (which reuses the tensor-parallel GPUs) into the GPUs the engine spans,
+# which picks the instance group's kind.
 _PARALLEL_SIZES = (
     "tensor_parallel_size",
     "pipeline_parallel_size",
@@ -131,6 +138,11 @@ class PythonModel(_Strict):
     outputs: list[TensorSpec] = Field(min_length=1)
 
     _check_path = field_validator("model_file")(check_relative_path)
+
+    @field_validator("outputs")
+    @classmethod
+    def _outputs(cls, outputs: list[TensorSpec]) -> list[TensorSpec]:
+        return refuse_optional_outputs(outputs, "python_model")
 
 
 class Manifest(_Strict):

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "MODEL_REPOSITORY",
@@ -20,6 +27,7 @@ __all__ = [
     "TensorType",
     "TritonModel",
     "dims_agree",
+    "refuse_optional_outputs",
 ]
 
 MODEL_REPOSITORY = "model_repository"
@@ -65,6 +73,22 @@ class TensorSpec(_Strict):
         if any(d == 0 or d < -1 for d in dims):
             raise ValueError(f"dims {dims} must be positive or -1 (variable)")
         return dims
+
+
+def refuse_optional_outputs(outputs: list[TensorSpec], owner: str) -> list[TensorSpec]:
+    """``outputs`` unless one is ``optional``: Triton's ``ModelOutput`` has no such field (only
+    ``ModelInput`` has), so its config could not be written; ``owner`` names the model."""
+    optional = [t.name for t in outputs if t.optional]
+    if optional:
+        tensors = (
+            f"output {optional[0]}" if len(optional) == 1 else f"outputs {', '.join(optional)}"
+        )
+        verb = "is" if len(optional) == 1 else "are"
+        raise ValueError(
+            f"{owner}: {tensors} {verb} declared optional, but only inputs can be optional in "
+            f"Triton; remove optional from {tensors}"
+        )
+    return outputs
 
 
 class DynamicBatching(_Strict):
@@ -117,6 +141,11 @@ class TritonModel(_Strict):
     instance_group: InstanceGroup = InstanceGroup()
     fil: FilParameters | None = None
 
+    @field_validator("outputs")
+    @classmethod
+    def _outputs(cls, outputs: list[TensorSpec], info: ValidationInfo) -> list[TensorSpec]:
+        return refuse_optional_outputs(outputs, f"model {info.data.get('name', '?')}")
+
     @model_validator(mode="after")
     def _consistent(self) -> TritonModel:
         if (self.backend == "fil") != (self.fil is not None):
@@ -124,6 +153,17 @@ class TritonModel(_Strict):
         if self.dynamic_batching is not None and self.max_batch_size == 0:
             raise ValueError(
                 f"model {self.name}: dynamic_batching needs max_batch_size of at least 1"
+            )
+        batching = self.dynamic_batching
+        sizes = batching.preferred_batch_size if batching is not None else []
+        too_large = [size for size in sizes if size > self.max_batch_size]
+        if too_large:
+            # Triton refuses to load such a model ("dynamic batching preferred size must be <=
+            # max batch size", ValidateModelConfig in core's model_config_utils.cc).
+            raise ValueError(
+                f"model {self.name}: dynamic_batching.preferred_batch_size "
+                f"{', '.join(map(str, too_large))} is above max_batch_size "
+                f"{self.max_batch_size}; lower it or raise max_batch_size"
             )
         names = [t.name for t in (*self.inputs, *self.outputs)]
         dupes = sorted({n for n in names if names.count(n) > 1})
@@ -153,6 +193,11 @@ class Ensemble(_Strict):
     inputs: list[TensorSpec] = Field(min_length=1)
     outputs: list[TensorSpec] = Field(min_length=1)
     max_batch_size: int = Field(ge=0)
+
+    @field_validator("outputs")
+    @classmethod
+    def _outputs(cls, outputs: list[TensorSpec]) -> list[TensorSpec]:
+        return refuse_optional_outputs(outputs, "ensemble")
 
 
 def dims_agree(a: list[int], b: list[int]) -> bool:
