@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from runtime.compat import load_matrix, vllm_requirements
 from runtime.constraints.catalog import CatalogError, read_catalog
 from runtime.package.archive import check_archive
-from runtime.package.errors import PackageError
+from runtime.package.errors import PackageError, field_error
 from runtime.package.manifest import (
     ARCHIVE_NAME,
     FORMAT_VERSION,
@@ -168,9 +168,7 @@ def _load_spec(source: Path) -> PackageSpec:
     try:
         return PackageSpec.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        raise PackageError(f"{path}: field {where}: {first['msg']}") from exc
+        raise field_error(str(path), exc) from exc
 
 
 def _archive_sources(source: Path, spec: PackageSpec) -> list[SourceFile]:
@@ -392,9 +390,7 @@ def _manifest(
             weight_files=weight_files,
         )
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        raise PackageError(f"{where}: field {field}: {first['msg']}") from exc
+        raise field_error(str(where), exc) from exc
 
 
 def _staging_folder(out: Path) -> Path:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from runtime.package.ensembles import check_ensemble, check_steps
-from runtime.package.errors import PackageError
+from runtime.package.errors import PackageError, field_error
 from runtime.package.model_config import ensemble_config, model_config
 from runtime.package.model_files import (
     check_torchscript,
@@ -143,8 +143,8 @@ def resolve_model(
             instance_group=spec.instance_group,
             fil=fil,
         )
-    except ValueError as exc:
-        raise PackageError(f"{where}: {exc}") from exc
+    except ValidationError as exc:
+        raise field_error(where, exc) from exc
     return model, sorted(placed, key=lambda f: f.arcname)
 
 
