@@ -79,9 +79,22 @@ def known_image(distributions: Iterable[str]) -> ImageNames:
     return ImageNames.of({name: import_keys(name) for name in distributions})
 
 
+# pip writes each entry point of these groups as a command into the environment's bin/, where a
+# plugin installed into the image's prefix could replace the image's own (vllm, tritonserver).
+_SCRIPT_GROUPS = ("console_scripts", "gui_scripts")
+
+
 def check_plugin_files(info: WheelInfo, label: str, image: ImageNames, pinned: set[str]) -> None:
-    """Refuse a wheel that ships a ``.pth`` file, another distribution's metadata, or a package
-    or module of the image (``pinned`` names the distributions to call pinned)."""
+    """Refuse a wheel that ships a ``.pth`` file, another distribution's metadata, a command, or
+    a package or module of the image (``pinned`` names the distributions to call pinned)."""
+    scripts = [group for group in _SCRIPT_GROUPS if group in info.groups]
+    if scripts:
+        raise PackageError(
+            f"plugin wheel {label} registers [{scripts[0]}] entry points: pip would write them as "
+            "commands into the image's bin/, where they could replace its own; a vLLM plugin is "
+            f"loaded through vLLM's entry points and needs no command: remove [{scripts[0]}] and "
+            "rebuild the wheel"
+        )
     try:
         found = find_shadowing(list(info.files), image)
     except WheelLayoutError as exc:

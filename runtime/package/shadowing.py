@@ -6,12 +6,18 @@ in site-packages itself: either way a wheel that ships a ``vllm/`` package (or `
 distribution is called. The entrypoint compares a wheel's files with the installed
 distributions' (`ImageNames.scan`), packaging with the import names of the distributions the
 image is known to have (`ImageNames.of`); both read the findings of `find_shadowing`.
+
+Files are judged where pip writes them, not by their names in the archive: pip normalises a
+member's name (``x/../torch/__init__.py`` lands as ``torch/__init__.py``), and installs a
+``*.data/`` folder's schemes other than purelib and platlib outside site-packages, at the top
+of a ``--target`` folder or anywhere under the interpreter's prefix (``bin/``, ``include/``).
 """
 
 from __future__ import annotations
 
 import csv
 import importlib.metadata as md
+import posixpath
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -28,8 +34,9 @@ ImportKey = tuple[str, ...]
 
 _METADATA_DIRS = (".dist-info", ".egg-info", ".data")
 _MODULE_SUFFIXES = (".py", ".pyc", ".pyd", ".so")
-# Data a wheel puts under the interpreter's prefix lands in site-packages through this path.
-_SITE_PACKAGES_DATA = re.compile(r"lib(?:64)?/python[^/]*/(?:site|dist)-packages/(.+)")
+# The schemes of a wheel's *.data/ folder that pip installs into site-packages (or the --target
+# folder); it puts data, scripts and headers elsewhere and refuses any other scheme.
+_SITE_PACKAGES_SCHEMES = ("purelib", "platlib")
 
 
 class WheelLayoutError(ValueError):
@@ -40,13 +47,16 @@ class WheelLayoutError(ValueError):
 class Shadowing:
     """One file of a wheel that would replace something the image has."""
 
-    kind: Literal["pth", "metadata", "import"]
-    """``pth``: a ``.pth`` file; ``metadata``: another distribution's metadata folder;
-    ``import``: a package or module of the image."""
+    kind: Literal["name", "scheme", "pth", "metadata", "import"]
+    """``name``: a member name that is not a plain relative path; ``scheme``: a file of a
+    ``*.data/`` scheme pip installs outside site-packages; ``pth``: a ``.pth`` file;
+    ``metadata``: another distribution's metadata folder; ``import``: a package or module of the
+    image."""
     member: str
     """The file's name inside the wheel."""
     path: str
-    """Where the file lands, relative to site-packages."""
+    """Where the file lands, relative to site-packages; for ``name``, where pip would write it
+    (the normalised name); for ``scheme``, the scheme's folder (``sneaky-1.0.data/scripts``)."""
     key: ImportKey = ()
     """For ``import``: the import name the file would take over."""
     owners: frozenset[str] = frozenset()
@@ -56,6 +66,24 @@ class Shadowing:
         """What is wrong with wheel ``label`` and what to do, as (problem, fix); ``pinned``
         names the distributions to call pinned."""
         shipped = f"plugin wheel {label} ships {self.member}"
+        if self.kind == "name":
+            landing = "" if self.path == self.member else f" (pip would write it as {self.path})"
+            return (
+                f"plugin wheel {label} has a member named {self.member!r}{landing}, not a plain "
+                "relative path: empty, '.' or '..' parts, a leading '/' or a backslash let it "
+                "land elsewhere than its name says, over the image's own files",
+                "rebuild the wheel with a standard builder (pip wheel, python -m build), "
+                "which writes plain member names",
+            )
+        if self.kind == "scheme":
+            return (
+                f"{shipped}, in the wheel's {self.path}/ folder: pip installs only "
+                f"{' and '.join(_SITE_PACKAGES_SCHEMES)} into site-packages, and data, scripts "
+                "and headers at the top of the plugin folder or under the image's prefix (bin/, "
+                "include/, anything below it), where they replace the image's own files",
+                "remove the data files, scripts and headers from the plugin project (a vLLM "
+                "plugin needs none: vLLM loads it through its entry points) and rebuild the wheel",
+            )
         if self.kind == "pth":
             return (
                 f"{shipped}, a .pth file: in the image it would run at every interpreter start "
@@ -178,15 +206,28 @@ class ImageNames:
         return hits
 
 
+def _plain(member: str) -> bool:
+    """Whether pip writes ``member`` (a folder's with its trailing ``/``) where its name says."""
+    name = member.removesuffix("/")
+    # normpath alone lets '..' at the start, a leading '/' and backslashes through.
+    return (
+        posixpath.normpath(name) == name
+        and not name.startswith("/")
+        and "\\" not in name
+        and all(part not in ("", ".", "..") for part in name.split("/"))
+    )
+
+
 def _site_packages_files(names: list[str]) -> tuple[dict[str, str], list[Shadowing]]:
     """The wheel's files that install into site-packages (landing path -> member name), and
-    the metadata folders of other distributions among them."""
+    those of them, or of the ``*.data/`` folder, that must not be installed at all: files of
+    schemes that land outside site-packages, then other distributions' metadata."""
     own = {n.split("/", 1)[0] for n in names if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)}
     if len(own) != 1:
         raise WheelLayoutError(f"{len(own)} *.dist-info/METADATA at the top, not 1")
     (own_info,) = own
-    own_data = own_info.removesuffix(".dist-info") + ".data"
     files: dict[str, str] = {}
+    outside: list[Shadowing] = []
     foreign: dict[str, Shadowing] = {}
     for member in names:
         if member.endswith("/"):
@@ -195,29 +236,33 @@ def _site_packages_files(names: list[str]) -> tuple[dict[str, str], list[Shadowi
         top, _, rest = name.partition("/")
         if top == own_info:
             continue
-        if top == own_data:
-            scheme, _, inner = rest.partition("/")
-            match = _SITE_PACKAGES_DATA.fullmatch(inner) if scheme == "data" else None
-            if scheme in ("purelib", "platlib"):
-                name = inner
-            elif match is not None:
-                name = match.group(1)
-            else:
-                continue  # scripts, headers, other data: outside site-packages
+        # pip takes any top folder named *.data for the data folder, not only the wheel's own.
+        if top.endswith(".data"):
+            scheme, slash, inner = rest.partition("/")
+            if scheme not in _SITE_PACKAGES_SCHEMES or not slash:
+                outside.append(Shadowing("scheme", member, f"{top}/{scheme}"))
+                continue
+            name = inner
             top = name.split("/", 1)[0]
         if top.endswith(_METADATA_DIRS):
             foreign.setdefault(top, Shadowing("metadata", member, name))
             continue
         files.setdefault(name, member)
-    return files, list(foreign.values())
+    return files, outside + list(foreign.values())
 
 
 def find_shadowing(names: list[str], image: ImageNames) -> list[Shadowing]:
-    """What of the wheel whose members are ``names`` would replace what ``image`` has: other
-    distributions' metadata, then ``.pth`` files, then packages and modules, in wheel order.
+    """What of the wheel whose members are ``names`` would replace what ``image`` has: member
+    names that are not plain relative paths (nothing else is judged then), files pip installs
+    outside site-packages, other distributions' metadata, then ``.pth`` files, then packages
+    and modules, in wheel order.
 
     Raises `WheelLayoutError` when ``names`` are not a wheel's.
     """
+    # Judged first and alone: every later rule reads a member's name as where it lands.
+    unplain = [Shadowing("name", m, posixpath.normpath(m)) for m in names if not _plain(m)]
+    if unplain:
+        return unplain
     files, found = _site_packages_files(names)
     paths = [path.split("/") for path in files]
     found += [

@@ -1,4 +1,5 @@
-"""Plugin wheels: read their metadata and refuse those that would move a pinned distribution."""
+"""Plugin wheels: read their metadata and refuse those the image's pip would not install or
+that would move a pinned distribution."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from email.parser import HeaderParser
+from itertools import chain
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
-from packaging.utils import canonicalize_name
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from runtime.package.errors import PackageError
@@ -23,6 +26,7 @@ __all__ = [
     "ImageEnvironment",
     "WheelInfo",
     "check_against_pins",
+    "check_installable",
     "parse_pins",
     "read_wheel",
     "required_names",
@@ -30,6 +34,10 @@ __all__ = [
 ]
 
 PLUGIN_GROUPS = ("vllm.general_plugins", "vllm.logits_processors")
+
+# manylinux's first names for glibc 2.17, 2.12 and 2.5 (PEP 599, 571, 513), which pip accepts
+# beside the PEP 600 form.
+_LEGACY_MANYLINUX = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,11 @@ class ImageEnvironment:
 
     python: str
     """The image's Python, ``major.minor`` as ``images/compat.toml`` records it."""
+    machine: str = "x86_64"
+    """The image's CPU architecture, as ``platform.machine()`` names it."""
+    glibc: tuple[int, int] = (2, 39)
+    """The image's glibc, which bounds the manylinux wheels it installs. The matrix does not
+    record it: every Triton release it lists (25.09 on) is built on Ubuntu 24.04, glibc 2.39."""
 
     def markers(self) -> dict[str, str]:
         """PEP 508 marker variables of the image: CPython ``python`` on x86_64 Linux."""
@@ -53,9 +66,31 @@ class ImageEnvironment:
             "os_name": "posix",
             "sys_platform": "linux",
             "platform_system": "Linux",
-            "platform_machine": "x86_64",
+            "platform_machine": self.machine,
             "extra": "",
         }
+
+    def describe(self) -> str:
+        """The image as a wheel's tags address it: ``CPython 3.12, Linux x86_64, glibc 2.39``."""
+        return f"CPython {self.python}, Linux {self.machine}, glibc {self.glibc[0]}.{self.glibc[1]}"
+
+    def tags(self) -> frozenset[Tag]:
+        """The wheel tags the image's pip installs: what `packaging.tags.sys_tags` gives in the
+        image, built from the matrix rather than from the interpreter that runs this."""
+        major, minor = (int(part) for part in self.python.split(".")[:2])
+        platforms = []
+        for glibc_minor in range(self.glibc[1], 4, -1):
+            platforms.append(f"manylinux_{self.glibc[0]}_{glibc_minor}_{self.machine}")
+            if glibc_minor in _LEGACY_MANYLINUX:
+                platforms.append(f"{_LEGACY_MANYLINUX[glibc_minor]}_{self.machine}")
+        platforms.append(f"linux_{self.machine}")  # what a local build on Linux is tagged
+        interpreter = f"cp{major}{minor}"
+        return frozenset(
+            chain(
+                cpython_tags((major, minor), [interpreter], platforms),
+                compatible_tags((major, minor), interpreter, platforms),
+            )
+        )
 
 
 @dataclass(frozen=True)
@@ -71,10 +106,16 @@ class WheelInfo:
     """Every entry-point group the wheel declares, vLLM's or not (to name a misspelt one)."""
     files: tuple[str, ...] = ()
     """The wheel's member names, in archive order."""
+    tags: frozenset[Tag] | None = None
+    """The tags of the wheel's file name; ``None`` only where the info was not read from a
+    wheel file."""
 
 
 def read_wheel(path: Path, label: str) -> WheelInfo:
-    """Read ``*.dist-info/METADATA`` and ``entry_points.txt`` of a wheel (``label`` names it)."""
+    """Read ``*.dist-info/METADATA`` and ``entry_points.txt`` of a wheel (``label`` names it),
+    refusing one whose file name is not a wheel's or names another distribution or version than
+    its METADATA (pip refuses to install either)."""
+    name_of_file, version_of_file, tags = _parse_name(path.name, label)
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
@@ -100,6 +141,16 @@ def read_wheel(path: Path, label: str) -> WheelInfo:
     name, version = headers.get("Name"), headers.get("Version")
     if not name or not version:
         raise PackageError(f"plugin wheel {label}: METADATA lacks Name or Version")
+    try:
+        same_version = Version(version) == version_of_file
+    except InvalidVersion:
+        same_version = False
+    if canonicalize_name(name) != name_of_file or not same_version:
+        raise PackageError(
+            f"plugin wheel {label}: its file name says {name_of_file} {version_of_file}, its "
+            f"METADATA {name} {version}, and pip refuses a wheel whose name and metadata "
+            "disagree; rename the file back to the name its builder gave it, or rebuild the wheel"
+        )
     return WheelInfo(
         distribution=name,
         version=version,
@@ -107,6 +158,35 @@ def read_wheel(path: Path, label: str) -> WheelInfo:
         entry_points=_entry_points(entry_text),
         groups=_groups(entry_text),
         files=tuple(names),
+        tags=tags,
+    )
+
+
+def _parse_name(file_name: str, label: str) -> tuple[str, Version, frozenset[Tag]]:
+    """The canonical name, version and tags a wheel's file name gives (PEP 427)."""
+    try:
+        name, version, _, tags = parse_wheel_filename(file_name)
+    except InvalidWheelFilename as exc:
+        raise PackageError(
+            f"plugin wheel {label}: {file_name} is not a wheel's file name ({exc}), and pip "
+            "installs a wheel only by its name-version-python-abi-platform.whl file name; "
+            "rename it back to the name its builder gave it"
+        ) from exc
+    return name, version, tags
+
+
+def check_installable(info: WheelInfo, label: str, environment: ImageEnvironment) -> None:
+    """Refuse a wheel none of whose file-name tags the image's pip installs (a wheel built for
+    macOS, another CPU or another Python); an info not read from a file is not judged."""
+    if info.tags is None or info.tags & environment.tags():
+        return
+    major, minor = environment.python.split(".")[:2]
+    tags = ", ".join(sorted(str(tag) for tag in info.tags))
+    raise PackageError(
+        f"plugin wheel {label} is built for {tags}, and the image ({environment.describe()}) "
+        f"installs none of these; rebuild it as a pure-Python wheel (py3-none-any) or for "
+        f"cp{major}{minor} manylinux {environment.machine} (for instance with pip wheel inside "
+        "the serving image)"
     )
 
 
@@ -194,11 +274,13 @@ def check_against_pins(
     ranges: Mapping[str, SpecifierSet] | None = None,
     shipped: Mapping[str, tuple[str, ...]] | None = None,
 ) -> None:
-    """Refuse a wheel that is, or requires another version of, a distribution the image pins,
-    or a version that none of ``ranges`` (what the image's vLLM requires) allows; requirements
-    whose markers do not hold in the image's ``environment`` are skipped. ``shipped`` gives the
-    requirements of the package's wheels by canonical name, so that what an extra of one of
-    them adds (``lib[fast]``) is checked too."""
+    """Refuse a wheel the image's pip would not install (`check_installable`), that is, or
+    requires another version of, a distribution the image pins, or a version that none of
+    ``ranges`` (what the image's vLLM requires) allows; requirements whose markers do not hold
+    in the image's ``environment`` are skipped. ``shipped`` gives the requirements of the
+    package's wheels by canonical name, so that what an extra of one of them adds
+    (``lib[fast]``) is checked too."""
+    check_installable(info, label, environment)
     ranges = ranges or {}
     own = canonicalize_name(info.distribution)
     if own in pins:

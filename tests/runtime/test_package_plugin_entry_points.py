@@ -29,10 +29,7 @@ def _typo_source(tmp_path: Path) -> Path:
     wheel = make_wheel(
         plugins,
         "typo-plugin",
-        entry_points={
-            "vllm.logits_processor": {"typo": "typo_plugin:Processor"},
-            "console_scripts": {"typo": "typo_plugin:main"},
-        },
+        entry_points={"vllm.logits_processor": {"typo": "typo_plugin:Processor"}},
     )
     return _source(tmp_path, wheel)
 
