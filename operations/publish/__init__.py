@@ -7,7 +7,9 @@ Objects land under ``models/<model_id>/<model_version>/`` with their sha256 in t
 metadata. Large files go up as parallel multipart uploads that a later run resumes (it finds the
 open upload in S3 and keeps every part whose ETag matches), files already there with the same
 checksum are skipped, and ``manifest.json`` is written last, so a reader that finds the manifest
-finds every file it lists.
+finds every file it lists. Before uploading, and again before the manifest, it refuses any other
+key under the prefix (an earlier build's file left by a publish cut short before its manifest):
+the model cache imports the whole prefix and vLLM loads every weight file it finds there.
 
 The bucket's Cross-Region Replication copies each object on its own and in no order, so where a
 rule covers the version, publish first waits until S3 reports every file (uploaded now or already

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -41,6 +41,7 @@ __all__ = [
     "part_layout",
     "plan_publish",
     "record_key",
+    "refuse_unlisted",
     "version_prefix",
 ]
 
@@ -242,6 +243,36 @@ def _with_stale(item: PlanItem, uploads: Sequence[str]) -> PlanItem:
     return replace(item, reason=reason, stale_uploads=stale)
 
 
+def refuse_unlisted(client: Any, bucket: str, prefix: str, files: Iterable[str], done: str) -> None:
+    """Raise `PublishError` if the version's prefix holds a key other than ``files`` (the paths
+    the manifest lists), the manifest and publish's upload records.
+
+    The model cache imports the whole prefix and vLLM loads every weight file of its folder, so
+    a shard left by an earlier build of the version (a publish cut short before its manifest)
+    would be served beside the new ones. Only publish's own records and the manifest itself are
+    not files of the package. ``done`` says what publish has and has not done so far.
+    """
+    wanted = {prefix + path for path in (*files, MANIFEST_NAME)}
+    unlisted = []
+    paginator = client.get_paginator("list_objects_v2")
+    for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            key = obj["Key"]
+            if key not in wanted and not key.startswith(prefix + RECORDS_PREFIX):
+                unlisted.append(key.removeprefix(prefix))
+    if unlisted:
+        # Refused rather than deleted: publish never removes what it cannot prove it wrote, and
+        # its role's s3:DeleteObject is meant for its upload records.
+        unlisted.sort()
+        raise PublishError(
+            f"s3://{bucket}/{prefix} holds {listed(unlisted)}, which {MANIFEST_NAME} does not "
+            "list (left by an earlier build of this version, or put there by hand); the model "
+            f"cache imports the whole prefix, so pods would load them; {done}: delete them "
+            f"(aws s3 rm s3://{bucket}/{prefix}<file>, or aws s3 rm --recursive "
+            f"s3://{bucket}/{prefix} to start the version over) and publish again"
+        )
+
+
 def _check_present(folder: Path, entries: list[FileEntry]) -> None:
     """Every listed file is readable and of the listed size, checked before any S3 call."""
     for entry in entries:
@@ -312,6 +343,8 @@ def plan_publish(
             f"s3://{bucket}/{prefix} with another manifest; versions are immutable: "
             "build the package with a new model_version"
         )
+    paths = [entry.path for entry in entries]
+    refuse_unlisted(client, bucket, prefix, paths, "nothing was uploaded")
     open_uploads = _open_uploads(client, bucket, prefix)
     items = []
     skipped: dict[str, str | None] = {}  # key -> ReplicationStatus of the files kept as they are

@@ -24,6 +24,7 @@ from operations.publish.planning import (
     format_plan,
     plan_publish,
     record_key,
+    refuse_unlisted,
 )
 from operations.publish.replication import (
     DEFAULT_REPLICATION_TIMEOUT,
@@ -301,6 +302,10 @@ def publish(
             backoff,
             on_replication,
         )
+    # Planning refused such keys already; this catches any that came while uploading, as the
+    # manifest is what makes them part of a visible version.
+    paths = [item.entry.path for item in plan.items]
+    refuse_unlisted(client, bucket, plan.prefix, paths, "the manifest was not written")
     # The planned bytes, not the file as it is now: they list exactly what was uploaded and
     # checked above, so the visible manifest never names a file the bucket does not hold.
     client.put_object(

@@ -100,6 +100,16 @@ class _StageMetrics:
         return generate_latest(self._registry)
 
 
+@dataclass(frozen=True)
+class _Stop:
+    """How one server stopped: seconds from its SIGTERM to its exit, and whether it outlived
+    the wait and was killed."""
+
+    process: asyncio.subprocess.Process
+    seconds: float
+    killed: bool
+
+
 @dataclass
 class _State:
     live: bool = True
@@ -476,24 +486,32 @@ class Entrypoint:
             # Triton closes its gRPC listener first, then finishes the requests in flight.
             log(f"SIGTERM: closing the public port, draining for up to {s.drain_seconds:g}s")
         self.state.draining = True
-        started = time.monotonic()
-        clean = await self._stop_processes(s.drain_seconds)
-        elapsed = time.monotonic() - started
-        codes = [p.returncode for p in self.state.processes]
+        stops = await self._stop_processes(s.drain_seconds)
+        budget = exit_timeout_secs(s)
+        codes = [stop.process.returncode for stop in stops]
+        # Each server has the whole deadline to itself (the frontend's requests must finish
+        # before Triton may stop), so each stop is judged on its own: their sum may exceed it.
         # Triton gets the deadline as --exit-timeout-secs and cuts in-flight requests when it
-        # passes, so a stop that took that long is not a clean drain either.
-        if not clean or elapsed >= exit_timeout_secs(s):
+        # passes, so a stop that took that long is not a clean drain either; the frontend's
+        # budget is the same, in the same whole seconds.
+        late = [stop for stop in stops if stop.killed or stop.seconds >= budget]
+        if late:
+            took = ", ".join(f"{self._name(stop.process)} {stop.seconds:.1f}s" for stop in late)
             log(
-                f"drain deadline of {s.drain_seconds:g}s reached after {elapsed:.1f}s (exit codes "
-                f"{codes}); in-flight requests may have failed"
+                f"drain deadline of {s.drain_seconds:g}s reached ({took}; exit codes {codes}); "
+                "in-flight requests may have failed"
             )
             return ExitCode.DRAIN_TIMEOUT
-        failed = [p for p in self.state.processes if p.returncode != 0]
+        failed = [stop for stop in stops if stop.process.returncode != 0]
         if failed:
-            what = ", ".join(f"process {p.pid} {_how_it_ended(p.returncode)}" for p in failed)
+            what = ", ".join(
+                f"process {stop.process.pid} {_how_it_ended(stop.process.returncode)} after "
+                f"{stop.seconds:.1f}s"
+                for stop in failed
+            )
             log(
-                f"drain failed: {what} after {elapsed:.1f}s, before the {s.drain_seconds:g}s "
-                "deadline; in-flight requests may have failed"
+                f"drain failed: {what}, before the {s.drain_seconds:g}s deadline; in-flight "
+                "requests may have failed"
             )
             return ExitCode.DRAIN_SERVER_EXITED
         log("drained: every in-flight request finished")
@@ -504,29 +522,39 @@ class Entrypoint:
         name = STAGES[stopped.number - 1]
         when = "during" if stopped.during else "after"
         log(f"SIGTERM {when} stage {stopped.number}/8 {name}: start cancelled, nothing to drain")
-        if self.state.processes and not await self._stop_processes(self.settings.drain_seconds):
+        stops = await self._stop_processes(self.settings.drain_seconds)
+        if any(stop.killed for stop in stops):
             log(f"the servers did not stop within {self.settings.drain_seconds:g}s and were killed")
         return ExitCode.DRAINED
 
-    async def _stop_processes(self, deadline: float) -> bool:
+    async def _stop_processes(self, deadline: float) -> list[_Stop]:
         """SIGTERM every child (frontend first), wait ``deadline`` seconds, then SIGKILL; then
-        SIGKILL what is left of its process group."""
-        clean = True
+        SIGKILL what is left of its process group. Returns each stop, in that order, timed from
+        its own SIGTERM."""
+        stops = []
         for process in reversed(self.state.processes):
+            started = time.monotonic()
             if process.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     process.send_signal(signal.SIGTERM)
+            killed = False
             try:
                 await asyncio.wait_for(process.wait(), timeout=deadline + 5)
             except TimeoutError:
-                clean = False
+                killed = True
+            seconds = time.monotonic() - started
             # A killed Triton leaves its backend stubs and their engine cores running, holding
             # the model's memory (GPU memory on a GPU node), and so can a stub that hangs after
             # Triton exits: they are of no use without it.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGKILL)
             await process.wait()
-        return clean
+            stops.append(_Stop(process, seconds, killed))
+        return stops
+
+    def _name(self, process: asyncio.subprocess.Process) -> str:
+        """How a log line names a server: Triton is started first, the frontend after it."""
+        return "Triton" if process is self.state.processes[0] else "the frontend"
 
 
 def triton_command(settings: EntrypointSettings, repository: Path, model: str) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -125,7 +126,47 @@ def locate(
     # The restore Job hashed the model cache's copy already; a fresh download nobody has.
     for entry in manifest.weight_files:
         check_file(folder, entry, full=verify_weights or downloaded)
+    _refuse_unlisted_weights(folder, manifest)
     return folder, manifest
+
+
+def _unlisted_weights(folder: Path, manifest: Manifest) -> list[str]:
+    """Paths under the weights folder, relative to ``folder``, that ``weight_files`` lacks."""
+    listed = {entry.path for entry in manifest.weight_files}
+    found = []
+
+    def failed(exc: OSError) -> None:
+        raise exc  # an unreadable folder could hide a file: stage 1 fails rather than guess
+
+    for top, dirs, files in os.walk(folder / manifest.weights, onerror=failed):
+        # A link to a folder is not walked into (it may lead anywhere), but it is no listed file.
+        names = [*files, *(d for d in dirs if os.path.islink(os.path.join(top, d)))]
+        for name in names:
+            path = Path(top, name).relative_to(folder).as_posix()
+            if path not in listed:
+                found.append(path)
+    return sorted(found)
+
+
+def _refuse_unlisted_weights(folder: Path, manifest: Manifest) -> None:
+    """Refuse files in the weights folder that the manifest does not list.
+
+    vLLM loads every weight file of the folder it is given, not the manifest's list, so an
+    earlier build's shard left under the version's prefix (and imported to the model cache
+    with it) would be loaded beside the verified ones.
+    """
+    unlisted = _unlisted_weights(folder, manifest)
+    if not unlisted:
+        return
+    shown = ", ".join(unlisted[:10])
+    if len(unlisted) > 10:
+        shown += f" and {len(unlisted) - 10} more"
+    raise StageFailed(
+        f"the weights folder {manifest.weights}/ of {folder} holds {shown}, which the manifest "
+        "does not list; vLLM loads every weight file there, so they would be served unverified",
+        f"delete them from s3://<bucket>/models/{manifest.model_id}/{manifest.model_version}/ "
+        "and from the model cache (or publish the build as a new model_version)",
+    )
 
 
 def unpack(folder: Path, manifest: Manifest, dest: Path, max_bytes: int) -> Path:
