@@ -1,9 +1,11 @@
 """``ModelCache``: FSx for Lustre linked to the model bucket, and the jobs that fill it.
 
 Importing from S3 brings only metadata, so each model version in service gets a materialize
-Job that restores its files into Lustre and verifies that none is still released; servers of
-that version depend on the Job, so no GPU pod ever starts by pulling weights from S3. The Jobs
-run on the GPU node groups: only their security group may reach the Lustre ports.
+Job: its init container restores the files into Lustre and waits until none is still released,
+then a container of the serving image hashes every file against the version's manifest.json.
+Servers of that version depend on the Job, so no GPU pod ever starts by pulling weights from S3,
+nor from a cache copy whose bytes nobody checked (stage 1 of the entrypoint checks only sizes
+there). The Jobs run on the GPU node groups: only their security group may reach the Lustre ports.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ __all__ = [
     "ModelCache",
     "ModelCacheArgs",
     "materialize_script",
+    "verify_command",
 ]
 
 CSI_DRIVER = "fsx.csi.aws.com"
@@ -40,6 +43,12 @@ FILE_SYSTEM_PATH = "/models"
 # Lustre clients reach the servers on 988 and 1018-1023 (FSx for Lustre VPC requirements).
 LUSTRE_PORTS = ((988, 988), (1018, 1023))
 THROUGHPUT_PER_UNIT = (125, 250, 500, 1000)
+# sha256 runs on one core, file after file; the second core of the limit takes the Lustre reads
+# and the archive checks' temporary files. Memory holds 1 MiB chunks, plugin wheels and catalogs.
+VERIFY_RESOURCES = {
+    "requests": {"cpu": "1", "memory": "1Gi"},
+    "limits": {"cpu": "2", "memory": "4Gi"},
+}
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,9 @@ class ModelCacheArgs:
     """``(model_id, version)`` pairs in service: one materialize Job each."""
     tools_image: str
     """Image with the Lustre client tools (``lfs``) that materialize jobs run."""
+    serving_image: pulumi.Input[str]
+    """The image the model servers run: its ``package verify`` checks each restored version
+    with the same code stage 1 of the entrypoint would."""
     client_node_groups: Sequence[str]
     """``llm-serving/node-group`` labels of the nodes in ``node_security_group_id``: the
     materialize Jobs run there, tolerating their GPU taint."""
@@ -71,9 +83,14 @@ class ModelCacheArgs:
     restore_batch_size: int = 64
     """Files per ``lfs hsm_restore`` call."""
     restore_timeout_s: int = 3600
-    """How long a materialize Job may take before it fails."""
+    """How long a materialize Job, restore and verification together, may take before it
+    fails."""
     depends_on: Sequence[pulumi.Resource] = ()
     """What the claims and jobs need first: the namespace, the CSI driver."""
+
+
+def _version_folder(model_id: str, version: str, cache_root: str) -> str:
+    return f"{cache_root}{FILE_SYSTEM_PATH}/{model_id}/{version}"
 
 
 def materialize_script(
@@ -83,8 +100,8 @@ def materialize_script(
     poll_seconds: int = 10,
     cache_root: str = CACHE_MOUNT_PATH,
 ) -> str:
-    """The shell script a materialize Job runs for one model version."""
-    folder = f"{cache_root}{FILE_SYSTEM_PATH}/{model_id}/{version}"
+    """The shell script a materialize Job's restore init container runs for one version."""
+    folder = _version_folder(model_id, version, cache_root)
     return f"""set -euo pipefail
 dir='{folder}'
 if [ ! -f "$dir/manifest.json" ]; then
@@ -105,6 +122,21 @@ while :; do
   sleep {poll_seconds}
 done
 """
+
+
+def verify_command(model_id: str, version: str, cache_root: str = CACHE_MOUNT_PATH) -> list[str]:
+    """The argv, in the serving image, that checks a restored version folder: every file's size
+    and sha256 against manifest.json, the archive's members as stage 2 unpacks them."""
+    # Not the image's ENTRYPOINT (the entrypoint would serve), nor the ``llm-serving`` script
+    # (operations.cli, whose operator commands the serving image does not need to import).
+    return [
+        "python3",
+        "-m",
+        "runtime.cli",
+        "package",
+        "verify",
+        _version_folder(model_id, version, cache_root),
+    ]
 
 
 class ModelCache(pulumi.ComponentResource):
@@ -293,9 +325,12 @@ class ModelCache(pulumi.ComponentResource):
                         "restartPolicy": "Never",
                         "affinity": self._on_client_nodes(),
                         "tolerations": gpu_tolerations(),
-                        "containers": [
+                        # Init containers run to completion in order: the bytes are hashed
+                        # only once every file is back in Lustre, and a failed verification
+                        # fails the pod, the Job, and the pulumi up that waits on it.
+                        "initContainers": [
                             {
-                                "name": "materialize",
+                                "name": "restore",
                                 "image": self._args.tools_image,
                                 "command": ["/bin/bash", "-c", script],
                                 "resources": {
@@ -308,6 +343,25 @@ class ModelCache(pulumi.ComponentResource):
                                 },
                                 "volumeMounts": [
                                     {"name": "model-cache", "mountPath": CACHE_MOUNT_PATH}
+                                ],
+                            }
+                        ],
+                        "containers": [
+                            {
+                                "name": "verify",
+                                "image": self._args.serving_image,
+                                "command": verify_command(model_id, version),
+                                "resources": VERIFY_RESOURCES,
+                                # The servers' capabilities, not fewer: it must read what they
+                                # read. Unlike the restore, it needs no SYS_ADMIN.
+                                "securityContext": {"allowPrivilegeEscalation": False},
+                                "volumeMounts": [
+                                    {
+                                        "name": "model-cache",
+                                        "mountPath": CACHE_MOUNT_PATH,
+                                        # Only the restore writes; a check must not mend.
+                                        "readOnly": True,
+                                    }
                                 ],
                             }
                         ],

@@ -170,6 +170,8 @@ class RegionPlatform(pulumi.ComponentResource):
             opts=on_cluster,
         )
         served = [(m, v) for m in config.models for v in m.served_versions]
+        # One image for the servers and the materialize Jobs' verification of their weights.
+        image = pulumi.Output.concat(args.image_repository_url, ":", config.image.tag)
         cache = ModelCache(
             f"{name}-cache",
             ModelCacheArgs(
@@ -180,6 +182,7 @@ class RegionPlatform(pulumi.ComponentResource):
                 namespace=config.namespace,
                 versions=[(m.id, v.version) for m, v in served],
                 tools_image=args.tools_image,
+                serving_image=image,
                 client_node_groups=[group.labels[NODE_GROUP_LABEL] for group in groups],
                 storage_capacity_gib=config.model_cache.storage_capacity_gib,
                 throughput_per_unit=config.model_cache.throughput_per_unit,
@@ -188,7 +191,6 @@ class RegionPlatform(pulumi.ComponentResource):
             ),
             opts=on_cluster,
         )
-        image = pulumi.Output.concat(args.image_repository_url, ":", config.image.tag)
         site = ModelSite(
             prefix=name,
             parent=self,

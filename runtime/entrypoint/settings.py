@@ -65,7 +65,8 @@ class EntrypointSettings(BaseSettings):
     )
     verify_weights: bool = Field(
         default=False,
-        description="hash the weights at start (the restore Job already did; sizes are checked)",
+        description="hash the weights at start too (on the model cache the materialize Job's "
+        "verify container already did; sizes are checked)",
     )
     max_unpack_bytes: int = Field(default=64 << 30, description="unpack size ceiling")
     plugin_dir: Path | None = Field(

@@ -123,7 +123,8 @@ def locate(
             "point LLM_SERVING_PACKAGE_PATH at the version this deployment serves",
         )
     check_file(folder, manifest.archive, full=True)
-    # The restore Job hashed the model cache's copy already; a fresh download nobody has.
+    # The materialize Job's verify container hashed the model cache's copy against this
+    # manifest before any server of the version was scheduled; a fresh download nobody has.
     for entry in manifest.weight_files:
         check_file(folder, entry, full=verify_weights or downloaded)
     _refuse_unlisted_weights(folder, manifest)

@@ -25,6 +25,7 @@ def _args(**overrides: object) -> ModelCacheArgs:
         "namespace": "serving",
         "versions": VERSIONS,
         "tools_image": "tools:1",
+        "serving_image": "serving:1",
         "client_node_groups": ["r-h100", "r-l40s"],
         "throughput_per_unit": 500,
         "restore_batch_size": 32,
@@ -140,7 +141,7 @@ def test_one_materialize_job_per_version_after_the_association(declared: Declare
     assert len(jobs) == len(VERSIONS)
     for (model_id, version), job in zip(VERSIONS, sorted(jobs, key=lambda j: j.name), strict=True):
         assert association.urn in job.dependencies
-        container = job.inputs["spec"]["template"]["spec"]["containers"][0]
+        container = job.inputs["spec"]["template"]["spec"]["initContainers"][0]
         script = container["command"][-1]
         assert f"{CACHE_MOUNT_PATH}/models/{model_id}/{version}" in script
         assert "xargs -0 -r -n 32 lfs hsm_restore" in script
