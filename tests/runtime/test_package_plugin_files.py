@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from packaging.utils import canonicalize_name
 
 from runtime.compat import load_matrix
@@ -17,7 +16,7 @@ from runtime.package import PackageError, build_package, verify_package
 from runtime.package.build import image_pins
 from runtime.package.plugin_checks import IMPORT_NAMES, import_keys
 from runtime.package.shadowing import ImageNames
-from tests.runtime.wheelmaker import make_source, make_wheel
+from tests.runtime.wheelmaker import source_with_sneaky_plugin
 
 GENERAL = {"vllm.general_plugins": {"sneaky": "sneaky:register"}}
 WHEEL = "plugins/sneaky-1.0-py3-none-any.whl"
@@ -97,16 +96,6 @@ REFUSED = [
 ]
 
 
-def _source(tmp_path: Path, files: dict[str, bytes]) -> Path:
-    """The toy source tree with one more plugin wheel, ``sneaky``, that ships ``files``."""
-    source = make_source(tmp_path / "src")
-    make_wheel(source / "plugins", "sneaky", entry_points=GENERAL, files=files)
-    spec = yaml.safe_load((source / "package.yaml").read_text())
-    spec["plugins"].append(WHEEL)
-    (source / "package.yaml").write_text(yaml.safe_dump(spec))
-    return source
-
-
 def _constraints(tmp_path: Path, lines: str) -> Path | None:
     if not lines:
         return None
@@ -121,7 +110,7 @@ def test_build_refuses_a_plugin_that_would_shadow_the_image(
 ) -> None:
     with pytest.raises(PackageError) as err:
         build_package(
-            _source(tmp_path, files),
+            source_with_sneaky_plugin(tmp_path / "src", files),
             tmp_path / "out",
             constraints=_constraints(tmp_path, constraints),
         )
@@ -142,7 +131,9 @@ def test_verify_refuses_a_plugin_that_would_shadow_the_image(
     with monkeypatch.context() as patch:
         # Packaged as an older builder without the check would have.
         patch.setattr("runtime.package.build.check_plugin_files", lambda *a: None)
-        build_package(_source(tmp_path, files), tmp_path / "out", constraints=pins)
+        build_package(
+            source_with_sneaky_plugin(tmp_path / "src", files), tmp_path / "out", constraints=pins
+        )
     with pytest.raises(PackageError) as err:
         verify_package(tmp_path / "out", constraints=pins)
     assert message in str(err.value)
@@ -154,7 +145,7 @@ def test_own_packages_and_namespace_portions_pass(tmp_path: Path) -> None:
         "google/sneaky_ext/__init__.py": b"",  # a new portion of protobuf's google namespace
         "sneaky_data/model.json": b"{}",
     }
-    build_package(_source(tmp_path, files), tmp_path / "out")
+    build_package(source_with_sneaky_plugin(tmp_path / "src", files), tmp_path / "out")
     assert verify_package(tmp_path / "out").plugins[1].distribution == "sneaky"
 
 

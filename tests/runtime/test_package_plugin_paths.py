@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from runtime.entrypoint import ExitCode
 from runtime.package import PackageError, build_package, verify_package
@@ -19,7 +18,7 @@ from runtime.package.shadowing import ImageNames
 from runtime.package.wheels import read_wheel
 from tests.runtime.pod import Pod
 from tests.runtime.test_entrypoint_failures import failure_line
-from tests.runtime.wheelmaker import make_source, make_wheel
+from tests.runtime.wheelmaker import make_wheel, source_with_sneaky_plugin
 
 GENERAL = {"vllm.general_plugins": {"sneaky": "sneaky:register"}}
 WHEEL = "plugins/sneaky-1.0-py3-none-any.whl"
@@ -94,22 +93,12 @@ REFUSED = [
 ]
 
 
-def _source(tmp_path: Path, files: dict[str, bytes]) -> Path:
-    """The toy source tree with one more plugin wheel, ``sneaky``, that ships ``files``."""
-    source = make_source(tmp_path / "src")
-    make_wheel(source / "plugins", "sneaky", entry_points=GENERAL, files=files)
-    spec = yaml.safe_load((source / "package.yaml").read_text())
-    spec["plugins"].append(WHEEL)
-    (source / "package.yaml").write_text(yaml.safe_dump(spec))
-    return source
-
-
 @pytest.mark.parametrize(("files", "message"), REFUSED)
 def test_build_refuses_files_pip_would_write_elsewhere(
     tmp_path: Path, files: dict[str, bytes], message: str
 ) -> None:
     with pytest.raises(PackageError) as err:
-        build_package(_source(tmp_path, files), tmp_path / "out")
+        build_package(source_with_sneaky_plugin(tmp_path / "src", files), tmp_path / "out")
     assert f"plugin wheel {WHEEL} " in str(err.value)
     assert message in str(err.value)
     assert "rebuild the wheel" in str(err.value)
@@ -123,7 +112,7 @@ def test_verify_refuses_files_pip_would_write_elsewhere(
     with monkeypatch.context() as patch:
         # Packaged as a builder without the check would have.
         patch.setattr("runtime.package.build.check_plugin_files", lambda *a: None)
-        build_package(_source(tmp_path, files), tmp_path / "out")
+        build_package(source_with_sneaky_plugin(tmp_path / "src", files), tmp_path / "out")
     with pytest.raises(PackageError) as err:
         verify_package(tmp_path / "out")
     assert message in str(err.value)
@@ -148,7 +137,7 @@ def test_stage_3_check_refuses_files_pip_would_write_elsewhere(
 def test_scheme_refusal_says_a_plugin_needs_no_data(tmp_path: Path) -> None:
     files = {"sneaky-1.0.data/scripts/sneaky": b"#!python\n"}
     with pytest.raises(PackageError, match=SCHEME_FIX):
-        build_package(_source(tmp_path, files), tmp_path / "out")
+        build_package(source_with_sneaky_plugin(tmp_path / "src", files), tmp_path / "out")
 
 
 @pytest.mark.parametrize(
@@ -178,7 +167,7 @@ def test_plain_names_and_site_packages_schemes_pass(tmp_path: Path) -> None:
         "sneaky_data/": b"",  # a folder entry
         "sneaky_data/model.json": b"{}",
     }
-    build_package(_source(tmp_path, files), tmp_path / "out")
+    build_package(source_with_sneaky_plugin(tmp_path / "src", files), tmp_path / "out")
     assert verify_package(tmp_path / "out").plugins[1].distribution == "sneaky"
 
 

@@ -4,6 +4,7 @@ vLLM, so publish refuses them (against moto's S3 server over HTTP)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,12 @@ PREFIX = "models/toy/v1/"
 MANIFEST = PREFIX + "manifest.json"
 
 
-class _CutBeforeManifest:
-    """Passes every call on but fails the manifest's put, as a publish cut short there."""
+class _BeforePut:
+    """An S3 client that calls ``before(key)`` ahead of each ``put_object`` it passes on."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, before: Callable[[str], None]) -> None:
         self._client = client
+        self._before = before
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._client, name)
@@ -29,11 +31,16 @@ class _CutBeforeManifest:
             return attr
 
         def put(**kwargs: Any) -> Any:
-            if kwargs["Key"] == MANIFEST:
-                raise ConnectionError("network gone")
+            self._before(kwargs["Key"])
             return attr(**kwargs)
 
         return put
+
+
+def _cut_before_manifest(key: str) -> None:
+    """A publish cut short at its manifest's put."""
+    if key == MANIFEST:
+        raise ConnectionError("network gone")
 
 
 def _build(tmp_path: Path, name: str, extra_shard: bool) -> Path:
@@ -53,7 +60,7 @@ def test_a_rebuild_without_a_shard_is_refused_until_the_shard_is_deleted(
     s3_client: Any, bucket: str, tmp_path: Path
 ) -> None:
     with pytest.raises(ConnectionError):
-        publish(_CutBeforeManifest(s3_client), _build(tmp_path, "a", True), bucket)
+        publish(_BeforePut(s3_client, _cut_before_manifest), _build(tmp_path, "a", True), bucket)
     stale = PREFIX + "weights/model-00002.safetensors"
     assert stale in _keys(s3_client, bucket) and MANIFEST not in _keys(s3_client, bucket)
     rebuilt = _build(tmp_path, "b", False)
@@ -79,26 +86,18 @@ def test_a_key_that_appears_while_uploading_keeps_the_manifest_back(
 ) -> None:
     stray = PREFIX + "weights/late.safetensors"
 
-    class _Stray:
-        """Puts a stray key under the prefix as the first file is uploaded."""
-
-        def __init__(self, client: Any) -> None:
-            self._client = client
-
-        def __getattr__(self, name: str) -> Any:
-            attr = getattr(self._client, name)
-            if name != "put_object":
-                return attr
-
-            def put(**kwargs: Any) -> Any:
-                if stray not in _keys(self._client, bucket):
-                    self._client.put_object(Bucket=bucket, Key=stray, Body=b"x")
-                return attr(**kwargs)
-
-            return put
+    def stray_appears(key: str) -> None:
+        # Another writer puts a key under the prefix as the first file is uploaded.
+        if stray not in _keys(s3_client, bucket):
+            s3_client.put_object(Bucket=bucket, Key=stray, Body=b"x")
 
     with pytest.raises(PublishError, match=r"late\.safetensors.*the manifest was not written"):
-        publish(_Stray(s3_client), _build(tmp_path, "a", False), bucket, wait_replication=False)
+        publish(
+            _BeforePut(s3_client, stray_appears),
+            _build(tmp_path, "a", False),
+            bucket,
+            wait_replication=False,
+        )
     assert MANIFEST not in _keys(s3_client, bucket)
 
 

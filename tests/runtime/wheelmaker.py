@@ -105,6 +105,18 @@ def make_source(root: Path, **spec_overrides: object) -> Path:
     return root
 
 
+def source_with_sneaky_plugin(root: Path, files: dict[str, bytes]) -> Path:
+    """The toy source tree under ``root`` with one more plugin wheel, ``sneaky`` (a general
+    plugin), that ships ``files``."""
+    source = make_source(root)
+    entry_points = {"vllm.general_plugins": {"sneaky": "sneaky:register"}}
+    wheel = make_wheel(source / "plugins", "sneaky", entry_points=entry_points, files=files)
+    spec = yaml.safe_load((source / "package.yaml").read_text())
+    spec["plugins"].append(f"plugins/{wheel.name}")
+    (source / "package.yaml").write_text(yaml.safe_dump(spec))
+    return source
+
+
 def build_multipart_version(root: Path, weight_bytes: int = 12 << 20) -> Path:
     """A built package whose distinct weight bytes (12 MiB: three 5 MiB parts, the last one
     short) go up as a multipart upload."""
