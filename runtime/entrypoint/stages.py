@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from runtime.package.archive import UnpackLimits
 from runtime.package.errors import PackageError
 from runtime.package.manifest import MANIFEST_NAME, Manifest, load_manifest
 from runtime.package.unpack import unpack_archive
-from runtime.package.verify import check_file
+from runtime.package.verify import check_file, unlisted_weight_files
 
 __all__ = [
     "check_compat",
@@ -131,24 +130,6 @@ def locate(
     return folder, manifest
 
 
-def _unlisted_weights(folder: Path, manifest: Manifest) -> list[str]:
-    """Paths under the weights folder, relative to ``folder``, that ``weight_files`` lacks."""
-    listed = {entry.path for entry in manifest.weight_files}
-    found = []
-
-    def failed(exc: OSError) -> None:
-        raise exc  # an unreadable folder could hide a file: stage 1 fails rather than guess
-
-    for top, dirs, files in os.walk(folder / manifest.weights, onerror=failed):
-        # A link to a folder is not walked into (it may lead anywhere), but it is no listed file.
-        names = [*files, *(d for d in dirs if os.path.islink(os.path.join(top, d)))]
-        for name in names:
-            path = Path(top, name).relative_to(folder).as_posix()
-            if path not in listed:
-                found.append(path)
-    return sorted(found)
-
-
 def _refuse_unlisted_weights(folder: Path, manifest: Manifest) -> None:
     """Refuse files in the weights folder that the manifest does not list.
 
@@ -156,7 +137,7 @@ def _refuse_unlisted_weights(folder: Path, manifest: Manifest) -> None:
     earlier build's shard left under the version's prefix (and imported to the model cache
     with it) would be loaded beside the verified ones.
     """
-    unlisted = _unlisted_weights(folder, manifest)
+    unlisted = unlisted_weight_files(folder, manifest)
     if not unlisted:
         return
     shown = ", ".join(unlisted[:10])

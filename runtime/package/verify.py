@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import stat
 import tempfile
 from pathlib import Path
@@ -23,7 +24,7 @@ from runtime.package.repository import check_model_file
 from runtime.package.tensors import check_python_model
 from runtime.package.wheels import check_against_pins, read_wheel
 
-__all__ = ["check_file", "describe", "verify_archive", "verify_package"]
+__all__ = ["check_file", "describe", "unlisted_weight_files", "verify_archive", "verify_package"]
 
 _CHUNK = 1 << 20
 
@@ -142,6 +143,33 @@ def _check_plugins(
     check_plugin_entry_points(infos, image.environment)
 
 
+def unlisted_weight_files(folder: Path, manifest: Manifest) -> list[str]:
+    """Paths under the weights folder, relative to ``folder``, that ``weight_files`` lacks.
+
+    vLLM loads every weight file of the folder it is given, not the manifest's list, so one
+    left there (an earlier build's shard under a republished prefix) would be served unverified.
+    """
+    listed = {entry.path for entry in manifest.weight_files}
+    found = []
+
+    def failed(exc: OSError) -> None:
+        raise exc  # an unreadable folder could hide a file: refuse rather than guess
+
+    for top, dirs, files in os.walk(folder / manifest.weights, onerror=failed):
+        # A link to a folder is not walked into (it may lead anywhere), but it is no listed file.
+        names = [*files, *(d for d in dirs if os.path.islink(os.path.join(top, d)))]
+        for name in names:
+            path = Path(top, name).relative_to(folder).as_posix()
+            if path not in listed:
+                found.append(path)
+    return sorted(found)
+
+
+def _shown(paths: list[str], limit: int = 10) -> str:
+    shown = ", ".join(paths[:limit])
+    return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
+
+
 def verify_package(
     folder: Path,
     *,
@@ -156,6 +184,12 @@ def verify_package(
     check_file(folder, manifest.archive, full=full)
     for entry in manifest.weight_files:
         check_file(folder, entry, full=full)
+    if unlisted := unlisted_weight_files(folder, manifest):
+        raise PackageError(
+            f"{folder / manifest.weights} holds {_shown(unlisted)}, which {MANIFEST_NAME} does "
+            "not list; vLLM loads every weight file there: delete them, or build and publish "
+            "the version again as a new model_version"
+        )
     archive = folder / manifest.archive.path  # the file whose checksum was just checked
     verify_archive(archive, manifest, full=full, constraints=constraints, limits=limits)
     if manifest.python_model is not None:

@@ -10,7 +10,7 @@ import pytest
 
 from runtime.entrypoint.errors import StageFailed
 from runtime.entrypoint.stages import locate
-from runtime.package import build_package
+from runtime.package import PackageError, build_package, verify_package
 from tests.runtime.pod import Pod
 from tests.runtime.wheelmaker import make_source
 
@@ -49,3 +49,14 @@ def test_nested_files_and_folder_links_are_named(tmp_path: Path) -> None:
         _locate(folder)
     message = str(refused.value)
     assert "weights/extra/b.safetensors, weights/linked, which the manifest" in message
+
+
+def test_package_verify_refuses_an_unlisted_weight_file(tmp_path: Path) -> None:
+    """What the materialize Job's verify container runs: it refuses the folder before any
+    server of the version is scheduled, as stage 1 would after."""
+    folder = tmp_path / "version"
+    build_package(make_source(tmp_path / "src"), folder)
+    verify_package(folder, full=False)
+    (folder / "weights" / "model-00002.safetensors").write_bytes(b"x")
+    with pytest.raises(PackageError, match=r"holds weights/model-00002\.safetensors, which"):
+        verify_package(folder, full=False)
