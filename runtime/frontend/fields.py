@@ -129,8 +129,10 @@ CHAT_FIELDS: tuple[FieldRule, ...] = (
         "only; a non-null refusal is refused; replayed tool_calls are {id, type function, "
         "function {name, arguments}}, arguments parsed from JSON as vLLM does: empty or null "
         "become {}, text that is not JSON is a 400 naming it, an empty tool_calls list is left "
-        "out); a BOS the template writes first is left out when the tokenizer adds its own; a "
-        "template that fails to render them is a 400",
+        "out; tool_calls on a turn other than assistant, or tool_call_id on a turn other than "
+        "tool, is a 400 naming it, where vLLM would drop it); a BOS the template writes "
+        "first is left out when the tokenizer adds its own; a template that fails to render "
+        "them is a 400",
     ),
     *_SAMPLING,
     FieldRule("audio", Policy.REFUSED, "", _always("audio output is not supported")),

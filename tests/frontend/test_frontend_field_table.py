@@ -118,6 +118,17 @@ def _(p: Probe) -> None:
     p.refused(
         "messages[0].refusal", messages=[{"role": "assistant", "content": "", "refusal": "x"}]
     )
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    p.refused(
+        "messages[0].tool_calls", messages=[{"role": "user", "content": "x", "tool_calls": [call]}]
+    )
+    p.refused(
+        "messages[1].tool_call_id",
+        messages=[
+            {"role": "user", "content": "x"},
+            {"role": "user", "content": "y", "tool_call_id": "c1"},
+        ],
+    )
 
 
 @case(ALL, "model")

@@ -70,6 +70,20 @@ def _template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
             raise FieldRefusedError(
                 f"messages[{i}].refusal", "a refusal cannot be replayed to the model; send null"
             )
+        # vLLM's chat parser keeps tool_calls on assistant turns only and tool_call_id on
+        # tool turns only; dropping them silently would hide a client bug.
+        if m.tool_calls and m.role != "assistant":
+            raise FieldRefusedError(
+                f"messages[{i}].tool_calls",
+                "only assistant messages carry tool_calls; send them on the assistant turn "
+                "that made the calls",
+            )
+        if m.tool_call_id is not None and m.role != "tool":
+            raise FieldRefusedError(
+                f"messages[{i}].tool_call_id",
+                'only tool messages carry tool_call_id; send it on the {"role": "tool"} '
+                "message that answers the call",
+            )
         # Templates know system, user, assistant and tool; developer is the newer system.
         item: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role}
         item["content"] = m.text()
