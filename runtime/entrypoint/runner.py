@@ -325,6 +325,8 @@ class Entrypoint:
             if s.triton_release:
                 env["LLM_SERVING_FRONTEND_TRITON_RELEASE"] = s.triton_release
             env["LLM_SERVING_FRONTEND_MAX_MODEL_LEN"] = str(manifest.max_model_len)
+            if manifest.max_logprobs is not None:
+                env["LLM_SERVING_FRONTEND_MAX_LOGPROBS"] = str(manifest.max_logprobs)
             argv_frontend = s.frontend_argv()
             if argv_frontend[1:3] == ["-m", "runtime.frontend"] and not _has_module(
                 "runtime.frontend"

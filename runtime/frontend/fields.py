@@ -141,7 +141,11 @@ CHAT_FIELDS: tuple[FieldRule, ...] = (
     ),
     FieldRule("functions", Policy.REFUSED, "", _always("deprecated; use tools and tool_choice")),
     FieldRule("logprobs", Policy.HONOURED, "sampling_parameters.logprobs; return_logprobs"),
-    FieldRule("top_logprobs", Policy.HONOURED, "sampling_parameters.logprobs = top_logprobs"),
+    FieldRule(
+        "top_logprobs",
+        Policy.HONOURED,
+        "sampling_parameters.logprobs = top_logprobs; above the engine's max_logprobs a 400",
+    ),
     FieldRule("max_completion_tokens", Policy.HONOURED, "sampling_parameters.max_tokens"),
     FieldRule("metadata", Policy.INERT, "no effect on output (nothing is stored)"),
     FieldRule(
@@ -251,7 +255,11 @@ COMPLETION_FIELDS: tuple[FieldRule, ...] = (
         None,
     ),
     FieldRule("echo", Policy.HONOURED, "the prompt is prepended to each choice's text"),
-    FieldRule("logprobs", Policy.HONOURED, "sampling_parameters.logprobs; return_logprobs"),
+    FieldRule(
+        "logprobs",
+        Policy.HONOURED,
+        "sampling_parameters.logprobs; return_logprobs; above the engine's max_logprobs a 400",
+    ),
     FieldRule("suffix", Policy.REFUSED, "", _always("fill-in-the-middle is not supported")),
 )
 

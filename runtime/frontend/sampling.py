@@ -10,7 +10,7 @@ from runtime.constraints.schema import ConstraintConfigError, parse_constraints
 from runtime.frontend.errors import InvalidRequestError
 from runtime.frontend.schemas import ChatCompletionRequest, CompletionRequest
 
-__all__ = ["build_sampling", "resolve_max_tokens"]
+__all__ = ["build_sampling", "check_logprobs", "resolve_max_tokens"]
 
 # vLLM 0.27.1's SamplingParams raises a temperature in (0, _MAX_TEMP) to _MAX_TEMP, then takes
 # one below _SAMPLING_EPS as greedy: only 0 is greedy there, and so only 0 is here.
@@ -42,6 +42,20 @@ def resolve_max_tokens(
             code="context_length_exceeded",
         )
     return requested
+
+
+def check_logprobs(requested: int | None, max_logprobs: int, field: str) -> None:
+    """Refuse more log-probabilities per token than the engine's ``max_logprobs`` returns.
+
+    vLLM refuses them too, but the stock backend turns that into a failed request (a 502).
+    """
+    # -1 lifts vLLM's cap to the vocabulary, more than any request can ask for here.
+    if requested is not None and 0 <= max_logprobs < requested:
+        raise InvalidRequestError(
+            f"{field}={requested} is more than this model's engine returns per token "
+            f"(max_logprobs {max_logprobs}); send at most {max_logprobs}",
+            param=field,
+        )
 
 
 def _logit_bias(bias: dict[str, float], vocab_size: int) -> dict[int, float]:

@@ -64,6 +64,12 @@ class FrontendSettings(BaseSettings):
         description="Idle keep-alive connections are closed after this; above clients' pool "
         "expiry (the openai SDK's is 5 s), else a request can reuse a connection as it closes.",
     )
+    max_logprobs: int = Field(
+        default=20,
+        ge=-1,
+        description="The engine's max_logprobs (vLLM's default 20; -1 for no cap), which the "
+        "entrypoint passes where the package's engine_args set it.",
+    )
     # Required, and last so that other settings' errors lead the one-line report.
     max_model_len: int = Field(
         ge=1,

@@ -284,6 +284,12 @@ class Manifest(_Strict):
         value = self.engine_args.get("max_model_len")
         return None if value is None else int(value)
 
+    @property
+    def max_logprobs(self) -> int | None:
+        """The ``max_logprobs`` ``engine_args`` sets (checked at build), ``None`` where unset."""
+        value = self.engine_args.get("max_logprobs")
+        return None if value is None else int(value)
+
     def to_json(self) -> str:
         """The manifest as written to ``manifest.json`` (stable key order, trailing newline)."""
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
@@ -354,7 +360,15 @@ def _check_processors(value: object) -> None:
 
 
 def _check_counts(args: dict[str, Any]) -> None:
-    """Refuse a ``max_model_len`` or parallel size in ``engine_args`` that is not a count."""
+    """Refuse a ``max_model_len``, parallel size or ``max_logprobs`` that is not a count."""
+    # The frontend refuses requests above it; -1 is vLLM's "no cap".
+    value = args.get("max_logprobs", 0)
+    if type(value) is not int or value < -1:
+        raise ValueError(
+            f"engine_args.max_logprobs is {value!r}, not a whole number of at least -1; write "
+            "the most log-probabilities per token a request may ask for (e.g. max_logprobs: 5), "
+            "or -1 for no cap"
+        )
     for key in ("max_model_len", *_PARALLEL_SIZES):
         if key not in args:
             continue

@@ -450,3 +450,33 @@ def _ready(port: int) -> bool:
         return httpx.get(f"http://127.0.0.1:{port}/health/ready").status_code == 200
     except httpx.TransportError:
         return False
+
+
+@pytest.fixture
+def capped(standin: KServeStandIn, tokenizer_dir: Path):
+    served = serve(make_settings(standin, tokenizer_dir, max_logprobs=2), standin)
+    yield served
+    served.stop()
+
+
+@pytest.mark.parametrize(
+    ("route", "fields", "param"),
+    [
+        ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 3}, "top_logprobs"),
+        ("/v1/completions", {"model": MODEL, "prompt": "a", "logprobs": 3}, "logprobs"),
+    ],
+)
+def test_logprobs_above_the_engines_max_logprobs_are_refused_by_name(
+    capped: Served, route: str, fields: dict[str, object], param: str
+) -> None:
+    # vLLM would refuse the request too, which the stock backend turns into a 502.
+    sent = len(capped.requests)
+    response = httpx.post(capped.url + route, json={**fields, "max_tokens": 2})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param
+    assert "max_logprobs 2" in error["message"] and "send at most 2" in error["message"]
+    assert len(capped.requests) == sent
+    allowed = httpx.post(capped.url + route, json={**fields, param: 2, "max_tokens": 2})
+    assert allowed.status_code == 200, allowed.text
+    assert capped.requests[-1].sampling_parameters["logprobs"] == 2

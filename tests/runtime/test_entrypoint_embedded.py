@@ -14,7 +14,8 @@ from tests.support.ports import free_port
 
 
 def test_embedded_mode_starts_the_frontend_pointed_at_triton(tmp_path: Path) -> None:
-    pod = Pod.create(tmp_path)
+    source = make_source(tmp_path / "src", engine_args={"max_model_len": 128, "max_logprobs": 3})
+    pod = Pod.create(tmp_path, source=source)
     record = tmp_path / "frontend-env.json"
     frontend_port = free_port()
     pod.env.update(
@@ -32,6 +33,7 @@ def test_embedded_mode_starts_the_frontend_pointed_at_triton(tmp_path: Path) -> 
     assert seen["LLM_SERVING_FRONTEND_MODEL_NAME"] == "toy"
     assert seen["LLM_SERVING_FRONTEND_TOKENIZER_DIR"].endswith("/package/tokenizer")
     assert seen["LLM_SERVING_FRONTEND_MAX_MODEL_LEN"] == "128"
+    assert seen["LLM_SERVING_FRONTEND_MAX_LOGPROBS"] == "3"
     # The catalogs reach the processes as the constraint engine's one contract: a folder of
     # <name>.jsonl, read by the engine's own loader.
     catalogs = Path(seen[CATALOG_DIR_ENV])

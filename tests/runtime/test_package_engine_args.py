@@ -48,6 +48,24 @@ def test_build_keeps_positive_counts(tmp_path: Path) -> None:
     assert build_package(source, tmp_path / "out").engine_args == args
 
 
+@pytest.mark.parametrize("value", ["5", -2, 1.5, True, None])
+def test_build_refuses_a_max_logprobs_that_is_not_a_count(tmp_path: Path, value: object) -> None:
+    # The frontend refuses requests above it; vLLM's own "no cap" is -1.
+    source = make_source(
+        tmp_path / "src", engine_args={"max_model_len": 128, "max_logprobs": value}
+    )
+    with pytest.raises(PackageError, match=f"engine_args.max_logprobs is {value!r}, not a whole"):
+        build_package(source, tmp_path / "out")
+
+
+@pytest.mark.parametrize("value", [-1, 0, 5])
+def test_build_keeps_a_max_logprobs_vllm_takes(tmp_path: Path, value: int) -> None:
+    source = make_source(
+        tmp_path / "src", engine_args={"max_model_len": 128, "max_logprobs": value}
+    )
+    assert build_package(source, tmp_path / "out").max_logprobs == value
+
+
 @pytest.fixture
 def built(tmp_path: Path) -> Path:
     build_package(make_source(tmp_path / "src"), tmp_path / "out")

@@ -29,7 +29,7 @@ from runtime.frontend.generation import (
     stream_outputs,
     usage,
 )
-from runtime.frontend.sampling import build_sampling, resolve_max_tokens
+from runtime.frontend.sampling import build_sampling, check_logprobs, resolve_max_tokens
 from runtime.frontend.schemas import AssistantToolCall, ChatCompletionRequest, ChatMessage
 from runtime.frontend.state import FrontendState
 from runtime.frontend.streaming import run_until_disconnect, sse_response
@@ -133,6 +133,7 @@ def _check(state: FrontendState, body: ChatCompletionRequest) -> None:
         )
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("top_logprobs requires logprobs=true", param="top_logprobs")
+    check_logprobs(body.top_logprobs, state.settings.max_logprobs, "top_logprobs")
     if body.stream_options is not None and not body.stream:
         raise InvalidRequestError("stream_options requires stream=true", param="stream_options")
 

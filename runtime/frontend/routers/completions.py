@@ -23,7 +23,7 @@ from runtime.frontend.generation import (
     stream_outputs,
     usage,
 )
-from runtime.frontend.sampling import build_sampling, resolve_max_tokens
+from runtime.frontend.sampling import build_sampling, check_logprobs, resolve_max_tokens
 from runtime.frontend.schemas import CompletionRequest
 from runtime.frontend.state import FrontendState
 from runtime.frontend.streaming import gather_or_cancel, run_until_disconnect, sse_response
@@ -91,6 +91,7 @@ def _prepare(
         )
     if body.stream_options is not None and not body.stream:
         raise InvalidRequestError("stream_options requires stream=true", param="stream_options")
+    check_logprobs(body.logprobs, state.settings.max_logprobs, "logprobs")
     # check_fields refused token-id prompts: what is left is text.
     prompts = cast(list[str], [body.prompt] if isinstance(body.prompt, str) else list(body.prompt))
     if len(prompts) * n > state.settings.max_choices:
