@@ -15,6 +15,7 @@ from policy.findings import Props
 __all__ = [
     "BUCKET_CONFIGURATION_READS",
     "LUSTRE_PORTS",
+    "PREFIX_SCOPING_OPERATORS",
     "StackResource",
     "check_fsx_encrypted",
     "check_gpu_launch_template_tainted",
@@ -42,7 +43,24 @@ PUBLIC_CIDRS = frozenset({"0.0.0.0/0", "::/0"})
 BUCKET_CONFIGURATION_READS = frozenset(
     {"s3:GetBucketLocation", "s3:GetBucketVersioning", "s3:GetReplicationConfiguration"}
 )
+# The condition operators under which a listing must name one of the given prefixes. A negated
+# operator (StringNotLike), an ...IfExists one or ForAllValues also let through a listing that
+# names no prefix at all, that is the whole bucket.
+PREFIX_SCOPING_OPERATORS = frozenset(
+    {"StringEquals", "StringLike", "ForAnyValue:StringEquals", "ForAnyValue:StringLike"}
+)
 WEB_IDENTITY_ASSUME = "sts:AssumeRoleWithWebIdentity"
+# Web identity providers whose tokens no Kubernetes service account holds: an IAM OIDC provider
+# of another issuer (GitHub Actions' token.actions.githubusercontent.com), or one STS knows by name.
+_OTHER_OIDC_PROVIDER = re.compile(r":oidc-provider/(?!oidc\.eks\b)")
+NAMED_WEB_IDENTITY_PROVIDERS = frozenset(
+    {
+        "cognito-identity.amazonaws.com",
+        "accounts.google.com",
+        "graph.facebook.com",
+        "www.amazon.com",
+    }
+)
 GPU_ACCELERATOR_LABEL = "k8s.amazonaws.com/accelerator"
 _GPU_INSTANCE = re.compile(r"^(p\d|g\d|gr\d)[a-z0-9-]*\.", re.IGNORECASE)
 
@@ -245,14 +263,21 @@ def _has_wildcard(text: str) -> bool:
     return "*" in text or "?" in text
 
 
+def _other_identity_provider(principal: str) -> bool:
+    return principal in NAMED_WEB_IDENTITY_PROVIDERS or bool(_OTHER_OIDC_PROVIDER.search(principal))
+
+
 def _may_grant_web_identity(statement: Mapping[str, Any]) -> bool:
     if statement.get("Effect") != "Allow":
         return False
     principal = statement.get("Principal")
-    # Only an OIDC provider (or everyone) can call AssumeRoleWithWebIdentity.
-    if isinstance(principal, Mapping) and "Federated" not in principal:
+    # Only a federated principal (or everyone) can call AssumeRoleWithWebIdentity, and only one
+    # that may be an EKS cluster's OIDC provider takes a service account's token: a role trusting
+    # only GitHub Actions or Cognito is a web identity role but not IRSA.
+    if isinstance(principal, Mapping):
         named = {str(p) for values in principal.values() for p in _as_list(values)}
-        if "*" not in named:
+        federated = [str(p) for p in _as_list(principal.get("Federated"))]
+        if "*" not in named and all(_other_identity_provider(p) for p in federated):
             return False
     if "NotAction" in statement:
         return not _matches_any(_as_list(statement.get("NotAction")), WEB_IDENTITY_ASSUME)
@@ -315,8 +340,8 @@ def _literal_key_prefix(value: Any) -> bool:
 def _listing_scoped(statement: Mapping[str, Any]) -> bool:
     prefixes = [
         value
-        for condition in (statement.get("Condition") or {}).values()
-        if isinstance(condition, Mapping)
+        for operator, condition in (statement.get("Condition") or {}).items()
+        if operator in PREFIX_SCOPING_OPERATORS and isinstance(condition, Mapping)
         for key, values in condition.items()
         if str(key).lower() == "s3:prefix"
         for value in _as_list(values)
@@ -327,6 +352,13 @@ def _listing_scoped(statement: Mapping[str, Any]) -> bool:
 def _names_s3(action: str) -> bool:
     head = re.split(r"[*?]", action.lower(), maxsplit=1)[0]
     return head.startswith("s3:") or (_has_wildcard(action) and "s3:".startswith(head))
+
+
+def _may_name_s3(resource: str) -> bool:
+    # Once an ARN spells out its service (arn:partition:service:...), only s3 can be S3: a KMS key
+    # granted beside the objects it decrypts is no S3 access. A wildcard before that may be S3.
+    parts = re.split(r"[*?]", resource, maxsplit=1)[0].split(":")
+    return len(parts) < 4 or parts[2].lower() == "s3"
 
 
 def _policy_documents(resource_type: str, props: Props) -> list[Mapping[str, Any]]:
@@ -370,7 +402,7 @@ def _statement_problems(statement: Mapping[str, Any]) -> list[str]:
         return [_unscoped(shown, f"every resource but {others}")]
     problems = []
     for resource in (str(r) for r in _as_list(statement.get("Resource"))):
-        if _object_arn_scoped(resource):
+        if not _may_name_s3(resource) or _object_arn_scoped(resource):
             continue
         bucket = resource.removeprefix("arn:aws:s3:::")
         bucket_only = resource != bucket and "/" not in bucket and not _has_wildcard(bucket)

@@ -39,7 +39,16 @@ def check_versioned_age(
     if age <= idle:
         return []
     version = labels.get(MODEL_VERSION_LABEL, "?")
+    window = _gc_duration(idle)
     return [
         f"Versioned deployment {metadata.get('name')} (version {version}) is {age.days} days old, "
-        f"beyond the idle window of {idle}; run `llm-serving versions gc` to retire it if idle"
+        f"beyond the idle window of {window}; run `llm-serving versions gc --stack <stack> "
+        f"--prometheus <url> --idle {window}` to see whether it is idle, and with --apply to "
+        "retire it"
     ]
+
+
+def _gc_duration(idle: timedelta) -> str:
+    # Spelled as `versions gc --idle` takes it (whole hours or minutes), not as timedelta's str.
+    minutes = max(1, round(idle.total_seconds() / 60))
+    return f"{minutes // 60}h" if minutes % 60 == 0 else f"{minutes}m"

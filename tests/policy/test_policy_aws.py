@@ -188,6 +188,9 @@ def test_public_lustre_message_names_the_opened_range(rule: dict[str, object], o
     ]
 
 
+EKS_PROVIDER = "arn:aws:iam::1:oidc-provider/oidc.eks/id/X"
+
+
 def trust(condition: dict[str, object]) -> str:
     return json.dumps(
         {
@@ -195,7 +198,7 @@ def trust(condition: dict[str, object]) -> str:
             "Statement": [
                 {
                     "Effect": "Allow",
-                    "Principal": {"Federated": "arn:aws:iam::1:oidc-provider/oidc.eks/id/X"},
+                    "Principal": {"Federated": EKS_PROVIDER},
                     "Action": "sts:AssumeRoleWithWebIdentity",
                     "Condition": condition,
                 }
@@ -421,3 +424,71 @@ def test_role_inline_policies_are_checked() -> None:
     props = {"inlinePolicies": [{"name": "ok", **scoped}, {"name": "wide", **wide}]}
     messages = check_s3_access_scoped_to_prefix("aws:iam/role:Role", props)
     assert len(messages) == 1 and "'arn:aws:s3:::m/*'" in messages[0]
+
+
+@pytest.mark.parametrize(
+    "operator",
+    ["StringNotLike", "StringNotEquals", "StringLikeIfExists", "ForAllValues:StringLike"],
+)
+def test_listing_conditions_that_pass_a_listing_without_prefix_fail(operator: str) -> None:
+    # Each lets `aws s3 ls s3://models-use1` (no s3:prefix) through: the whole bucket.
+    condition = {operator: {"s3:prefix": ["secrets/"]}}
+    messages = check_s3_access_scoped_to_prefix(
+        "aws:iam/policy:Policy", s3_policy({**LIST_WITH_LOCATION, "Condition": condition})
+    )
+    assert len(messages) == 1 and "'arn:aws:s3:::models-use1'" in messages[0]
+
+
+def test_listing_scoped_by_for_any_value_passes() -> None:
+    condition = {"ForAnyValue:StringEquals": {"s3:prefix": ["models/llama/"]}}
+    props = s3_policy({**LIST_WITH_LOCATION, "Condition": condition})
+    assert check_s3_access_scoped_to_prefix("aws:iam/policy:Policy", props) == []
+
+
+@pytest.mark.parametrize(
+    "federated",
+    [
+        "arn:aws:iam::1:oidc-provider/token.actions.githubusercontent.com",
+        "cognito-identity.amazonaws.com",
+    ],
+)
+def test_web_identity_roles_of_other_providers_are_not_irsa(federated: str) -> None:
+    # A GitHub Actions deploy role pins the repository, not a service account.
+    document = json.loads(trust({"StringEquals": {"x:sub": "repo:acme/llm-serving:ref:main"}}))
+    document["Statement"][0]["Principal"] = {"Federated": federated}
+    props = {"assumeRolePolicy": json.dumps(document)}
+    assert check_irsa_trust_scoped("aws:iam/role:Role", props) == []
+
+
+@pytest.mark.parametrize(
+    "federated",
+    [
+        ["arn:aws:iam::1:oidc-provider/token.actions.githubusercontent.com", EKS_PROVIDER],
+        "arn:aws:iam::1:oidc-provider/oidc.eks.us-east-1.amazonaws.com/id/ABC",
+        "arn:aws:iam::1:oidc-provider/oidc.eks.cn-north-1.amazonaws.com.cn/id/ABC",
+        "arn:aws:mock:::cluster-oidc",  # not recognisably another provider: checked
+    ],
+)
+def test_a_principal_that_may_be_an_eks_provider_is_irsa(federated: str | list[str]) -> None:
+    document = json.loads(trust(WIDE_SUB))
+    document["Statement"][0]["Principal"] = {"Federated": federated}
+    props = {"assumeRolePolicy": json.dumps(document)}
+    assert check_irsa_trust_scoped("aws:iam/role:Role", props)
+
+
+def test_other_services_resources_beside_scoped_objects_pass() -> None:
+    # Reading SSE-KMS model objects takes kms:Decrypt on the key, often in the same statement.
+    key = "arn:aws:kms:us-east-1:1:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    statement = {
+        "Effect": "Allow",
+        "Action": ["s3:GetObject", "kms:Decrypt"],
+        "Resource": ["arn:aws:s3:::models-use1/models/llama/*", key],
+    }
+    assert check_s3_access_scoped_to_prefix("aws:iam/policy:Policy", s3_policy(statement)) == []
+
+
+@pytest.mark.parametrize("resource", ["*", "arn:aws:*", "arn:*:s3:::models-use1/*"])
+def test_wildcard_resources_that_may_name_s3_fail(resource: str) -> None:
+    statement = {"Effect": "Allow", "Action": ["s3:GetObject", "kms:Decrypt"], "Resource": resource}
+    messages = check_s3_access_scoped_to_prefix("aws:iam/policy:Policy", s3_policy(statement))
+    assert len(messages) == 1 and repr(resource) in messages[0]

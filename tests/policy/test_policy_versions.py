@@ -41,3 +41,14 @@ def test_young_newest_and_red_black_services_are_not_flagged() -> None:
 
 def test_bad_timestamp_is_reported() -> None:
     assert "ISO 8601" in check(service("yesterday"))[0]
+
+
+def test_message_gives_a_gc_command_that_runs() -> None:
+    # The window as `versions gc --idle` takes it, and the options gc cannot run without.
+    (message,) = check_versioned_age(
+        SERVICE, service("2026-11-20T00:00:00Z"), idle=timedelta(minutes=90), now=NOW
+    )
+    assert "idle window of 90m;" in message
+    assert "`llm-serving versions gc --stack <stack> --prometheus <url> --idle 90m`" in message
+    (message,) = check(service("2026-11-20T00:00:00Z"))
+    assert "idle window of 24h;" in message and "--idle 24h`" in message
