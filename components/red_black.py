@@ -9,6 +9,7 @@ the analysis reads the stable and canary hashes from Argo (``podTemplateHashValu
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import version as dist_version
@@ -39,6 +40,10 @@ __all__ = ["RedBlackArgs", "RedBlackConfigError", "RedBlackRollout"]
 
 class RedBlackConfigError(ValueError):
     """The rollout's arguments are inconsistent; the message names the field."""
+
+
+# What Go's time.ParseDuration reads (Argo parses interval and initialDelay with it), less signs.
+_DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?(?:ns|us|ms|s|m|h))+")
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,13 @@ def _validate(args: RedBlackArgs) -> None:
     missing = [name for name in ROLLOUT_QUERY_NAMES if name not in args.queries]
     if missing:
         raise RedBlackConfigError(f"queries lacks {', '.join(missing)}")
+    # The analysis knows how to compare only these; another query would be dropped unseen.
+    extra = sorted(set(args.queries) - set(ROLLOUT_QUERY_NAMES))
+    if extra:
+        raise RedBlackConfigError(
+            f"queries names {', '.join(extra)}; the analysis measures only: "
+            f"{', '.join(ROLLOUT_QUERY_NAMES)}"
+        )
     for name, query in args.queries.items():
         if name not in args.success_conditions:
             raise RedBlackConfigError(f"success_conditions lacks {name!r}")
@@ -132,7 +144,29 @@ def _validate(args: RedBlackArgs) -> None:
             )
     if args.replicas < 1:
         raise RedBlackConfigError(f"replicas is {args.replicas}; a Rollout needs at least 1")
+    _check_analysis(args)
     _check_hostnames(args)
+
+
+def _check_analysis(args: RedBlackArgs) -> None:
+    """Argo refuses a step analysis without a positive count or with an unparsable duration, and
+    one whose failureLimit reaches its count can never fail (every canary is promoted)."""
+    if args.analysis_count < 1:
+        raise RedBlackConfigError(
+            f"analysis_count is {args.analysis_count}; an analysis step needs at least 1 "
+            "measurement (Argo refuses a metric that runs indefinitely)"
+        )
+    if not 0 <= args.failure_limit < args.analysis_count:
+        raise RedBlackConfigError(
+            f"failure_limit is {args.failure_limit}; expected 0..{args.analysis_count - 1} "
+            f"(below analysis_count {args.analysis_count}, or no failure could fail the step)"
+        )
+    for name in ("analysis_interval", "initial_delay"):
+        value = getattr(args, name)
+        if not _DURATION.fullmatch(value):
+            raise RedBlackConfigError(
+                f"{name} is {value!r}; expected a Go duration such as 90s, 2m or 1m30s"
+            )
 
 
 def _check_hostnames(args: RedBlackArgs) -> None:

@@ -82,6 +82,9 @@ class VersionedArgs:
     """OpenAI-compatible HTTP port."""
     metrics_port: int = 9400
     """Metrics proxy port."""
+    startup_timeout_seconds: int = 1800
+    """How long a version's pods may take to become ready (weights loaded); the Deployments of
+    versions given by ``pod_template`` are awaited, and may progress, 600 s longer."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """Extra labels for every object."""
     depends_on: Sequence[pulumi.Resource] = ()
@@ -194,12 +197,18 @@ class VersionedModel(pulumi.ComponentResource):
         metadata = template.setdefault("metadata", {})
         selector = self._meta(spec.version)["labels"]
         metadata["labels"] = {**(metadata.get("labels") or {}), **selector}
+        # Kubernetes' default 600 s progress deadline and pulumi-kubernetes' 10-minute wait are
+        # shorter than a GPU pod's start: either would fail `pulumi up` on a healthy version.
+        deadline = args.startup_timeout_seconds + 600
         k8s.apps.v1.Deployment(
             f"{prefix}-deployment",
-            metadata=self._meta(spec.version),
+            metadata=self._meta(
+                spec.version, annotations={"pulumi.com/timeoutSeconds": str(deadline)}
+            ),
             spec={
                 "replicas": spec.replicas,
                 "selector": {"matchLabels": selector},
+                "progressDeadlineSeconds": deadline,
                 "template": template,
             },
             opts=self._child,

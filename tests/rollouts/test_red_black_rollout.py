@@ -17,7 +17,7 @@ from policy.workloads import (
 )
 from tests.rollouts.harness import deploy, make_args, run_under_mocks
 from tests.rollouts.mocks import RecordingMocks
-from tests.rollouts.samples import pod_template
+from tests.rollouts.samples import pod_template, queries, success_conditions
 
 ROLLOUT = "kubernetes:argoproj.io/v1alpha1:Rollout"
 
@@ -266,6 +266,22 @@ def test_each_revision_gets_its_own_status_job() -> None:
             "both claim llama.models.example.com",
         ),
         ({"gateway": GatewayRef(name="g"), "hostnames": (), "grpc_hostnames": ()}, "both claim"),
+        # Argo refuses these analyses (count 0 runs indefinitely; count < failureLimit; Go
+        # durations), and one whose failureLimit reaches its count never fails a canary.
+        ({"analysis_count": 0}, "analysis_count is 0"),
+        ({"analysis_count": 3, "failure_limit": 5}, "failure_limit is 5"),
+        ({"analysis_count": 1, "failure_limit": 1}, "failure_limit is 1"),
+        ({"failure_limit": -1}, "failure_limit is -1"),
+        ({"analysis_interval": "1min"}, "analysis_interval is '1min'"),
+        ({"initial_delay": "2 m"}, "initial_delay is '2 m'"),
+        # A query the analysis does not know how to compare would be left out of it unseen.
+        (
+            {
+                "queries": {**queries(), "itl_p95": "up"},
+                "success_conditions": {**success_conditions(), "itl_p95": "result[0] < 1"},
+            },
+            "queries names itl_p95",
+        ),
     ],
 )
 def test_bad_arguments_name_the_field(overrides: dict[str, Any], field: str) -> None:

@@ -34,13 +34,14 @@ def version(v: str, weight: int | None = None, created_at: str | None = None) ->
     )
 
 
-def declare(*versions: VersionSpec) -> tuple[RecordingMocks, dict[str, Any]]:
+def declare(*versions: VersionSpec, **overrides: Any) -> tuple[RecordingMocks, dict[str, Any]]:
     args = VersionedArgs(
         model_id="ranker",
         versions=versions,
         namespace="serving",
         gateway=GatewayRef(name="inference", namespace="gateway"),
         domain="models.example.com",
+        **overrides,
     )
     mocks = RecordingMocks()
 
@@ -86,6 +87,21 @@ def test_each_version_gets_deployment_service_and_routes() -> None:
         "openai": "https://v4.ranker.models.example.com/v1",
         "metrics": "http://ranker-v4-service-x1y2z3.serving.svc:9400/metrics",
     }
+
+
+@pytest.mark.parametrize(
+    ("overrides", "deadline"), [({}, 2400), ({"startup_timeout_seconds": 60}, 660)]
+)
+def test_deployments_wait_as_long_as_a_gpu_pod_starts(
+    overrides: dict[str, Any], deadline: int
+) -> None:
+    # Kubernetes' 600 s progress deadline and pulumi-kubernetes' 10-minute wait would fail
+    # `pulumi up` while a healthy version still loads its weights.
+    mocks, _ = declare(version("v3"), version("v4"), **overrides)
+    for deployment in mocks.of_type(":Deployment"):
+        assert deployment.inputs["spec"]["progressDeadlineSeconds"] == deadline
+        annotations = deployment.inputs["metadata"]["annotations"]
+        assert annotations["pulumi.com/timeoutSeconds"] == str(deadline)
 
 
 def test_each_deployment_selects_only_its_version() -> None:
