@@ -1,11 +1,14 @@
 """``ModelCache``: FSx for Lustre linked to the model bucket, and the jobs that fill it.
 
 Importing from S3 brings only metadata, so each model version in service gets a materialize
-Job: its init container restores the files into Lustre and waits until none is still released,
-then a container of the serving image hashes every file against the version's manifest.json.
-Servers of that version depend on the Job, so no GPU pod ever starts by pulling weights from S3,
-nor from a cache copy whose bytes nobody checked (stage 1 of the entrypoint checks only sizes
-there). The Jobs run on the GPU node groups: only their security group may reach the Lustre ports.
+Job: a container of the serving image reads every file of the version, many at once, and hashes
+it against the version's manifest.json. FSx loads a file's contents from the bucket when it is
+first read (https://docs.aws.amazon.com/fsx/latest/LustreGuide/importing-files-dra.html), so
+that one pass both fills the cache and checks it, with no Lustre tool and no privilege. Servers
+of that version depend on the Job, so no GPU pod ever starts by pulling weights from S3, nor
+from a cache copy whose bytes nobody checked (stage 1 of the entrypoint checks only sizes
+there). The Jobs run on the GPU node groups: only their security group may reach the Lustre
+ports.
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ __all__ = [
     "LUSTRE_PORTS",
     "ModelCache",
     "ModelCacheArgs",
-    "materialize_script",
     "verify_command",
 ]
 
@@ -43,8 +45,9 @@ FILE_SYSTEM_PATH = "/models"
 # Lustre clients reach the servers on 988 and 1018-1023 (FSx for Lustre VPC requirements).
 LUSTRE_PORTS = ((988, 988), (1018, 1023))
 THROUGHPUT_PER_UNIT = (125, 250, 500, 1000)
-# sha256 runs on one core, file after file; the second core of the limit takes the Lustre reads
-# and the archive checks' temporary files. Memory holds 1 MiB chunks, plugin wheels and catalogs.
+# The verify_jobs threads mostly wait on FSx loading their files from S3; bytes already in Lustre
+# make hashing CPU-bound, paced by the limit's two cores. Memory holds one 1 MiB read buffer per
+# thread (16 MiB at the default 16 jobs), plugin wheels and catalogs.
 VERIFY_RESOURCES = {
     "requests": {"cpu": "1", "memory": "1Gi"},
     "limits": {"cpu": "2", "memory": "4Gi"},
@@ -68,10 +71,8 @@ class ModelCacheArgs:
     """Kubernetes namespace of the claims and materialize jobs."""
     versions: Sequence[tuple[str, str]]
     """``(model_id, version)`` pairs in service: one materialize Job each."""
-    tools_image: str
-    """Image with the Lustre client tools (``lfs``) that materialize jobs run."""
     serving_image: pulumi.Input[str]
-    """The image the model servers run: its ``package verify`` checks each restored version
+    """The image the model servers run: its ``package verify`` loads and checks each version
     with the same code stage 1 of the entrypoint would."""
     client_node_groups: Sequence[str]
     """``llm-serving/node-group`` labels of the nodes in ``node_security_group_id``: the
@@ -80,10 +81,10 @@ class ModelCacheArgs:
     """File system size: 1200 or a multiple of 2400 GiB."""
     throughput_per_unit: int = 250
     """MB/s per TiB, one of :data:`THROUGHPUT_PER_UNIT`."""
-    restore_batch_size: int = 64
-    """Files per ``lfs hsm_restore`` call."""
+    verify_jobs: int = 16
+    """Files a materialize Job reads at once: FSx loads them from S3 in parallel."""
     restore_timeout_s: int = 3600
-    """How long a materialize Job, restore and verification together, may take before it
+    """How long a materialize Job, loading and verifying the version, may take before it
     fails."""
     depends_on: Sequence[pulumi.Resource] = ()
     """What the claims and jobs need first: the namespace, the CSI driver."""
@@ -93,40 +94,12 @@ def _version_folder(model_id: str, version: str, cache_root: str) -> str:
     return f"{cache_root}{FILE_SYSTEM_PATH}/{model_id}/{version}"
 
 
-def materialize_script(
-    model_id: str,
-    version: str,
-    batch_size: int,
-    poll_seconds: int = 10,
-    cache_root: str = CACHE_MOUNT_PATH,
-) -> str:
-    """The shell script a materialize Job's restore init container runs for one version."""
-    folder = _version_folder(model_id, version, cache_root)
-    return f"""set -euo pipefail
-dir='{folder}'
-if [ ! -f "$dir/manifest.json" ]; then
-  echo "no manifest.json under $dir: publish {model_id} {version} first" >&2
-  exit 1
-fi
-echo "restoring $(find "$dir" -type f | wc -l) files of {model_id} {version}"
-find "$dir" -type f -print0 | xargs -0 -r -n {batch_size} lfs hsm_restore
-# hsm_restore only queues the work: poll until no file is still released.
-while :; do
-  released=$(find "$dir" -type f -print0 | xargs -0 -r -n {batch_size} lfs hsm_state \\
-    | grep -cE '\\) .*\\breleased\\b' || true)
-  if [ "$released" -eq 0 ]; then
-    echo "all files of {model_id} {version} are in Lustre"
-    exit 0
-  fi
-  echo "$released files still released"
-  sleep {poll_seconds}
-done
-"""
-
-
-def verify_command(model_id: str, version: str, cache_root: str = CACHE_MOUNT_PATH) -> list[str]:
-    """The argv, in the serving image, that checks a restored version folder: every file's size
-    and sha256 against manifest.json, the archive's members as stage 2 unpacks them."""
+def verify_command(
+    model_id: str, version: str, jobs: int, cache_root: str = CACHE_MOUNT_PATH
+) -> list[str]:
+    """The argv, in the serving image, that loads and checks a version folder: every file's size
+    and sha256 against manifest.json (``jobs`` files at once), the archive's members as stage 2
+    unpacks them."""
     # Not the image's ENTRYPOINT (the entrypoint would serve), nor the ``llm-serving`` script
     # (operations.cli, whose operator commands the serving image does not need to import).
     return [
@@ -135,6 +108,8 @@ def verify_command(model_id: str, version: str, cache_root: str = CACHE_MOUNT_PA
         "runtime.cli",
         "package",
         "verify",
+        "--jobs",
+        str(jobs),
         _version_folder(model_id, version, cache_root),
     ]
 
@@ -203,6 +178,7 @@ class ModelCache(pulumi.ComponentResource):
         self.mount_name = file_system.mount_name
         self.claim_name = f"{name}-read-only"
         reader = self._create_claim(file_system, self.claim_name, read_only=True)
+        # The Jobs' claim, mounted without Lustre's ro: their reads are what load the files.
         writer = self._create_claim(file_system, f"{name}-restore", read_only=False)
         self.materialize_jobs = {
             (model_id, version): self._create_job(model_id, version, writer, association)
@@ -312,7 +288,6 @@ class ModelCache(pulumi.ComponentResource):
             MODEL_ID_LABEL: dns_label(model_id),
             MODEL_VERSION_LABEL: dns_label(version),
         }
-        script = materialize_script(model_id, version, self._args.restore_batch_size)
         return k8s.batch.v1.Job(
             f"{self._name}-{job_name}",
             metadata={"name": job_name, "namespace": self._args.namespace, "labels": labels},
@@ -325,41 +300,26 @@ class ModelCache(pulumi.ComponentResource):
                         "restartPolicy": "Never",
                         "affinity": self._on_client_nodes(),
                         "tolerations": gpu_tolerations(),
-                        # Init containers run to completion in order: the bytes are hashed
-                        # only once every file is back in Lustre, and a failed verification
-                        # fails the pod, the Job, and the pulumi up that waits on it.
-                        "initContainers": [
-                            {
-                                "name": "restore",
-                                "image": self._args.tools_image,
-                                "command": ["/bin/bash", "-c", script],
-                                "resources": {
-                                    "requests": {"cpu": "500m", "memory": "512Mi"},
-                                    "limits": {"cpu": "2", "memory": "1Gi"},
-                                },
-                                "securityContext": {
-                                    # lfs hsm_* requests need CAP_SYS_ADMIN on the client.
-                                    "capabilities": {"add": ["SYS_ADMIN"]},
-                                },
-                                "volumeMounts": [
-                                    {"name": "model-cache", "mountPath": CACHE_MOUNT_PATH}
-                                ],
-                            }
-                        ],
+                        # A failed verification fails the pod, the Job, and the pulumi up
+                        # that waits on it.
                         "containers": [
                             {
                                 "name": "verify",
                                 "image": self._args.serving_image,
-                                "command": verify_command(model_id, version),
+                                "command": verify_command(
+                                    model_id, version, self._args.verify_jobs
+                                ),
                                 "resources": VERIFY_RESOURCES,
-                                # The servers' capabilities, not fewer: it must read what they
-                                # read. Unlike the restore, it needs no SYS_ADMIN.
+                                # The servers' capabilities, not more: reading a file loads it
+                                # from S3 without any Lustre tool or privilege.
                                 "securityContext": {"allowPrivilegeEscalation": False},
                                 "volumeMounts": [
                                     {
                                         "name": "model-cache",
                                         "mountPath": CACHE_MOUNT_PATH,
-                                        # Only the restore writes; a check must not mend.
+                                        # A check must not mend. readOnly binds the mount for
+                                        # this container only: the Lustre client under it
+                                        # still loads from S3 what the container reads.
                                         "readOnly": True,
                                     }
                                 ],
@@ -415,7 +375,7 @@ def _validate(args: ModelCacheArgs) -> None:
         )
     if not args.client_node_groups:
         raise ValueError("client_node_groups must name at least one node group")
-    if args.restore_batch_size < 1:
-        raise ValueError(f"restore_batch_size must be at least 1, got {args.restore_batch_size}")
+    if args.verify_jobs < 1:
+        raise ValueError(f"verify_jobs must be at least 1, got {args.verify_jobs}")
     if len(set(args.versions)) != len(args.versions):
         raise ValueError(f"versions lists a (model_id, version) twice: {json.dumps(args.versions)}")

@@ -100,6 +100,13 @@ def package_verify(
         typer.Option(help="check sizes, not sha256 (archive members are checked all the same)"),
     ] = False,
     constraints: Annotated[Path | None, typer.Option(help="extra pins to check plugins")] = None,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="files read and hashed at once (on FSx for Lustre, also loaded from S3 at once)",
+        ),
+    ] = 1,
 ) -> None:
     """Check every file's size and sha256, every archive member as the pod's unpack does, the
     plugins against the pins and python tensors."""
@@ -107,7 +114,7 @@ def package_verify(
     from runtime.package import PackageError, verify_package
 
     try:
-        manifest = verify_package(folder, full=not quick, constraints=constraints)
+        manifest = verify_package(folder, full=not quick, constraints=constraints, jobs=jobs)
     except (PackageError, CompatError) as exc:
         raise _fail(exc) from exc
     typer.echo(f"ok: {manifest.model_id}/{manifest.model_version}")

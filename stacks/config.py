@@ -463,13 +463,31 @@ class ModelCacheConfig(_Strict):
 
     storage_capacity_gib: int = Field(default=2400, ge=1200)
     throughput_per_unit: Literal[125, 250, 500, 1000] = 250
-    restore_batch_size: int = Field(default=64, ge=1, description="files per lfs hsm_restore")
+    verify_jobs: int = Field(
+        default=16,
+        ge=1,
+        description="files each materialize Job reads and hashes at once (FSx loads them from S3 "
+        "in parallel)",
+    )
     subnet_id: str | None = Field(
         default=None,
         pattern=r"^subnet-[0-9a-f]+$",
         description="the file system's subnet, one of network.private_subnet_ids; unset: the "
         "first listed, so reordering that list would move (replace) the file system",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _restore_batch_size_removed(cls, data: Any) -> Any:
+        # Stack files written for the lfs hsm_restore step name its key; say what replaced it.
+        if isinstance(data, Mapping) and "restore_batch_size" in data:
+            raise _FieldError(
+                ("restore_batch_size",),
+                "restore_batch_size was removed (materialize Jobs load files by reading them, "
+                "with no lfs hsm_restore): delete it; verify_jobs sets how many files a Job "
+                "reads at once",
+            )
+        return data
 
     @model_validator(mode="after")
     def _capacity(self) -> ModelCacheConfig:

@@ -40,10 +40,7 @@ from contracts.promql import rollout_queries, rollout_success_conditions
 from stacks.config import RegionStackConfig
 from stacks.model_strategies import ModelEndpoints, ModelSite, red_black_model, versioned_model
 
-__all__ = ["DEFAULT_TOOLS_IMAGE", "Endpoints", "RegionPlatform", "RegionPlatformArgs"]
-
-# The FSx CSI driver's image carries the Lustre client (``lfs``) that materialize jobs run.
-DEFAULT_TOOLS_IMAGE = "public.ecr.aws/fsx-csi-driver/aws-fsx-csi-driver:v1.4.0"
+__all__ = ["Endpoints", "RegionPlatform", "RegionPlatformArgs"]
 
 Endpoints = dict[str, dict[str, ModelEndpoints]]
 
@@ -62,8 +59,6 @@ class RegionPlatformArgs:
     """Grafana dashboard of the metrics assets; ``None`` ships none."""
     alert_groups: Sequence[Mapping[str, Any]] | None = None
     """Prometheus rule groups of the metrics assets; ``None`` ships none."""
-    tools_image: str = DEFAULT_TOOLS_IMAGE
-    """Image with the Lustre client tools for materialize jobs."""
     vllm_version: str | None = None
     """vLLM of the image's Triton release (the compatibility matrix), annotated on pods."""
     analysis_queries: Mapping[str, str] = field(default_factory=rollout_queries)
@@ -181,12 +176,11 @@ class RegionPlatform(pulumi.ComponentResource):
                 bucket_name=args.bucket_name,
                 namespace=config.namespace,
                 versions=[(m.id, v.version) for m, v in served],
-                tools_image=args.tools_image,
                 serving_image=image,
                 client_node_groups=[group.labels[NODE_GROUP_LABEL] for group in groups],
                 storage_capacity_gib=config.model_cache.storage_capacity_gib,
                 throughput_per_unit=config.model_cache.throughput_per_unit,
-                restore_batch_size=config.model_cache.restore_batch_size,
+                verify_jobs=config.model_cache.verify_jobs,
                 depends_on=[namespace, addons],
             ),
             opts=on_cluster,

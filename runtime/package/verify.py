@@ -6,6 +6,9 @@ import hashlib
 import os
 import stat
 import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -16,7 +19,7 @@ from runtime.package.archive import (
     read_member,
     shown_path,
 )
-from runtime.package.build import check_catalog, file_entry, image_pins
+from runtime.package.build import check_catalog, image_pins
 from runtime.package.errors import PackageError
 from runtime.package.manifest import MANIFEST_NAME, FileEntry, Manifest, load_manifest
 from runtime.package.plugin_checks import check_plugin_entry_points, check_plugin_files, known_image
@@ -31,6 +34,14 @@ _CHUNK = 1 << 20
 
 def check_file(folder: Path, entry: FileEntry, *, full: bool = True) -> None:
     """Raise `PackageError` unless ``folder / entry.path`` has the manifest's size (and sha256)."""
+    _check_file(folder, entry, full, lambda: False)
+
+
+class _Abandoned(Exception):
+    """A check stopped half-way because a file listed before it had already failed."""
+
+
+def _check_file(folder: Path, entry: FileEntry, full: bool, abandoned: Callable[[], bool]) -> None:
     path = folder / entry.path
     try:
         info = path.stat()
@@ -48,7 +59,7 @@ def check_file(folder: Path, entry: FileEntry, *, full: bool = True) -> None:
         )
     if full:
         try:
-            actual = file_entry(path, entry.path).sha256
+            actual = _sha256(path, abandoned)
         except OSError as exc:
             raise PackageError(
                 f"cannot read {entry.path} in {folder}: {exc.strerror or exc}; fix its "
@@ -59,6 +70,56 @@ def check_file(folder: Path, entry: FileEntry, *, full: bool = True) -> None:
                 f"checksum mismatch for {entry.path}: sha256 {actual}, the manifest says "
                 f"{entry.sha256}; the copy is corrupt: publish or restore it again"
             )
+
+
+def _sha256(path: Path, abandoned: Callable[[], bool]) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            # Asked between chunks, so a failure elsewhere stops a multi-GiB shard within 1 MiB.
+            if abandoned():
+                raise _Abandoned(path)
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class _FirstFailure:
+    """The manifest position of the first file known to have failed its check."""
+
+    def __init__(self, count: int) -> None:
+        self._lock = threading.Lock()
+        self.index = count
+
+    def record(self, index: int) -> None:
+        with self._lock:
+            self.index = min(self.index, index)
+
+
+def _check_files(folder: Path, entries: Sequence[FileEntry], full: bool, jobs: int) -> None:
+    """`check_file` on ``entries``, ``jobs`` at a time; raises the error of the first failing
+    entry in their order, as checking them one after the other would."""
+    first_failure = _FirstFailure(len(entries))
+
+    def check(index: int, entry: FileEntry) -> None:
+        try:
+            # A file after the first known failure cannot change which error is raised.
+            _check_file(folder, entry, full, lambda: index > first_failure.index)
+        except Exception:
+            first_failure.record(index)
+            raise
+
+    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="package-verify")
+    try:
+        futures = [pool.submit(check, index, entry) for index, entry in enumerate(entries)]
+        # In manifest order, whichever failed first in time: every file before the one whose
+        # error is raised has passed, so the outcome does not depend on the thread timing.
+        for future in futures:
+            future.result()
+    finally:
+        # On a failure (or an interrupt), running checks stop at their next chunk and queued
+        # ones never start; after success this changes nothing.
+        first_failure.record(-1)
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def verify_archive(
@@ -176,14 +237,16 @@ def verify_package(
     full: bool = True,
     constraints: Path | None = None,
     limits: UnpackLimits | None = None,
+    jobs: int = 1,
 ) -> Manifest:
-    """Check a version folder: checksums (sizes only unless ``full``), every archive member as
-    the entrypoint's unpack checks it (under ``limits``, default the pod's), plugins, catalogs
-    (as the engine reads them), tensors (a non-LLM model's read again from its file)."""
+    """Check a version folder: checksums (sizes only unless ``full``; ``jobs`` files at once),
+    every archive member as the entrypoint's unpack checks it (under ``limits``, default the
+    pod's), plugins, catalogs (as the engine reads them), tensors (a non-LLM model's read again
+    from its file)."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
     manifest = load_manifest(folder / MANIFEST_NAME)
-    check_file(folder, manifest.archive, full=full)
-    for entry in manifest.weight_files:
-        check_file(folder, entry, full=full)
+    _check_files(folder, [manifest.archive, *manifest.weight_files], full, jobs)
     if unlisted := unlisted_weight_files(folder, manifest):
         raise PackageError(
             f"{folder / manifest.weights} holds {_shown(unlisted)}, which {MANIFEST_NAME} does "

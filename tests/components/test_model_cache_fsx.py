@@ -24,11 +24,10 @@ def _args(**overrides: object) -> ModelCacheArgs:
         "bucket_name": "models-use1",
         "namespace": "serving",
         "versions": VERSIONS,
-        "tools_image": "tools:1",
         "serving_image": "serving:1",
         "client_node_groups": ["r-h100", "r-l40s"],
         "throughput_per_unit": 500,
-        "restore_batch_size": 32,
+        "verify_jobs": 4,
     }
     values.update(overrides)
     return ModelCacheArgs(**values)  # type: ignore[arg-type]
@@ -141,11 +140,9 @@ def test_one_materialize_job_per_version_after_the_association(declared: Declare
     assert len(jobs) == len(VERSIONS)
     for (model_id, version), job in zip(VERSIONS, sorted(jobs, key=lambda j: j.name), strict=True):
         assert association.urn in job.dependencies
-        container = job.inputs["spec"]["template"]["spec"]["initContainers"][0]
-        script = container["command"][-1]
-        assert f"{CACHE_MOUNT_PATH}/models/{model_id}/{version}" in script
-        assert "xargs -0 -r -n 32 lfs hsm_restore" in script
-        assert "lfs hsm_state" in script
+        (container,) = job.inputs["spec"]["template"]["spec"]["containers"]
+        command = container["command"]
+        assert command[-3:] == ["--jobs", "4", f"{CACHE_MOUNT_PATH}/models/{model_id}/{version}"]
         claim = job.inputs["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]
         assert claim["claimName"] == "cache-restore"
 
@@ -170,7 +167,7 @@ def test_materialize_jobs_run_on_the_lustre_client_nodes(declared: Declared) -> 
     [
         ({"throughput_per_unit": 300}, "expected one of: 125, 250, 500, 1000"),
         ({"storage_capacity_gib": 3000}, "1200 or a multiple of 2400"),
-        ({"restore_batch_size": 0}, "restore_batch_size must be at least 1"),
+        ({"verify_jobs": 0}, "verify_jobs must be at least 1, got 0"),
         ({"versions": [("a", "1"), ("a", "1")]}, "twice"),
         ({"client_node_groups": []}, "client_node_groups"),
     ],

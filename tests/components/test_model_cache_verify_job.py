@@ -1,6 +1,6 @@
-"""The materialize Job verifies what it restored: a serving-image container hashes every file of
-the version folder against manifest.json once the restore init container is done, so a weight
-file with the right size but other bytes fails the Job before any server of the version starts
+"""The materialize Job loads and verifies the version: a serving-image container reads every file
+of the version folder, several at once, and hashes it against manifest.json, so a weight file
+with the right size but other bytes fails the Job before any server of the version starts
 (stage 1 of the entrypoint checks only sizes on the cache)."""
 
 from __future__ import annotations
@@ -12,12 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from components.model_cache import (
-    CACHE_MOUNT_PATH,
-    ModelCache,
-    ModelCacheArgs,
-    materialize_script,
-)
+from components.model_cache import CACHE_MOUNT_PATH, ModelCache, ModelCacheArgs
 from runtime.package import build_package
 from tests.components.declared import Declare, Declared
 from tests.runtime.wheelmaker import make_source
@@ -33,10 +28,9 @@ def _args() -> ModelCacheArgs:
         bucket_name="models-use1",
         namespace="serving",
         versions=VERSIONS,
-        tools_image="tools:1",
         serving_image="serving:1",
         client_node_groups=["r-h100"],
-        restore_batch_size=32,
+        verify_jobs=4,
     )
 
 
@@ -54,16 +48,7 @@ def _pods(declared: Declared) -> dict[tuple[str, str], dict]:
     }
 
 
-def test_restore_runs_first_as_an_init_container(declared: Declared) -> None:
-    for (model_id, version), pod in _pods(declared).items():
-        (restore,) = pod["initContainers"]
-        assert restore["image"] == "tools:1"
-        assert restore["command"] == ["/bin/bash", "-c", materialize_script(model_id, version, 32)]
-        assert restore["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN"]
-        assert restore["volumeMounts"] == [{"name": "model-cache", "mountPath": CACHE_MOUNT_PATH}]
-
-
-def test_then_the_serving_image_verifies_the_version_read_only(declared: Declared) -> None:
+def test_the_serving_image_verifies_the_version_read_only(declared: Declared) -> None:
     for (model_id, version), pod in _pods(declared).items():
         (verify,) = pod["containers"]
         assert verify["image"] == "serving:1"
@@ -73,6 +58,8 @@ def test_then_the_serving_image_verifies_the_version_read_only(declared: Declare
             "runtime.cli",
             "package",
             "verify",
+            "--jobs",
+            "4",
             f"{CACHE_MOUNT_PATH}/models/{model_id}/{version}",
         ]
         assert "--quick" not in verify["command"]  # sha256, not sizes only

@@ -142,6 +142,17 @@ def test_served_versions_follow_strategy() -> None:
             "1200 or a multiple of 2400",
         ),
         (
+            lambda c: c["llm-serving:model_cache"].update(restore_batch_size=64),
+            "llm-serving:model_cache.restore_batch_size",
+            "restore_batch_size was removed (materialize Jobs load files by reading them, with no "
+            "lfs hsm_restore): delete it; verify_jobs sets how many files a Job reads at once",
+        ),
+        (
+            lambda c: c["llm-serving:model_cache"].update(verify_jobs=0),
+            "llm-serving:model_cache.verify_jobs",
+            "greater than or equal to 1",
+        ),
+        (
             lambda c: c["llm-serving:models"][0].update(replica=2),
             "llm-serving:models[0].replica",
             "unknown key",
