@@ -21,6 +21,7 @@ MODEL = "llama"
 STABLE = {"colour": "6d4f7c9b8", "version": "2026-10-01"}
 HEALTHY = {"colour": "7f5c8d2a1", "version": "2026-11-15"}
 FAILING = {"colour": "5b9e3f7c2", "version": "2026-11-15"}
+CANCELLING = {"colour": "3a8d6e1f4", "version": "2026-11-15"}
 BUCKETS = ("0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "+Inf")
 FAST = (0.1, 0.3, 0.7, 0.97, 0.995, 1.0, 1.0, 1.0)  # p95 about 0.48 s
 SLOW = (0.0, 0.05, 0.2, 0.5, 0.8, 0.97, 1.0, 1.0)  # p95 about 2.3 s: under 2.5 s, 4.8x stable
@@ -30,12 +31,22 @@ START = END - 20 * 60
 STEP = 15.0
 
 
-def record(recording: Recording, side: dict[str, str], ok: float, failed: float, cdf) -> None:
+def record(
+    recording: Recording, side: dict[str, str], ok: float, failed: float, cdf, cancelled=0.0
+) -> None:
     labels = {"model": MODEL, "version": "1", "model_id": MODEL}
     labels |= {"model_version": side["version"], "colour": side["colour"]}
     recording.counter("nv_inference_request_success", labels, ok, START, END, STEP)
     recording.counter(
         "nv_inference_request_failure", labels | {"reason": "OTHER"}, failed, START, END, STEP
+    )
+    recording.counter(
+        "nv_inference_request_failure",
+        labels | {"reason": "CANCELED"},
+        cancelled,
+        START,
+        END,
+        STEP,
     )
     for le, fraction in zip(BUCKETS, cdf, strict=True):
         recording.counter(
@@ -54,6 +65,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory):
     record(recording, STABLE, ok=20.0, failed=0.01, cdf=FAST)
     record(recording, HEALTHY, ok=5.0, failed=0.002, cdf=FAST)
     record(recording, FAILING, ok=5.0, failed=0.5, cdf=SLOW)
+    # A fifth of its requests closed by their clients (a stop button): no fault of the version.
+    record(recording, CANCELLING, ok=5.0, failed=0.002, cdf=FAST, cancelled=1.25)
     with serve(recording, Path(tmp_path_factory.mktemp("prometheus"))) as server:
         yield server
 
@@ -95,6 +108,12 @@ def test_healthy_colour_passes_every_metric(prometheus: PrometheusServer, metric
         "ttft-p95": True,
         "ttft-p95-vs-stable": True,
     }
+
+
+def test_requests_cancelled_by_clients_do_not_fail_the_step(
+    prometheus: PrometheusServer, metrics
+) -> None:
+    assert all(verdicts(prometheus, metrics, CANCELLING).values())
 
 
 def test_failing_colour_fails_the_step(prometheus: PrometheusServer, metrics) -> None:
