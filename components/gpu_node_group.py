@@ -106,6 +106,10 @@ class GpuNodeGroupArgs:
     kubernetes_version: pulumi.Input[str] | None = None
     """Kubernetes version of the nodes: pass the cluster's, so that they upgrade after it.
     ``None``: the cluster's version when the group is created, never upgraded after."""
+    release_version: str | None = None
+    """EKS AMI release of ``ami_type`` (``1.33.0-20250704`` Amazon Linux, ``1.34.0-18d04e52``
+    Bottlerocket), rolled in place when it changes. ``None``: the newest release whenever the
+    group is created or its Kubernetes version changes, never rolled otherwise."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """Extra node labels."""
 

@@ -40,6 +40,8 @@ class NodeGroupPlacement(Protocol):
     def desired_size(self) -> int: ...
     @property
     def kubernetes_version(self) -> pulumi.Input[str] | None: ...
+    @property
+    def release_version(self) -> str | None: ...
 
 
 def imdsv2_only() -> aws.ec2.LaunchTemplateMetadataOptionsArgs:
@@ -82,7 +84,8 @@ def managed_node_group(
     replaced at a time, at the sizes of ``args`` on every update.
 
     ``template`` must name no AMI (``image_id``): EKS then picks the AMI of ``ami_type`` for
-    ``args.kubernetes_version``, which it refuses to set for a template with a custom AMI.
+    ``args.kubernetes_version`` at ``args.release_version`` (``None``: the newest release), both
+    of which it refuses to set for a template with a custom AMI.
     """
     return aws.eks.NodeGroup(
         f"{name}-nodes",
@@ -94,6 +97,7 @@ def managed_node_group(
         capacity_type=capacity_type,
         instance_types=list(args.instance_types),
         version=args.kubernetes_version,
+        release_version=args.release_version,
         # No cluster autoscaler or Karpenter runs on these clusters: the stack file owns the
         # size, so desired_size is not ignored (scaling to 0 drains a Capacity Block group).
         scaling_config=aws.eks.NodeGroupScalingConfigArgs(

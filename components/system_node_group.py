@@ -50,6 +50,10 @@ class SystemNodeGroupArgs:
     kubernetes_version: pulumi.Input[str] | None = None
     """Kubernetes version of the nodes: pass the cluster's, so that they upgrade after it.
     ``None``: the cluster's version when the group is created, never upgraded after."""
+    release_version: str | None = None
+    """EKS AMI release of :data:`AMI_TYPE` (``1.33.0-20250704``), rolled in place when it
+    changes. ``None``: the newest release whenever the group is created or its Kubernetes
+    version changes, never rolled otherwise."""
 
 
 class SystemNodeGroup(pulumi.ComponentResource):

@@ -31,6 +31,7 @@ from pydantic import (
 
 from components.gateway import GRPC_SUBDOMAIN
 from components.model_service.args import pod_requests
+from components.system_node_group import AMI_TYPE as SYSTEM_AMI_TYPE
 from contracts.compat import CompatError, load_matrix
 from contracts.naming import dns_label, route_label
 from stacks.instance_types import allocatable, instance_specs
@@ -349,6 +350,64 @@ def _check_instance_types(types: list[str], gpus: int | None) -> None:
             )
 
 
+# EKS AMI release versions (docs/stacks.md#pinning-the-ami-release): Amazon Linux names the
+# Kubernetes version it runs and the build date, Bottlerocket its OS version and commit.
+_AL2023_RELEASE = re.compile(r"^(\d+\.\d+)\.\d+-\d{8}$")
+_BOTTLEROCKET_RELEASE = re.compile(r"^\d+\.\d+\.\d+-([0-9a-f]{8})$")
+_RELEASE_DESCRIPTION = (
+    "EKS AMI release of the group's ami_type, rolled in place when changed; unset: the newest "
+    "release when the group is created or its Kubernetes version changes"
+)
+
+
+def _release_parameter(ami_type: str, kubernetes: str) -> str:
+    """The public SSM parameter that names the newest release of ``ami_type`` for Kubernetes
+    ``kubernetes``."""
+    nvidia = ami_type.endswith("NVIDIA")
+    if ami_type.startswith("AL2023"):
+        flavour = "nvidia" if nvidia else "standard"
+        return (
+            f"/aws/service/eks/optimized-ami/{kubernetes}/amazon-linux-2023/x86_64/{flavour}/"
+            "recommended/release_version"
+        )
+    flavour = "-nvidia" if nvidia else ""
+    return f"/aws/service/bottlerocket/aws-k8s-{kubernetes}{flavour}/x86_64/latest/image_version"
+
+
+def _check_release_format(ami_type: str, release: str | None) -> None:
+    """``release`` (if set) has the form of ``ami_type``'s family."""
+    if release is None:
+        return
+    where = f"aws ssm get-parameter --name {_release_parameter(ami_type, '<cluster.version>')}"
+    if ami_type.startswith("AL2023"):
+        if not _AL2023_RELEASE.match(release):
+            raise _FieldError(
+                ("release_version",),
+                f"{release!r} is not an Amazon Linux 2023 release: expected <Kubernetes "
+                f"major.minor.patch>-<YYYYMMDD>, such as 1.33.0-20250704 ({where})",
+            )
+        return
+    match = _BOTTLEROCKET_RELEASE.match(release)
+    if match is None or _is_date(match.group(1)):
+        # An Amazon Linux release has the same shape, and its date is valid hex.
+        raise _FieldError(
+            ("release_version",),
+            f"{release!r} is not a Bottlerocket release: expected <OS version>-<8-hex-digit "
+            f"commit>, such as 1.34.0-18d04e52 ({where})",
+        )
+
+
+def _is_date(digits: str) -> bool:
+    """``digits`` (eight hex digits) read as a date of this century, YYYYMMDD."""
+    if not digits.startswith("20") or not digits.isdigit():
+        return False
+    try:
+        date(int(digits[:4]), int(digits[4:6]), int(digits[6:]))
+    except ValueError:
+        return False
+    return True
+
+
 class NodeGroupConfig(_Strict):
     """An EKS managed GPU node group."""
 
@@ -368,6 +427,7 @@ class NodeGroupConfig(_Strict):
         description="CAPACITY_BLOCK only: the subnet in the reservation's Availability Zone, "
         "one of network.private_subnet_ids (a Capacity Block lives in one zone)",
     )
+    release_version: str | None = Field(default=None, description=_RELEASE_DESCRIPTION)
 
     @model_validator(mode="after")
     def _bounds(self) -> NodeGroupConfig:
@@ -384,6 +444,7 @@ class NodeGroupConfig(_Strict):
                 "with capacity_type CAPACITY_BLOCK, and only there"
             )
         _check_instance_types(self.instance_types, self.gpus_per_node)
+        _check_release_format(self.ami_type, self.release_version)
         return self
 
 
@@ -401,12 +462,14 @@ class CpuNodeGroupConfig(_Strict):
     root_volume_gib: int = Field(
         default=100, ge=20, description="also holds the unpacked packages (no instance store)"
     )
+    release_version: str | None = Field(default=None, description=_RELEASE_DESCRIPTION)
 
     @model_validator(mode="after")
     def _bounds(self) -> CpuNodeGroupConfig:
         if not self.min_size <= self.desired_size <= self.max_size:
             raise ValueError("expected min_size <= desired_size <= max_size")
         _check_instance_types(self.instance_types, 0)
+        _check_release_format(self.ami_type, self.release_version)
         return self
 
 
@@ -417,12 +480,16 @@ class SystemNodesConfig(_Strict):
     min_size: int = Field(default=2, ge=1)
     desired_size: int = Field(default=2, ge=1)
     max_size: int = Field(default=4, ge=1)
+    release_version: str | None = Field(
+        default=None, description=f"{_RELEASE_DESCRIPTION} (ami_type {SYSTEM_AMI_TYPE})"
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> SystemNodesConfig:
         if not self.min_size <= self.desired_size <= self.max_size:
             raise ValueError("expected min_size <= desired_size <= max_size")
         _check_instance_types(self.instance_types, None)
+        _check_release_format(SYSTEM_AMI_TYPE, self.release_version)
         return self
 
 
@@ -573,7 +640,48 @@ class RegionStackConfig(_Strict):
             )
         if self.cluster.mode == "adopt" and self.network.node_security_group_id is None:
             raise ValueError("network.node_security_group_id is required to adopt a cluster")
+        self._check_release_versions()
         return self
+
+    def _check_release_versions(self) -> None:
+        """Each Amazon Linux release pinned runs the cluster's Kubernetes version: EKS refuses a
+        release of another one. Bottlerocket releases do not name a Kubernetes version."""
+        pinned: list[tuple[tuple[str | int, ...], str, str | None]] = [
+            *(
+                (("node_groups", i), g.ami_type, g.release_version)
+                for i, g in enumerate(self.node_groups)
+            ),
+            *(
+                (("cpu_node_groups", i), g.ami_type, g.release_version)
+                for i, g in enumerate(self.cpu_node_groups)
+            ),
+            (
+                ("cluster", "system_nodes"),
+                SYSTEM_AMI_TYPE,
+                self.cluster.system_nodes.release_version,
+            ),
+        ]
+        cluster = self.cluster.version
+        for at, ami_type, release in pinned:
+            match = _AL2023_RELEASE.match(release or "")
+            if match is None or not ami_type.startswith("AL2023"):
+                continue
+            if self.cluster.mode == "adopt" and "version" not in self.cluster.model_fields_set:
+                raise _FieldError(
+                    (*at, "release_version"),
+                    f"{release} runs Kubernetes {match.group(1)}, and an adopted cluster's "
+                    "version is read only at pulumi up: set cluster.version to the cluster's "
+                    "Kubernetes version (major.minor) so that the release can be checked",
+                )
+            if match.group(1) != cluster:
+                raise _FieldError(
+                    (*at, "release_version"),
+                    f"{release} runs Kubernetes {match.group(1)}, but cluster.version is "
+                    f"{cluster} and EKS refuses a release of another Kubernetes version; pin a "
+                    f"{cluster} release (aws ssm get-parameter --name "
+                    f"{_release_parameter(ami_type, cluster)}), changing it together with "
+                    "cluster.version",
+                )
 
     @property
     def cache_subnet_id(self) -> str:

@@ -127,6 +127,7 @@ class RegionPlatform(pulumi.ComponentResource):
                     root_volume_gib=group.root_volume_gib,
                     capacity_reservation_id=group.capacity_reservation_id,
                     kubernetes_version=cluster.version,
+                    release_version=group.release_version,
                 ),
                 opts=pulumi.ResourceOptions(parent=self),
             )
@@ -148,6 +149,7 @@ class RegionPlatform(pulumi.ComponentResource):
                     capacity_type=group.capacity_type,
                     root_volume_gib=group.root_volume_gib,
                     kubernetes_version=cluster.version,
+                    release_version=group.release_version,
                 ),
                 opts=pulumi.ResourceOptions(parent=self),
             )
@@ -237,6 +239,7 @@ class RegionPlatform(pulumi.ComponentResource):
                 max_size=sizes.max_size,
                 desired_size=sizes.desired_size,
                 kubernetes_version=cluster.version,
+                release_version=sizes.release_version,
             ),
             opts=pulumi.ResourceOptions(parent=self),
         )

@@ -130,3 +130,16 @@ def test_the_group_runs_the_version_it_is_given_on_the_ami_of_its_type(
     assert group["launchTemplate"]["id"] == f"{declared.one(LAUNCH_TEMPLATE).name}-id"
     assert "imageId" not in template
     assert group["amiType"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_group_runs_the_ami_release_it_is_pinned_to(declare: Declare, kind: str) -> None:
+    # The stack file's release_version reaches EKS next to the version it belongs to, so that
+    # an AMI roll is a change of this one input.
+    group = declare(
+        lambda: KINDS[kind](kubernetes_version="1.33", release_version="1.33.0-20250704")
+    ).one(NODE_GROUP)
+    assert (group.inputs["version"], group.inputs["releaseVersion"]) == (
+        "1.33",
+        "1.33.0-20250704",
+    )

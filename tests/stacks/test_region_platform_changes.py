@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from stacks import mock_engine
-from stacks.config import STACKS_DIR
+from stacks.config import STACKS_DIR, StackConfigError
 from stacks.mock_engine import PlanMocks, ProgramRun, RecordedResource
 from stacks.plan import diff_runs, global_outputs
 from stacks.plan_checks import check_plan
@@ -75,6 +75,48 @@ def test_node_groups_of_an_adopted_cluster_run_its_version() -> None:
     groups = _of(run, NODE_GROUP)
     assert groups
     assert {g.name: g.inputs.get("version") for g in groups} == {g.name: "1.32" for g in groups}
+
+
+def _pin_h100(release: str) -> Edit:
+    def edit(groups: list[dict[str, Any]]) -> None:
+        (h100,) = (g for g in groups if g["name"] == "h100")
+        h100["release_version"] = release
+
+    return edit
+
+
+def test_an_ami_roll_is_one_changed_input_of_one_node_group() -> None:
+    # docs/stacks.md, Pinning the AMI release: what the reviewer sees in the diff.
+    pinned = _plan("prod-us-east-1", "node_groups", _pin_h100("1.33.0-20250704"))
+    rolled = _plan("prod-us-east-1", "node_groups", _pin_h100("1.33.5-20251120"))
+    group = f"~ {NODE_GROUP}  prod-us-east-1-h100-nodes"
+    assert diff_runs(_shipped("prod-us-east-1"), pinned) == [
+        group,
+        "    releaseVersion: (absent) -> 1.33.0-20250704",
+    ]
+    assert diff_runs(pinned, rolled) == [
+        group,
+        "    releaseVersion: 1.33.0-20250704 -> 1.33.5-20251120",
+    ]
+
+
+def test_a_cluster_upgrade_takes_a_pinned_amazon_linux_release_along() -> None:
+    def upgrade(release: str) -> Edit:
+        def edit(cluster: dict[str, Any]) -> None:
+            cluster["version"] = "1.34"
+            cluster["system_nodes"] = {"release_version": release}
+
+        return edit
+
+    with pytest.raises(StackConfigError) as caught:
+        _plan("prod-us-east-1", "cluster", upgrade("1.33.0-20250704"))
+    assert caught.value.key == "llm-serving:cluster.system_nodes.release_version"
+    run = _plan("prod-us-east-1", "cluster", upgrade("1.34.1-20250920"))
+    (system,) = (g for g in _of(run, NODE_GROUP) if g.name == "prod-us-east-1-system-nodes")
+    assert (system.inputs["version"], system.inputs["releaseVersion"]) == (
+        "1.34",
+        "1.34.1-20250920",
+    )
 
 
 @pytest.mark.parametrize("stack", REGION_STACKS)
