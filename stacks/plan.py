@@ -64,6 +64,8 @@ KEY_PROPERTIES: dict[str, tuple[str, ...]] = {
     "aws:eks/cluster:Cluster": ("name", "version", "accessConfig.authenticationMode"),
     "aws:eks/nodeGroup:NodeGroup": (
         "amiType",
+        "version",
+        "releaseVersion",
         "capacityType",
         "instanceTypes",
         "subnetIds",
