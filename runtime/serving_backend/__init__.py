@@ -13,6 +13,8 @@ returns them. This package is a Triton *Python-based backend* (``model.py`` unde
   the JSON the frontend reads;
 - :mod:`runtime.serving_backend.choices` and :mod:`runtime.serving_backend.stream_interval`
   shape the outputs handed to the stock code (every choice of ``n``; vLLM's ``stream_interval``);
+- :mod:`runtime.serving_backend.sampling_parameters` checks a request's sampling parameters as
+  the stock code will read them, so a bad one is answered with vLLM's reason;
 - :mod:`runtime.serving_backend.scoring` holds the two subclasses (the model and its generate
   request); ``model.py`` beside it is the file Triton loads.
 

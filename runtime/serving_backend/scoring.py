@@ -1,9 +1,11 @@
 """The stock vLLM backend with one more output: ``prompt_logprobs``, for ``/v1/score``.
 
-Two subclasses, each changing one thing and deferring everything else to NVIDIA's code:
+Two subclasses, each deferring everything it does not change to NVIDIA's code:
 
 - `TritonPythonModel` auto-completes the model configuration as the stock model does, then
-  declares ``prompt_logprobs`` (TYPE_STRING) unless ``config.pbtxt`` already does;
+  declares ``prompt_logprobs`` (TYPE_STRING) unless ``config.pbtxt`` already does; it answers a
+  request whose sampling parameters vLLM cannot take with the reason
+  (:mod:`runtime.serving_backend.sampling_parameters`) before the stock code sees it;
 - `ScoringGenerateRequest` builds each generate response as the stock ``GenerateRequest``
   does, then, when vLLM returned prompt log-probabilities (the request's sampling parameters
   set ``prompt_logprobs``), appends them as that output, once per request; it also hands the
@@ -33,6 +35,11 @@ import triton_python_backend_utils as pb_utils
 from runtime.serving_backend import PROMPT_LOGPROBS_OUTPUT
 from runtime.serving_backend.choices import ChoiceMerger
 from runtime.serving_backend.prompt_logprobs import encode_prompt_logprobs
+from runtime.serving_backend.sampling_parameters import (
+    InvalidSamplingParameters,
+    check_sampling_parameters,
+    int_logit_bias,
+)
 from runtime.serving_backend.stock import load_stock_backend
 from runtime.serving_backend.stream_interval import (
     IntervalGate,
@@ -44,7 +51,6 @@ __all__ = [
     "PROMPT_LOGPROBS_CONFIG",
     "ScoringGenerateRequest",
     "TritonPythonModel",
-    "int_logit_bias",
 ]
 
 # The stock backend is Triton's own model.py, loaded at run time: its classes are untyped.
@@ -111,40 +117,29 @@ class ScoringGenerateRequest(_stock.GenerateRequest):
         return pb_utils.InferenceResponse(output_tensors=[*response.output_tensors(), tensor])
 
 
-def int_logit_bias(sampling_params: Any) -> Any:
-    """``sampling_params`` with ``logit_bias`` keyed by integer token ids.
-
-    The request's ``sampling_parameters`` are JSON, whose object keys are strings, and the
-    stock backend builds vLLM's ``SamplingParams`` from them as they are: vLLM's token-id checks
-    then fail the request ("Error generating stream"). A key that is no integer stays, for vLLM
-    to refuse by name.
-    """
-    bias = getattr(sampling_params, "logit_bias", None)
-    if isinstance(bias, dict):
-        sampling_params.logit_bias = {
-            int(token) if isinstance(token, str) and token.isdigit() else token: value
-            for token, value in bias.items()
-        }
-    return sampling_params
+def _parameters_text(request: Any) -> str:
+    """The request's sampling parameters JSON, from where the stock backend reads it: the
+    ``sampling_parameters`` tensor, else the request's own parameters (Triton's generate
+    endpoint puts them there)."""
+    tensor = pb_utils.get_input_tensor_by_name(request, "sampling_parameters")
+    if tensor is None:
+        return str(request.parameters())
+    value = tensor.as_numpy()[0]
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 def _requested_n(request: Any) -> int:
-    """``n`` of the request's ``sampling_parameters`` (1 when absent or unreadable: the stock
-    code then reports what it cannot read)."""
-    tensor = pb_utils.get_input_tensor_by_name(request, "sampling_parameters")
-    if tensor is None:
-        return 1
+    """``n`` of the request's sampling parameters (1 when absent or unreadable)."""
     try:
-        value = tensor.as_numpy()[0]
-        parameters = json.loads(value.decode() if isinstance(value, bytes) else value)
-        n = int(parameters.get("n") or 1)
+        n = int(json.loads(_parameters_text(request)).get("n") or 1)
     except (ValueError, TypeError, AttributeError):
         return 1
     return max(n, 1)
 
 
 class TritonPythonModel(_stock.TritonPythonModel):
-    """The stock vLLM model, declaring ``prompt_logprobs`` among its outputs."""
+    """The stock vLLM model, declaring ``prompt_logprobs`` among its outputs and answering
+    requests whose sampling parameters vLLM cannot take with the reason."""
 
     @classmethod
     def auto_complete_config(cls, auto_complete_model_config: Any) -> Any:
@@ -153,6 +148,28 @@ class TritonPythonModel(_stock.TritonPythonModel):
         if PROMPT_LOGPROBS_OUTPUT not in declared:
             config.add_output(dict(PROMPT_LOGPROBS_CONFIG))
         return config
+
+    def execute(self, requests: list[Any]) -> None:
+        """The stock ``execute`` for the requests whose sampling parameters
+        `check_sampling_parameters` accepts; the others get its reason as their final response
+        (the stock code would answer them with a Python error that names no parameter)."""
+        accepted = []
+        for request in requests:
+            # Embedding requests take no sampling parameters: the stock code ignores them.
+            if pb_utils.get_input_tensor_by_name(request, "embedding_request") is not None:
+                accepted.append(request)
+                continue
+            try:
+                check_sampling_parameters(_parameters_text(request))
+            except InvalidSamplingParameters as exc:
+                error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
+                request.get_response_sender().send(
+                    pb_utils.InferenceResponse(error=error),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                )
+                continue
+            accepted.append(request)
+        return super().execute(accepted)
 
 
 _stock.GenerateRequest = ScoringGenerateRequest

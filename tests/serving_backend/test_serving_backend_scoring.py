@@ -3,8 +3,10 @@ the stock vLLM backend, with vLLM's real ``RequestOutput``/``Logprob`` classes."
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
+from collections.abc import AsyncIterator
 from types import ModuleType
 from typing import Any
 
@@ -220,12 +222,62 @@ def test_a_missing_stock_backend_names_the_variable(tmp_path: Any, backend: Modu
         sys.modules[MODULE_NAME] = saved
 
 
-def test_logit_bias_reaches_vllm_keyed_by_token_id(backend: ModuleType) -> None:
-    # The stock code builds SamplingParams from JSON, so the keys arrive as strings; the real
-    # engine refused them (tests/frontend/test_frontend_field_table.py, logit_bias on real).
-    from vllm import SamplingParams
+class PerChoiceEngine:
+    """The toy engine's outputs as vLLM V1 emits those of an ``n > 1`` request: one output per
+    choice that advanced, holding that choice only, the last one marked finished."""
 
-    scoring = sys.modules["runtime.serving_backend.scoring"]
-    params = SamplingParams(**json.loads('{"max_tokens": 3, "logit_bias": {"3": 100, "17": -5}}'))
-    assert scoring.int_logit_bias(params).logit_bias == {3: 100, 17: -5}
-    assert scoring.int_logit_bias(SamplingParams(max_tokens=3)).logit_bias is None
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    async def generate(self, *args: Any, **kwargs: Any) -> AsyncIterator[RequestOutput]:
+        async for output in self.engine.generate(*args, **kwargs):
+            for i, choice in enumerate(output.outputs):
+                one = copy.copy(output)
+                one.outputs = [choice]
+                one.finished = output.finished and i == len(output.outputs) - 1
+                yield one
+
+
+def test_n_in_the_requests_parameters_gets_every_choice(
+    backend: ModuleType, pb_utils: ModuleType
+) -> None:
+    # Triton's generate endpoint hands the stock backend its "parameters" this way, with no
+    # sampling_parameters tensor; the answer held only the choice that finished last.
+    model = loaded(backend, pb_utils)
+    model._llm_engine = PerChoiceEngine(model._llm_engine)
+    params = {"max_tokens": 3, "n": 2, "temperature": 0.8, "seed": 1}
+    prompt = pb_utils.Tensor("text_input", np.asarray([b"the cat"], dtype=np.object_))
+    flag = pb_utils.Tensor("return_finish_reason", np.asarray([True], dtype=bool))
+    request = pb_utils.InferenceRequest([prompt, flag], parameters=params)
+    model.execute([request])
+    ((response, _),) = request.get_response_sender().sent
+    assert outputs(response)["finish_reason"] == [b"length", b"length"]
+    assert len(outputs(response)["text_output"]) == 2
+
+
+def test_a_request_vllm_cannot_take_is_answered_with_the_reason(
+    backend: ModuleType, pb_utils: ModuleType
+) -> None:
+    # The stock code answered "'NoneType' object has no attribute 'lora_name'", or, for JSON
+    # that is no object, a Python traceback from its execute.
+    model = loaded(backend, pb_utils)
+    bad = {"max_tokens": 3, "temperature": -1}
+    good = {"max_tokens": 3, "temperature": 0.0}
+    tensors = [
+        pb_utils.Tensor("text_input", np.asarray([b"the cat"], dtype=np.object_)),
+        pb_utils.Tensor("sampling_parameters", np.asarray([b"[1]"], dtype=np.object_)),
+    ]
+    requests = [
+        pb_utils.InferenceRequest([tensors[0]], parameters=bad),
+        pb_utils.InferenceRequest(tensors),
+        pb_utils.InferenceRequest([tensors[0]], parameters=good),
+    ]
+    model.execute(requests)
+    reasons = ("temperature must be non-negative", "got list")
+    for request, reason in zip(requests[:2], reasons, strict=True):
+        ((response, flags),) = request.get_response_sender().sent
+        assert flags == pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        assert response.error().code() == pb_utils.TritonError.INVALID_ARG
+        assert reason in response.error().message()
+    ((served, _),) = requests[2].get_response_sender().sent
+    assert not served.has_error() and outputs(served)["text_output"]
