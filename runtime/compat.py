@@ -156,13 +156,17 @@ def _same_release(installed: str, wanted: str) -> bool:
     return found == pin if pin.local else Version(found.public) == pin
 
 
-def _source_build_of(installed: str, wanted: str) -> bool:
-    """Whether ``installed`` is a pre-release or development build of ``wanted``'s release,
-    as NVIDIA's own framework builds are (``2.13.0a0+3bcc3cd.nv26.08`` for 2.13.0)."""
+def _nvidia_build_of(installed: str, wanted: str) -> bool:
+    """Whether ``installed`` is NVIDIA's own build standing in for PyPI's ``wanted``: an alpha
+    with a build label (``2.13.0a0+5aff3928d8``), of that release or a later one of the same
+    major. NGC's vLLM images, which Triton's vllm-python-py3 images are built from, ship such
+    framework builds, often of the next minor, in place of the versions vLLM pins on PyPI."""
     if (versions := _parsed(installed, wanted)) is None:
         return False
     found, pin = versions
-    return found.release == pin.release and (found.is_prerelease or found.is_devrelease)
+    if pin.local or found.pre is None or found.local is None:
+        return False
+    return found.major == pin.major and found.release >= pin.release
 
 
 def check_vllm_version(pair: CompatPair, installed: str | None) -> None:
@@ -184,37 +188,34 @@ def _installed_version(name: str) -> str | None:
         return None
 
 
+def _base_pins(pair: CompatPair, version_of: Callable[[str], str | None]) -> dict[str, str]:
+    """``{name: version the base holds}`` of each pin satisfied by NVIDIA's own build rather
+    than the pinned release; raises `CompatError` naming every pinned distribution (torch, ...)
+    that is neither."""
+    builds: dict[str, str] = {}
+    wrong: dict[str, str | None] = {}
+    for name, version in pair.pins:
+        have = version_of(name)
+        if have is not None and _nvidia_build_of(have, version):
+            builds[name] = have
+        elif have is None or not _same_release(have, version):
+            wrong[name] = have
+    if wrong:
+        pins = ", ".join(f"{name}=={version}" for name, version in pair.pins)
+        listed = "; ".join(f"{n} {have}" if have else f"no {n}" for n, have in wrong.items())
+        raise CompatError(
+            f"Triton {pair.triton} pins {pins}, but found {listed}; build from {pair.image}, "
+            f"whose vLLM {pair.vllm} brings these or NVIDIA's own builds of them"
+        )
+    return builds
+
+
 def check_pins(
     pair: CompatPair, version_of: Callable[[str], str | None] = _installed_version
 ) -> None:
     """Raise `CompatError` naming every pinned distribution (torch, ...) whose installed
-    version is not the pair's."""
-    wanted = dict(pair.pins)
-    wrong = {
-        name: have for name in wanted
-        if (have := version_of(name)) is None or not _same_release(have, wanted[name])
-    }  # fmt: skip
-    if wrong:
-        pins = ", ".join(f"{name}=={version}" for name, version in pair.pins)
-        listed = "; ".join(f"{n} {have}" if have else f"no {n}" for n, have in wrong.items())
-        message = (
-            f"Triton {pair.triton} pins {pins}, but found {listed}; build from {pair.image}, "
-            f"whose vLLM {pair.vllm} brings exactly these"
-        )
-        builds = [
-            f'{name} = "{have}"'
-            for name, have in wrong.items()
-            if have is not None and _source_build_of(have, wanted[name])
-        ]
-        if builds:
-            # The pins come from vLLM's PyPI metadata; NGC may ship its own framework builds.
-            message += (
-                f". If this is that image, it ships NVIDIA's own builds: pin {', '.join(builds)} "
-                f"in the {pair.triton} pair of images/compat.toml, then regenerate "
-                f"images/serving/constraints.txt (python -m runtime.compat constraints "
-                f"--triton {pair.triton})"
-            )
-        raise CompatError(message)
+    version is neither the pair's nor NVIDIA's own build of it (see `_nvidia_build_of`)."""
+    _base_pins(pair, version_of)
 
 
 def probe_imports(names: Iterable[str]) -> dict[str, str]:
@@ -266,8 +267,9 @@ def _pin(name: str, version: str) -> str:
 
 def image_constraints_text(pair: CompatPair, pair_file: str, installed: dict[str, str]) -> str:
     """The constraints every install in the image obeys: the pair's pins, then every other
-    distribution the image holds at its exact version. Raises `CompatError` unless
-    ``pair_file`` (the copied constraints.txt) is the pair's and the image matches it."""
+    distribution the image holds at its exact version. A pin the base satisfies with NVIDIA's
+    own build is written as that build. Raises `CompatError` unless ``pair_file`` (the copied
+    constraints.txt) is the pair's and the image matches it."""
     if pair_file != constraints_text(pair):
         raise CompatError(
             f"the copied constraints file is not the one of Triton {pair.triton}; build with "
@@ -276,11 +278,19 @@ def image_constraints_text(pair: CompatPair, pair_file: str, installed: dict[str
             f"> images/serving/constraints.txt"
         )
     check_vllm_version(pair, installed.get("vllm"))
-    check_pins(pair, lambda name: installed.get(canonicalize_name(name)))
+    builds = _base_pins(pair, lambda name: installed.get(canonicalize_name(name)))
+    # PyPI's pin would have pip replace the base's own build with PyPI's wheel (CUDA and all).
+    substituted = {
+        f"{name}=={version}": f"# NVIDIA's own build in place of vLLM {pair.vllm}'s "
+        f"{name}=={version}\n{name}=={builds[name]}"
+        for name, version in pair.pins
+        if name in builds
+    }
+    pins = "".join(substituted.get(line, line) + "\n" for line in pair_file.splitlines())
     pinned = {"vllm", *(canonicalize_name(name) for name, _ in pair.pins)}
     rest = [_pin(name, version) for name, version in sorted(installed.items())]
     return (
-        pair_file
+        pins
         + "# Every other distribution of the image, as installed (a plugin may not move them).\n"
         + "".join(line + "\n" for line in rest if line.partition("==")[0] not in pinned)
     )

@@ -202,20 +202,31 @@ def test_image_constraints_pin_the_pair_then_everything_else(tmp_path: Path) -> 
 NGC_TORCH = "2.9.0a0+3bcc3cd.nv26.08"  # the shape of NVIDIA's own torch builds
 
 
-def test_pins_check_tells_how_to_pin_nvidias_own_build(tmp_path: Path) -> None:
-    # vLLM's PyPI metadata gives the pins; an NGC base may ship a source build of that release.
+@pytest.mark.parametrize(
+    "torch", [NGC_TORCH, "2.10.0a0+a36e1d39eb"], ids=["same-release", "next-minor"]
+)
+def test_the_base_may_hold_nvidias_own_build_of_a_pin(tmp_path: Path, torch: str) -> None:
+    # Triton's vllm-python-py3 images are built FROM NGC's vLLM image (server build.py), whose
+    # torch is NVIDIA's alpha build, often of the minor after vLLM's PyPI pin (NGC vLLM 26.03:
+    # vLLM 0.17.1 with torch 2.11.0a0+a6c236b9fd1, where PyPI's vLLM 0.17.1 pins 2.10.0).
     pair = load_matrix(write(tmp_path, GOOD)).default
-    installed = {"vllm": "0.27.1+abc", "torch": NGC_TORCH}
-    with pytest.raises(CompatError) as err:
-        image_constraints_text(pair, constraints_text(pair), installed)
-    message = str(err.value)
-    assert f"found torch {NGC_TORCH}" in message
-    assert f'pin torch = "{NGC_TORCH}" in the 26.08 pair of images/compat.toml' in message
-    assert "python -m runtime.compat constraints --triton 26.08" in message
-    # Another release is a wrong base, not a build of the pinned one: no such advice.
-    with pytest.raises(CompatError) as err:
-        image_constraints_text(pair, constraints_text(pair), installed | {"torch": "2.8.0a0+x"})
-    assert "NVIDIA's own builds" not in str(err.value)
+    installed = {"vllm": "0.27.1+b1082979.nv26.8.62699174", "torch": torch, "numpy": "1.26.4"}
+    check_pins(pair, installed.get)
+    text = image_constraints_text(pair, constraints_text(pair), installed)
+    pins = [line for line in text.splitlines() if line and not line.startswith("#")]
+    # The base's build is what later installs must keep: PyPI's 2.9.0 would replace it.
+    assert pins == ["vllm==0.27.1", f"torch=={torch}", "numpy==1.26.4"]
+    assert "in place of vLLM 0.27.1's torch==2.9.0" in text
+
+
+@pytest.mark.parametrize(
+    "torch", ["2.8.0a0+3bcc3cd.nv26.08", "2.9.0a0", "2.9.0.dev20260501+cu130", "3.0.0a0+x"]
+)
+def test_only_an_nvidia_build_of_the_pin_or_later_stands_in(tmp_path: Path, torch: str) -> None:
+    # An earlier release, an unlabelled alpha, a PyTorch nightly, another major: a wrong base.
+    pair = load_matrix(write(tmp_path, GOOD)).default
+    with pytest.raises(CompatError, match=f"found torch {re.escape(torch)}"):
+        image_constraints_text(pair, constraints_text(pair), {"vllm": "0.27.1", "torch": torch})
 
 
 def test_a_pin_with_a_local_label_holds_only_that_build(tmp_path: Path) -> None:
