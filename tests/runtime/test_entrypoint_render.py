@@ -139,13 +139,14 @@ def test_scoring_backend_only_where_the_matrix_records_its_hook(tmp_path: Path) 
         assert (backend == BACKEND_NAME) == (hook == RESPONSE_HOOK)
         if backend != BACKEND_NAME:
             assert backend == "vllm" and why is not None and release in why and "501" in why
-    # 25.10's stock backend builds responses in TritonPythonModel._create_response; 25.11's
-    # hook is not established: both get the stock backend.
-    assert chosen["25.10"][0] == chosen["25.11"][0] == "vllm"
-    assert "not established" in (chosen["25.11"][1] or "")
+    # 25.10's stock backend builds responses in TritonPythonModel._create_response, so it gets
+    # the stock backend; 25.11's vllm_backend branch already has utils/request.py.
+    assert chosen["25.10"][0] == "vllm"
+    assert "TritonPythonModel._create_response" in (chosen["25.10"][1] or "")
+    assert chosen["25.11"] == (BACKEND_NAME, None)
 
     manifest = build_package(make_source(tmp_path / "src"), tmp_path / "v")
-    backend, _ = vllm_backend_for(matrix.for_triton("25.11"))
+    backend, _ = vllm_backend_for(matrix.for_triton("25.10"))
     model = render_repository(
         manifest, tmp_path / "v", tmp_path / "u", tmp_path / "repo", PROCESSOR, backend
     )
