@@ -184,7 +184,7 @@ class ModelServiceArgs:
     """What must exist or finish first: the namespace and the version's materialize Job."""
     prometheus_url: str = "http://kube-prometheus-stack-prometheus.monitoring.svc:9090"
     """Prometheus that KEDA queries."""
-    metrics_proxy_command: Sequence[str] = ("python", "-m", "runtime.metrics_proxy")
+    metrics_proxy_command: Sequence[str] = ("python3", "-m", "runtime.metrics_proxy")
     """Command of the metrics-proxy sidecar in the serving image."""
     triton_release: str | None = None
     """Triton release of the image (``26.08``), annotated for the policy pack and operators."""

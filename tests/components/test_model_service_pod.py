@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -382,3 +383,11 @@ def test_drain_deadline_fits_inside_the_grace_period(drain: int) -> None:
 def test_drain_below_one_second_is_refused() -> None:
     with pytest.raises(ValueError, match="drain_seconds must be at least 1, got 0"):
         build_pod_template(_args(drain_seconds=0))
+
+
+def test_sidecar_runs_the_interpreter_the_serving_image_starts_with() -> None:
+    # The image's base (Ubuntu, NGC) guarantees python3 only; its ENTRYPOINT names it.
+    dockerfile = (Path(__file__).resolve().parents[2] / "images/serving/Dockerfile").read_text()
+    entrypoint = next(line for line in dockerfile.splitlines() if line.startswith("ENTRYPOINT"))
+    interpreter = json.loads(entrypoint.removeprefix("ENTRYPOINT"))[1]
+    assert _containers(build_pod_template(_args()))["metrics-proxy"]["command"][0] == interpreter
