@@ -21,7 +21,10 @@ from components.model_service.args import GRPC_PORT, METRICS_PORT, OPENAI_PORT, 
 from components.model_service.pod import build_pod_template, pod_selector
 from components.model_service.scaling import prometheus_trigger
 
-__all__ = ["ModelService"]
+__all__ = ["SCALE_DOWN_WINDOW_S", "ModelService"]
+
+# How long KEDA's load must stay low before a pod goes (the HPA allows at most 3600 s).
+SCALE_DOWN_WINDOW_S = 900
 
 
 class ModelService(pulumi.ComponentResource):
@@ -206,8 +209,17 @@ class ModelService(pulumi.ComponentResource):
                 "scaleTargetRef": {"apiVersion": api_version, "kind": kind, "name": args.name},
                 "minReplicaCount": args.replicas,
                 "maxReplicaCount": args.max_replicas,
-                # GPU pods take minutes to start: scale down slowly.
-                "cooldownPeriod": 900,
+                # GPU pods take minutes to start: scale down slowly. KEDA's cooldownPeriod only
+                # times the last step to zero replicas; every other step down is the HPA's, whose
+                # own window (300 s unless set) would drop a pod after five quiet minutes.
+                "cooldownPeriod": SCALE_DOWN_WINDOW_S,
+                "advanced": {
+                    "horizontalPodAutoscalerConfig": {
+                        "behavior": {
+                            "scaleDown": {"stabilizationWindowSeconds": SCALE_DOWN_WINDOW_S}
+                        }
+                    }
+                },
                 "triggers": [prometheus_trigger(args.scaling, labels, args.prometheus_url)],
             },
             opts=pulumi.ResourceOptions(

@@ -15,9 +15,11 @@ import yaml
 from components.model_service import ModelService, ModelServiceArgs, RolloutWorkload
 from components.model_service.args import ScalingTrigger
 from components.model_service.scaling import scaling_query
+from components.model_service.service import SCALE_DOWN_WINDOW_S
 from tests.components.declared import Declare
 
 SCALED_OBJECT = "kubernetes:keda.sh/v1alpha1:ScaledObject"
+KEDA_CRD = Path(__file__).resolve().parents[3] / "shared/reference/crds/keda.sh_scaledobjects.yaml"
 ONE_VERSION = 'model_id="fraud",model_version="v1"'
 
 
@@ -76,6 +78,23 @@ def test_a_rollout_scales_on_both_colours_versions(declare: Declare) -> None:
     assert spec["triggers"][0]["metadata"]["query"] == (
         'sum(rate(nv_inference_count{model_id="fraud"}[1m]))'
     )
+
+
+def test_the_hpa_scales_down_as_slowly_as_kedas_cooldown(declare: Declare) -> None:
+    """KEDA's cooldownPeriod only times scaling to zero: above ``minReplicaCount`` the HPA's own
+    scale-down window applies, 300 s unless the ScaledObject sets it."""
+    declared = declare(lambda: ModelService("s", _args(replicas=1, max_replicas=4)))
+    spec = declared.one(SCALED_OBJECT).inputs["spec"]
+    behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    window = behavior["scaleDown"]["stabilizationWindowSeconds"]
+    assert window == spec["cooldownPeriod"] == SCALE_DOWN_WINDOW_S
+    # The HPA refuses a longer window, and KEDA then creates no HPA at all.
+    assert 300 < window <= 3600
+    schema = yaml.safe_load(KEDA_CRD.read_text())["spec"]["versions"][0]["schema"]
+    advanced = schema["openAPIV3Schema"]["properties"]["spec"]["properties"]["advanced"]
+    hpa = advanced["properties"]["horizontalPodAutoscalerConfig"]["properties"]
+    scale_down = hpa["behavior"]["properties"]["scaleDown"]["properties"]
+    assert "stabilizationWindowSeconds" in scale_down
 
 
 def _series(name: str, pod: str, step: int, model: str = "fraud") -> dict[str, str]:
