@@ -1,5 +1,6 @@
 // Python bindings for the constraint engine: buffer checks and GIL handling in small glue
 // functions, then declarations only.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -276,6 +277,31 @@ ConstraintHandle Constraint_Banned(const PyInt& eos_token_id, const std::vector<
                                             common.vocab_size)};
 }
 
+// JSON's [[state, token, next_state], ...] as an int64 array of shape (n, 3) in one pass, or
+// None when some row is not a list or tuple of three ints (bool excluded) within int64: the
+// schema then validates row by row to say which. Reads Python objects, so it keeps the GIL; it
+// calls no Python code, so the lists cannot change under it.
+py::object TransitionRows(const py::handle& rows) {
+  if (!PyList_Check(rows.ptr())) return py::none();
+  const py::ssize_t count = PyList_GET_SIZE(rows.ptr());
+  py::array_t<int64_t> out({count, py::ssize_t{3}});
+  int64_t* data = out.mutable_data();
+  for (py::ssize_t i = 0; i < count; ++i) {
+    PyObject* row = PyList_GET_ITEM(rows.ptr(), i);
+    const bool sequence = PyList_Check(row) || PyTuple_Check(row);
+    if (!sequence || PySequence_Fast_GET_SIZE(row) != 3) return py::none();
+    PyObject** items = PySequence_Fast_ITEMS(row);
+    for (int k = 0; k < 3; ++k) {
+      if (!PyLong_CheckExact(items[k])) return py::none();
+      int overflow = 0;
+      const long long value = PyLong_AsLongLongAndOverflow(items[k], &overflow);
+      if (overflow != 0) return py::none();
+      data[3 * i + k] = value;
+    }
+  }
+  return out;
+}
+
 // A slot index for the engine (negative or beyond int64 refused here, too large by the engine).
 std::size_t CheckedSlot(const BatchEngine& engine, const PyInt& slot) {
   const bool negative = slot.overflow.empty() ? slot.value < 0 : slot.overflow[0] == '-';
@@ -545,6 +571,8 @@ PYBIND11_MODULE(_engine, m) {
   m.attr("THREADS_ENV_VAR") = llm_serving::kThreadsEnvVar;
   m.def("default_num_threads", &llm_serving::DefaultNumThreads,
         "Worker threads the engine uses: LLM_SERVING_ENGINE_THREADS, else the core count.");
+  m.def("transition_rows", &TransitionRows, py::arg("rows"),
+        "Rows of three ints (lists or tuples) as an int64 array (n, 3); None when one is not.");
 
   py::register_exception<llm_serving::ConfigError>(m, "EngineConfigError", PyExc_ValueError);
   py::register_exception<llm_serving::StateError>(m, "EngineStateError", PyExc_RuntimeError);

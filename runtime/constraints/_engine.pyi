@@ -175,5 +175,10 @@ def default_num_threads() -> int:
     Worker threads the engine uses: LLM_SERVING_ENGINE_THREADS, else the core count.
     """
 
+def transition_rows(rows: object) -> numpy.ndarray | None:
+    """
+    Rows of three ints (lists or tuples) as an int64 array (n, 3); None when one is not.
+    """
+
 THREADS_ENV_VAR: str = "LLM_SERVING_ENGINE_THREADS"
 __version__: str = "0.1.0"

@@ -27,8 +27,11 @@ __all__ = [
     "MATCHING_MODES",
     "Catalog",
     "CatalogError",
+    "FileStamp",
     "TokenizedCatalog",
     "catalog_dir_from_env",
+    "catalog_stamps",
+    "file_stamp",
     "load_catalog",
     "load_catalog_cached",
     "metadata_path",
@@ -210,15 +213,13 @@ def _parse_line(path: Path, number: int, line: str) -> tuple[str, str]:
     return item_id, text
 
 
-_Stamp = tuple[int, int, int, int]
+#: A file's inode, size, mtime and ctime (all -1 when it cannot be read): it changes when the
+#: file is rewritten or replaced.
+FileStamp = tuple[int, int, int, int]
 
 
-@lru_cache(maxsize=64)
-def _load_cached(directory: Path, name: str, stamps: tuple[_Stamp, _Stamp]) -> Catalog:
-    return load_catalog(directory, name)
-
-
-def _stamp(path: Path) -> _Stamp:
+def file_stamp(path: Path) -> FileStamp:
+    """What tells that ``path`` changed since it was read."""
     # Not the mtime alone: the kernel moves it in ticks of milliseconds, and a file rewritten
     # (or replaced) within the tick it was read in would otherwise stay cached as it was.
     try:
@@ -228,10 +229,32 @@ def _stamp(path: Path) -> _Stamp:
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+def catalog_stamps(directory: Path, name: str) -> tuple[FileStamp, ...]:
+    """The stamps of a catalog's file and sidecar; while the file is missing, also of the
+    directory, whose listing the error names."""
+    stamps = (file_stamp(directory / f"{name}.jsonl"), file_stamp(metadata_path(directory, name)))
+    return stamps if stamps[0][0] != -1 else (*stamps, file_stamp(directory))
+
+
+@lru_cache(maxsize=64)
+def _load_cached(
+    directory: Path, name: str, stamps: tuple[FileStamp, ...]
+) -> Catalog | CatalogError:
+    # A failure is kept too, under the stamps taken before the read: a burst of requests for a
+    # broken catalog reads it once, and a fixed (or any rewritten) file is read again.
+    try:
+        return load_catalog(directory, name)
+    except CatalogError as exc:
+        return CatalogError(str(exc))  # without the traceback, which holds the read's frames
+
+
 def load_catalog_cached(directory: Path, name: str) -> Catalog:
-    """``load_catalog`` cached per process; a rewritten or replaced file is read again."""
-    stamps = (_stamp(directory / f"{name}.jsonl"), _stamp(metadata_path(directory, name)))
-    return _load_cached(directory, name, stamps)
+    """``load_catalog`` cached per process, failures included; a rewritten or replaced file is
+    read again."""
+    found = _load_cached(directory, name, catalog_stamps(directory, name))
+    if isinstance(found, CatalogError):
+        raise CatalogError(str(found))
+    return found
 
 
 def tokenizer_encoder(tokenizer: Any) -> Encoder:

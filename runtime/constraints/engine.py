@@ -93,13 +93,11 @@ def compile_plan(
         )
     if plan.machine is not None:
         m = plan.machine
-        rows = [(s, t, n) for s, table in enumerate(m.transitions) for t, n in table.items()]
-        transitions = np.asarray(rows, dtype=np.int32).reshape(-1, 3)
         return _engine.Constraint.token_machine(
             m.num_states,
             m.initial_state,
             sorted(m.accepting),
-            transitions,
+            m.transitions,
             plan.eos_token_id,
             banned,
             plan.vocab_size,

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from runtime.constraints.catalog import (
     Catalog,
     CatalogError,
@@ -18,7 +20,12 @@ from runtime.constraints.catalog import (
     TokenizedCatalog,
     load_catalog_cached,
 )
-from runtime.constraints.schema import ConstraintConfigError, ConstraintSpec, ItemListSpec
+from runtime.constraints.schema import (
+    ConstraintConfigError,
+    ConstraintSpec,
+    ItemListSpec,
+    TokenMachineSpec,
+)
 from runtime.constraints.token_bytes import TokenBytes
 
 __all__ = [
@@ -52,14 +59,15 @@ class ItemListPlan:
     token_bytes: TokenBytes | None = field(default=None, repr=False, compare=False)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class MachinePlan:
-    """A deterministic token automaton; ``transitions[state]`` maps token -> next state."""
+    """A deterministic token automaton over ``[state, token, next_state]`` rows."""
 
     num_states: int
     initial_state: int
     accepting: frozenset[int]
-    transitions: tuple[dict[int, int], ...]
+    #: int32 rows of shape (n, 3), read-only: the engine's input as is.
+    transitions: np.ndarray = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -242,6 +250,33 @@ def _encode_pieces(spec: ItemListSpec, encode: Encoder) -> tuple[list[str], list
     return texts, [next(encoded) if t else [] for t in texts]
 
 
+def _machine_plan(spec: TokenMachineSpec, vocab_size: int, eos: int) -> MachinePlan:
+    """The machine with its token ids checked against the vocabulary, all rows at once."""
+    tokens = spec.transitions[:, 1]
+    outside = tokens >= vocab_size
+    bad = outside | (tokens == eos)
+    if bad.any():
+        i = int(np.argmax(bad))
+        where = f"constraints.token_machine.transitions[{i}]"
+        token = int(tokens[i])
+        if outside[i]:
+            raise ConstraintConfigError(
+                where, f"token {token} is outside the vocabulary of {vocab_size}"
+            )
+        raise ConstraintConfigError(
+            where, f"token {token} is end of sequence, which only accepting_states allow"
+        )
+    # Every value is now below the vocabulary size or num_states, so int32 holds it.
+    transitions = spec.transitions.astype(np.int32)
+    transitions.flags.writeable = False
+    return MachinePlan(
+        num_states=spec.num_states,
+        initial_state=spec.initial_state,
+        accepting=frozenset(spec.accepting_states),
+        transitions=transitions,
+    )
+
+
 def resolve_constraints(
     spec: ConstraintSpec,
     *,
@@ -267,26 +302,7 @@ def resolve_constraints(
         )
     machine = None
     if spec.token_machine is not None:
-        m = spec.token_machine
-        table: list[dict[int, int]] = [{} for _ in range(m.num_states)]
-        for i, (state, token, target) in enumerate(m.transitions):
-            field = f"constraints.token_machine.transitions[{i}]"
-            if token >= vocab_size:
-                raise ConstraintConfigError(
-                    field, f"token {token} is outside the vocabulary of {vocab_size}"
-                )
-            if token == eos_token_id:
-                raise ConstraintConfigError(
-                    field,
-                    f"token {token} is end of sequence, which only accepting_states allow",
-                )
-            table[state][token] = target
-        machine = MachinePlan(
-            num_states=m.num_states,
-            initial_state=m.initial_state,
-            accepting=frozenset(m.accepting_states),
-            transitions=tuple(table),
-        )
+        machine = _machine_plan(spec.token_machine, vocab_size, eos_token_id)
     for i, token in enumerate(spec.banned_tokens or ()):
         if token >= vocab_size:
             raise ConstraintConfigError(

@@ -17,7 +17,13 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from runtime.constraints.batch import ConstraintBatch
-from runtime.constraints.catalog import Encoder, catalog_dir_from_env, tokenizer_encoder
+from runtime.constraints.catalog import (
+    Encoder,
+    FileStamp,
+    catalog_dir_from_env,
+    file_stamp,
+    tokenizer_encoder,
+)
 from runtime.constraints.device_mask import HOST_BITMASKS, DeviceMask
 from runtime.constraints.plan import check_catalog_fields
 from runtime.constraints.registry import CatalogRegistry
@@ -45,10 +51,15 @@ class TokenizerLoadError(ValueError):
     """The model's ``tokenizer.json`` is missing or unreadable; constrained requests fail."""
 
 
+def _tokenizer_file(name_or_path: str) -> Path:
+    """The ``tokenizer.json`` that :func:`load_tokenizer` reads for ``name_or_path``."""
+    path = Path(name_or_path)
+    return path / "tokenizer.json" if path.is_dir() else path
+
+
 def load_tokenizer(name_or_path: str) -> Tokenizer:
     """The model's fast tokenizer from ``tokenizer.json`` in its directory (no downloads)."""
-    path = Path(name_or_path)
-    candidate = path / "tokenizer.json" if path.is_dir() else path
+    candidate = _tokenizer_file(name_or_path)
     if not candidate.is_file():
         raise TokenizerLoadError(
             f"constraints need the model's tokenizer.json; none found at {candidate} "
@@ -77,10 +88,21 @@ class LazyEncoder:
         self._name_or_path = name_or_path
         self._tokenizer: Tokenizer | None = None
         self._encode: Encoder | None = None
+        #: The last loading error, under the stamp of the file before that read.
+        self._failure: tuple[FileStamp, str] | None = None
 
     def _loaded(self) -> Tokenizer:
         if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self._name_or_path)
+            # A broken tokenizer.json is parsed once, not at every constrained request (each
+            # inside vLLM's engine loop), until the file changes.
+            stamp = file_stamp(_tokenizer_file(self._name_or_path))
+            if self._failure is not None and self._failure[0] == stamp:
+                raise TokenizerLoadError(self._failure[1])
+            try:
+                self._tokenizer = load_tokenizer(self._name_or_path)
+            except TokenizerLoadError as exc:
+                self._failure = (stamp, str(exc))
+                raise
         return self._tokenizer
 
     def __call__(self, texts: Sequence[str]) -> list[list[int]]:
@@ -114,13 +136,14 @@ def _config_of(params: SamplingParams) -> object | None:
 
 
 def _check_combination(params: SamplingParams) -> None:
-    """Refuse sampling parameters that mask logits beside a constraint.
+    """Refuse sampling parameters that mask logits beside a constraint, or keep it running.
 
     vLLM applies each mask on its own, so a step where they leave no token in common is an all
     -inf row: the sampler then picks a token neither allowed (token 0 in practice), appended to
     the output until another limit ends it. Which tokens a constraint needs (separator,
     terminator, end of sequence) is known only with the tokenizer, so the combination is
-    refused whatever the values.
+    refused whatever the values. ``ignore_eos`` would not stop at the end of sequence that a
+    complete constraint allows alone.
     """
     if params.min_tokens > 0:
         raise ConstraintConfigError(
@@ -136,6 +159,22 @@ def _check_combination(params: SamplingParams) -> None:
             "needs a token outside them (a separator, the terminator, end of sequence) would "
             "have none; remove allowed_token_ids and ban tokens with constraints.banned_tokens "
             "or allow them with a token_machine",
+        )
+    if params.bad_words:
+        raise ConstraintConfigError(
+            "bad_words",
+            "bad_words cannot be combined with constraints: vLLM removes them beside the "
+            "constraint's mask, so a step whose allowed tokens are all bad words has none; "
+            "remove bad_words and put their token ids in constraints.banned_tokens, which the "
+            "constraint never allows and ends the output when nothing else is left",
+        )
+    if params.ignore_eos:
+        raise ConstraintConfigError(
+            "ignore_eos",
+            "ignore_eos cannot be combined with constraints: once its list or machine is "
+            "complete a constraint allows only end of sequence, and with ignore_eos the request "
+            "would emit it until max_tokens; remove ignore_eos (item_list.min_items bounds the "
+            "list's length)",
         )
     if getattr(params, "structured_outputs", None) is not None:
         raise ConstraintConfigError(

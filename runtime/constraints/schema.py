@@ -9,16 +9,23 @@ validates the request, and raise the same :class:`ConstraintConfigError`.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+import numpy as np
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    GetCoreSchemaHandler,
+    GetPydanticSchema,
     ValidationError,
+    ValidatorFunctionWrapHandler,
     field_validator,
     model_validator,
 )
+from pydantic_core import core_schema
+
+from runtime.constraints import _engine
 
 __all__ = [
     "MAX_ALLOW_ITEMS",
@@ -88,6 +95,63 @@ class ItemListSpec(_Strict):
         return self
 
 
+#: ``[state, token_id, next_state]`` rows as JSON sends them (what the JSON Schema states).
+_TransitionRows = Annotated[list[tuple[int, int, int]], Field(max_length=MAX_MACHINE_TRANSITIONS)]
+
+
+def _transition_array(value: object, rows: ValidatorFunctionWrapHandler) -> np.ndarray:
+    """The rows as a read-only int64 array of shape (n, 3), converted natively in one pass.
+
+    A million rows validated one by one would hold vLLM's engine loop for a second; only input
+    the native pass refuses is validated row by row, for pydantic's error naming the row.
+    """
+    array = None
+    if isinstance(value, list) and len(value) <= MAX_MACHINE_TRANSITIONS:
+        array = _engine.transition_rows(value)
+    if array is None:
+        if isinstance(value, list):
+            # JSON has no tuples: rows arrive as lists, so strict mode is relaxed for them.
+            value = [tuple(row) if isinstance(row, list) else row for row in value]
+        checked = rows(value)
+        for i, row in enumerate(checked):
+            if not all(-(2**63) <= number < 2**63 for number in row):
+                raise _FieldError((i,), f"values must fit in 64 bits, got {list(row)}")
+        array = np.array(checked, dtype=np.int64).reshape(-1, 3)
+    array.flags.writeable = False
+    return array
+
+
+def _transitions_schema(_source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+    return core_schema.no_info_wrap_validator_function(
+        _transition_array,
+        handler.generate_schema(_TransitionRows),
+        serialization=core_schema.plain_serializer_function_ser_schema(np.ndarray.tolist),
+    )
+
+
+#: A token machine's transitions: int64 ``[state, token_id, next_state]`` rows, read-only.
+_Transitions = Annotated[np.ndarray, GetPydanticSchema(_transitions_schema)]
+
+
+def _first_repeat(states: np.ndarray, tokens: np.ndarray) -> int | None:
+    """The first row whose (state, token) an earlier row has (states in range, tokens >= 0)."""
+    if tokens.size < 2:
+        return None
+    # States are below 2**17: with tokens below 2**46 one int64 key sorts a row, and a plain
+    # sort (several times faster than a stable one) tells whether any row repeats at all.
+    if int(tokens.max()) < 2**46:
+        keys = (states << 46) | tokens
+        ordered = np.sort(keys)
+        if not (ordered[1:] == ordered[:-1]).any():
+            return None
+        order = np.argsort(keys, kind="stable")
+    else:
+        order = np.lexsort((tokens, states))
+    s, t = states[order], tokens[order]
+    repeats = order[1:][(s[1:] == s[:-1]) & (t[1:] == t[:-1])]
+    return int(repeats.min()) if repeats.size else None
+
+
 class TokenMachineSpec(_Strict):
     """A deterministic automaton over token ids; end of sequence is allowed in accepting states."""
 
@@ -96,9 +160,8 @@ class TokenMachineSpec(_Strict):
     accepting_states: list[int] = Field(
         min_length=1, description="States in which the output may end."
     )
-    transitions: list[tuple[int, int, int]] = Field(
-        max_length=MAX_MACHINE_TRANSITIONS,
-        description="[state, token_id, next_state] triples; at most one per (state, token_id).",
+    transitions: _Transitions = Field(
+        description="[state, token_id, next_state] triples; at most one per (state, token_id)."
     )
 
     @model_validator(mode="after")
@@ -113,23 +176,28 @@ class TokenMachineSpec(_Strict):
                 raise _FieldError(
                     ("accepting_states", i), f"state {state} is not in 0..{n - 1} (num_states={n})"
                 )
-        seen: set[tuple[int, int]] = set()
-        for i, (state, token, target) in enumerate(self.transitions):
-            if not 0 <= state < n or not 0 <= target < n:
+        states, tokens, targets = self.transitions.T
+        bad_states = (states < 0) | (states >= n) | (targets < 0) | (targets >= n)
+        bad = bad_states | (tokens < 0)
+        first_bad = int(np.argmax(bad)) if bad.any() else len(bad)
+        # The rows before the first bad one are all in range; a repeat among them comes first.
+        repeat = _first_repeat(states[:first_bad], tokens[:first_bad])
+        if repeat is not None:
+            state, token = int(states[repeat]), int(tokens[repeat])
+            raise _FieldError(
+                ("transitions", repeat),
+                f"state {state} already has a transition on token {token}; the machine "
+                "must be deterministic",
+            )
+        if first_bad < len(bad):
+            state, token, target = (int(v) for v in self.transitions[first_bad])
+            if bad_states[first_bad]:
                 raise _FieldError(
-                    ("transitions", i),
+                    ("transitions", first_bad),
                     f"states must be in 0..{n - 1} (num_states={n}), got [{state}, {token}, "
                     f"{target}]",
                 )
-            if token < 0:
-                raise _FieldError(("transitions", i), f"token id must be >= 0, got {token}")
-            if (state, token) in seen:
-                raise _FieldError(
-                    ("transitions", i),
-                    f"state {state} already has a transition on token {token}; the machine "
-                    "must be deterministic",
-                )
-            seen.add((state, token))
+            raise _FieldError(("transitions", first_bad), f"token id must be >= 0, got {token}")
         return self
 
 
@@ -210,18 +278,9 @@ def parse_constraints(value: object) -> ConstraintSpec:
     if "version" not in value:
         raise ConstraintConfigError(f"{_ROOT}.version", "missing; the only version is 1")
     try:
-        # JSON has no tuples: transitions arrive as lists, so strict mode is relaxed for them.
-        return ConstraintSpec.model_validate(_tuples(value))
+        return ConstraintSpec.model_validate(value)
     except ValidationError as exc:
         raise _first_error(exc) from None
-
-
-def _tuples(value: dict[str, Any]) -> dict[str, Any]:
-    machine = value.get("token_machine")
-    if isinstance(machine, dict) and isinstance(machine.get("transitions"), list):
-        rows = [tuple(r) if isinstance(r, list) else r for r in machine["transitions"]]
-        value = {**value, "token_machine": {**machine, "transitions": rows}}
-    return value
 
 
 def constraints_json_schema() -> dict[str, Any]:

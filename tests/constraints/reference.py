@@ -70,6 +70,12 @@ class ReferenceConstraint:
 
     def __init__(self, plan: ConstraintPlan) -> None:
         self.plan = plan
+        #: The machine's transitions per state: token -> next state.
+        self._table: list[dict[int, int]] = []
+        if plan.machine is not None:
+            self._table = [{} for _ in range(plan.machine.num_states)]
+            for state, token, target in plan.machine.transitions.tolist():
+                self._table[state][token] = target
         self.dead_ends = 0
         self.rejected_tokens = 0
         self.reset()
@@ -138,7 +144,7 @@ class ReferenceConstraint:
         if phase is _Phase.MACHINE:
             machine = plan.machine
             assert machine is not None
-            tokens = list(machine.transitions[self._state])
+            tokens = list(self._table[self._state])
             if self._state in machine.accepting:
                 tokens.append(eos)
             return (tokens, False) if tokens else ([eos], True)
@@ -192,7 +198,7 @@ class ReferenceConstraint:
         if phase is _Phase.FREE:
             return
         if phase is _Phase.MACHINE:
-            self._state = self.plan.machine.transitions[self._state][token]  # type: ignore[union-attr]
+            self._state = self._table[self._state][token]
             return
         spec = self.plan.item_list
         assert spec is not None

