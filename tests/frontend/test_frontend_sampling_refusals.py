@@ -136,3 +136,16 @@ def test_constraints_beside_a_forced_tool_call_are_refused() -> None:
         )
     assert refused.value.param == "constraints"
     assert "extra_args" in _sampling(request)
+
+
+def test_constraints_reach_the_engine_as_the_client_sent_them() -> None:
+    # The engine parses them with the same schema; a parsed-and-dumped copy would rebuild every
+    # row of a token machine on the frontend's event loop.
+    machine = {"num_states": 2, "accepting_states": [1], "transitions": [[0, 5, 1], [1, 6, 1]]}
+    constraints = {"version": 1, "token_machine": machine}
+    request = ChatCompletionRequest(**CHAT, constraints=constraints)
+    sent = _sampling(request)["extra_args"]["constraints"]
+    assert sent == constraints
+    assert (
+        sent["token_machine"]["transitions"] is request.constraints["token_machine"]["transitions"]
+    )
