@@ -30,7 +30,8 @@ class SharedArtifactsArgs:
     replica_regions: Sequence[str]
     """Regions that receive replicas."""
     image_repository: str
-    """ECR repository name of the serving image."""
+    """ECR repository name of the serving image, in a namespace (``llm-serving/triton-vllm``):
+    ECR applies settings to the repositories replication creates by namespace."""
 
 
 class SharedArtifacts(pulumi.ComponentResource):
@@ -46,6 +47,13 @@ class SharedArtifacts(pulumi.ComponentResource):
             raise ValueError(
                 "replica_regions must list at least one region other than the publishing region"
             )
+        namespace, slash, _ = args.image_repository.rpartition("/")
+        if not slash or not namespace:
+            raise ValueError(
+                f"image_repository {args.image_repository!r} has no namespace; name it "
+                "<namespace>/<name> (e.g. llm-serving/triton-vllm): the replicas' settings "
+                "apply by namespace"
+            )
         super().__init__("llm-serving:shared_artifacts:SharedArtifacts", name, None, opts)
         self._name = name
         self._versioning: list[aws.s3.BucketVersioning] = []
@@ -59,6 +67,26 @@ class SharedArtifacts(pulumi.ComponentResource):
             ),
             opts=pulumi.ResourceOptions(parent=self),
         )
+        # Replication creates each replica repository with ECR's defaults (mutable tags), and
+        # region stacks pull the replicas by tag: a creation template per replica region makes
+        # them immutable like the source. It must exist before replication first creates them.
+        templates = [
+            aws.ecr.RepositoryCreationTemplate(
+                f"{name}-image-replica-{region}",
+                region=region,
+                prefix=namespace,
+                applied_fors=["REPLICATION"],
+                description="replicas of the llm-serving image: immutable tags, as the source",
+                image_tag_mutability="IMMUTABLE",
+                encryption_configurations=[
+                    aws.ecr.RepositoryCreationTemplateEncryptionConfigurationArgs(
+                        encryption_type="AES256"
+                    )
+                ],
+                opts=pulumi.ResourceOptions(parent=repository),
+            )
+            for region in args.replica_regions
+        ]
         # The replication configuration is registry-wide: this stack owns the account's in the
         # publishing region.
         aws.ecr.ReplicationConfiguration(
@@ -80,7 +108,7 @@ class SharedArtifacts(pulumi.ComponentResource):
                     )
                 ]
             ),
-            opts=pulumi.ResourceOptions(parent=repository),
+            opts=pulumi.ResourceOptions(parent=repository, depends_on=templates),
         )
         self.image_repository_urls = {
             region: pulumi.Output.concat(

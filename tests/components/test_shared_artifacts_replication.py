@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from components.shared_artifacts import MODEL_PREFIX, SharedArtifacts, SharedArtifactsArgs
 from tests.components.declared import Declare
 
@@ -49,3 +51,32 @@ def test_image_and_models_replicate_to_every_region(declare: Declare) -> None:
     assert all(r.endswith(f"/{MODEL_PREFIX}*") for r in written)
     urls = made[0].image_repository_urls
     assert set(urls) == {"us-east-1", *REPLICAS}
+
+
+def _shared(image_repository: str = "llm/serving") -> SharedArtifacts:
+    return SharedArtifacts(
+        "global",
+        SharedArtifactsArgs(
+            publishing_region="us-east-1",
+            replica_regions=REPLICAS,
+            image_repository=image_repository,
+        ),
+    )
+
+
+def test_replica_repositories_are_created_with_immutable_tags(declare: Declare) -> None:
+    # Region stacks pull the replicas by tag; replication alone would create them mutable.
+    declared = declare(_shared)
+    templates = declared.of_type("aws:ecr/repositoryCreationTemplate:RepositoryCreationTemplate")
+    assert sorted(t.inputs["region"] for t in templates) == sorted(REPLICAS)
+    for template in templates:
+        assert template.inputs["prefix"] == "llm"
+        assert template.inputs["appliedFors"] == ["REPLICATION"]
+        assert template.inputs["imageTagMutability"] == "IMMUTABLE"
+    replication = declared.one("aws:ecr/replicationConfiguration:ReplicationConfiguration")
+    assert {t.urn for t in templates} <= set(replication.dependencies)
+
+
+def test_an_image_repository_without_a_namespace_is_refused() -> None:
+    with pytest.raises(ValueError, match="has no namespace; name it <namespace>/<name>"):
+        _shared("serving")
