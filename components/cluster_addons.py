@@ -17,6 +17,9 @@ __all__ = [
     "GATEWAY_CLASS",
     "GATEWAY_PORT",
     "PINNED_CHARTS",
+    "PROMETHEUS_MIN_STORAGE_GIB",
+    "PROMETHEUS_RETENTION",
+    "STORAGE_CLASS",
     "ChartPin",
     "ClusterAddons",
     "ClusterAddonsArgs",
@@ -39,6 +42,20 @@ GATEWAY_PLUGIN_RULES = [
         "verbs": ["get", "list", "watch", "create", "update", "patch"],
     },
 ]
+
+# `llm-serving versions gc` retires a version only when Prometheus covers its whole idle window
+# (24h by default, plus 15m of coverage slack): two weeks covers that with margin, and a weekly
+# window (--idle 7d) too.
+PROMETHEUS_RETENTION = "15d"
+# Below this, the WAL and head chunks (a few GiB at their two-hourly peak) leave little room for
+# the blocks of the retention window.
+PROMETHEUS_MIN_STORAGE_GIB = 20
+# Prometheus deletes whole blocks, so size-based retention needs headroom: its storage docs
+# recommend at most 80-85% of the volume.
+_RETENTION_SIZE_SHARE = 0.8
+# Ours, not "gp3": an adopted cluster may already hold a class of that name with other settings.
+STORAGE_CLASS = "llm-serving-gp3"
+_EBS_CSI_PROVISIONER = "ebs.csi.aws.com"
 
 
 @dataclass(frozen=True)
@@ -98,6 +115,9 @@ class ClusterAddonsArgs:
     """Nodes whose AMI lacks the NVIDIA device plugin; ``None`` installs none."""
     gateway_namespace: str
     """Namespace of the shared Gateway that model routes attach to."""
+    prometheus_storage_gib: int
+    """Size of Prometheus's volume (gp3, at least ``PROMETHEUS_MIN_STORAGE_GIB``); its
+    retention size is 80% of it."""
     fsx_csi: ChartPin = FSX_CSI_DRIVER
     """FSx for Lustre CSI driver."""
     device_plugin: ChartPin = NVIDIA_DEVICE_PLUGIN
@@ -122,10 +142,14 @@ class ClusterAddonsArgs:
     nodes: Sequence[pulumi.Resource] = ()
     """Where the releases' pods run, created first: a created cluster's system node group
     (releases are atomic, so Helm fails them when their pods find no node)."""
+    storage_driver: Sequence[pulumi.Resource] = ()
+    """What provisions Prometheus's EBS volume, created first: a created cluster's EBS CSI
+    add-on (an adopted cluster runs its own driver)."""
 
 
 class ClusterAddons(pulumi.ComponentResource):
-    """FSx CSI driver, device plugin, Argo Rollouts, Envoy Gateway, KEDA, Prometheus stack."""
+    """FSx CSI driver, device plugin, Argo Rollouts, Envoy Gateway, KEDA, Prometheus stack (on
+    a gp3 volume of its own StorageClass)."""
 
     releases: dict[str, k8s.helm.v3.Release]
     gateway_name: str
@@ -135,6 +159,11 @@ class ClusterAddons(pulumi.ComponentResource):
     def __init__(
         self, name: str, args: ClusterAddonsArgs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
+        if args.prometheus_storage_gib < PROMETHEUS_MIN_STORAGE_GIB:
+            raise ValueError(
+                f"prometheus_storage_gib: {args.prometheus_storage_gib} GiB is below the minimum "
+                f"of {PROMETHEUS_MIN_STORAGE_GIB} GiB"
+            )
         super().__init__("llm-serving:cluster_addons:ClusterAddons", name, None, opts)
         self._name = name
         self._args = args
@@ -161,21 +190,20 @@ class ClusterAddons(pulumi.ComponentResource):
         )
         self._grant_gateway_plugin(rollouts)
         envoy = self._release("envoy-gateway", args.envoy_gateway, {})
-        self._release("keda", args.keda, {})
+        # Our ScaledObjects use no TriggerAuthentication, so the operator needs no Secret
+        # outside its own namespace (where it keeps its certificates).
+        self._release(
+            "keda", args.keda, {"permissions": {"operator": {"restrict": {"secret": True}}}}
+        )
+        storage_class = self._create_storage_class()
         self._release(
             "kube-prometheus-stack",
             args.prometheus_stack,
             {
-                # Pick up every ServiceMonitor and PrometheusRule, not only the chart's own.
-                "prometheus": {
-                    "prometheusSpec": {
-                        "serviceMonitorSelectorNilUsesHelmValues": False,
-                        "podMonitorSelectorNilUsesHelmValues": False,
-                        "ruleSelectorNilUsesHelmValues": False,
-                    }
-                },
+                "prometheus": {"prometheusSpec": self._prometheus_spec()},
                 "grafana": {"sidecar": {"dashboards": {"enabled": True, "searchNamespace": "ALL"}}},
             },
+            after=[storage_class, *args.storage_driver],
         )
         self.gateway_name, self.gateway_namespace = self._create_gateway(envoy)
         self.gateway_port = GATEWAY_PORT
@@ -187,8 +215,48 @@ class ClusterAddons(pulumi.ComponentResource):
             }
         )
 
+    def _prometheus_spec(self) -> dict[str, Any]:
+        gib = self._args.prometheus_storage_gib
+        return {
+            # Pick up every ServiceMonitor and PrometheusRule, not only the chart's own.
+            "serviceMonitorSelectorNilUsesHelmValues": False,
+            "podMonitorSelectorNilUsesHelmValues": False,
+            "ruleSelectorNilUsesHelmValues": False,
+            "retention": PROMETHEUS_RETENTION,
+            # Prometheus reads GB as 2^30 bytes.
+            "retentionSize": f"{int(gib * _RETENTION_SIZE_SHARE)}GB",
+            # A volume, not the chart's emptyDir: a restart (a node roll, an upgrade) keeps the
+            # history that versions gc reads.
+            "storageSpec": {
+                "volumeClaimTemplate": {
+                    "spec": {
+                        "storageClassName": STORAGE_CLASS,
+                        "accessModes": ["ReadWriteOnce"],
+                        "resources": {"requests": {"storage": f"{gib}Gi"}},
+                    }
+                }
+            },
+        }
+
+    def _create_storage_class(self) -> k8s.storage.v1.StorageClass:
+        """Encrypted gp3 volumes of the EBS CSI driver, created in the zone of the pod that
+        claims one (an EBS volume lives in one Availability Zone) and growable in place."""
+        return k8s.storage.v1.StorageClass(
+            f"{self._name}-gp3",
+            metadata={"name": STORAGE_CLASS},
+            provisioner=_EBS_CSI_PROVISIONER,
+            parameters={"type": "gp3", "encrypted": "true"},
+            volume_binding_mode="WaitForFirstConsumer",
+            allow_volume_expansion=True,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+
     def _release(
-        self, release: str, pin: ChartPin, values: Mapping[str, Any]
+        self,
+        release: str,
+        pin: ChartPin,
+        values: Mapping[str, Any],
+        after: Sequence[pulumi.Resource] = (),
     ) -> k8s.helm.v3.Release:
         merged = _merge(values, self._args.extra_values.get(release, {}))
         resource = k8s.helm.v3.Release(
@@ -201,7 +269,7 @@ class ClusterAddons(pulumi.ComponentResource):
             create_namespace=True,
             atomic=True,
             values=merged,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(self._args.nodes)),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*self._args.nodes, *after]),
         )
         self.releases[release] = resource
         return resource

@@ -11,7 +11,14 @@ import pulumi_aws as aws
 
 from contracts.naming import physical_name
 
-__all__ = ["ROLE_NAME_LIMIT", "NodeRole", "node_role", "role_name", "service_trust_policy"]
+__all__ = [
+    "ROLE_NAME_LIMIT",
+    "NodeRole",
+    "irsa_trust_policy",
+    "node_role",
+    "role_name",
+    "service_trust_policy",
+]
 
 ROLE_NAME_LIMIT = 64
 _NODE_POLICIES = (
@@ -29,6 +36,37 @@ def service_trust_policy(service: str, actions: Sequence[str] = ("sts:AssumeRole
             "Version": "2012-10-17",
             "Statement": [{"Effect": "Allow", "Principal": {"Service": service}, "Action": action}],
         }
+    )
+
+
+def irsa_trust_policy(
+    oidc_provider_arn: pulumi.Input[str],
+    oidc_issuer: pulumi.Input[str],
+    namespace: str,
+    service_account: str,
+) -> pulumi.Output[str]:
+    """The assume-role policy document (JSON) trusting exactly one Kubernetes service account
+    through the cluster's OIDC provider (IRSA); ``oidc_issuer`` has no ``https://``."""
+    subject = f"system:serviceaccount:{namespace}:{service_account}"
+    return pulumi.Output.all(oidc_provider_arn, oidc_issuer).apply(
+        lambda values: json.dumps(
+            {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {
+                        "Effect": "Allow",
+                        "Principal": {"Federated": values[0]},
+                        "Action": "sts:AssumeRoleWithWebIdentity",
+                        "Condition": {
+                            "StringEquals": {
+                                f"{values[1]}:sub": subject,
+                                f"{values[1]}:aud": "sts.amazonaws.com",
+                            }
+                        },
+                    }
+                ],
+            }
+        )
     )
 
 

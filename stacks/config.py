@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import pulumi
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -29,6 +30,8 @@ from pydantic import (
     model_validator,
 )
 
+from components.cluster_addons import PROMETHEUS_MIN_STORAGE_GIB, PROMETHEUS_RETENTION
+from components.eks_cluster import check_public_access_cidr, check_public_access_cidrs
 from components.gateway import GRPC_SUBDOMAIN
 from components.model_service.args import pod_requests
 from components.system_node_group import AMI_TYPE as SYSTEM_AMI_TYPE
@@ -51,6 +54,7 @@ __all__ = [
     "ModelVersionConfig",
     "NetworkConfig",
     "NodeGroupConfig",
+    "ObservabilityConfig",
     "RegionStackConfig",
     "ScalingConfig",
     "StackConfigError",
@@ -503,11 +507,35 @@ class ClusterConfig(_Strict):
         default_factory=SystemNodesConfig,
         description="created clusters only: an adopted cluster brings its own system nodes",
     )
+    public_access_cidrs: list[Annotated[str, AfterValidator(check_public_access_cidr)]] | None = (
+        Field(
+            default=None,
+            description="created clusters only, required: the public IPv4 ranges admitted to "
+            "the API's public endpoint; [] for none (private endpoint only)",
+        )
+    )
 
     @model_validator(mode="after")
-    def _system_nodes_only_when_created(self) -> ClusterConfig:
-        if self.mode == "adopt" and "system_nodes" in self.model_fields_set:
-            raise ValueError("system_nodes applies only to a created cluster (mode: create)")
+    def _only_when_created(self) -> ClusterConfig:
+        if self.mode == "adopt":
+            for key in ("system_nodes", "public_access_cidrs"):
+                if key in self.model_fields_set:
+                    raise ValueError(f"{key} applies only to a created cluster (mode: create)")
+            return self
+        if self.public_access_cidrs is None:
+            # No default: 0.0.0.0/0 would open the API to the internet unasked, anything
+            # narrower would lock out whoever deploys from elsewhere.
+            raise _FieldError(
+                ("public_access_cidrs",),
+                "missing required key for a created cluster: list who may reach the API's "
+                "public endpoint, the public egress ranges (a.b.c.d/prefix) of your operators "
+                "and of the runners that deploy; [] for no public endpoint (deploy from inside "
+                "the VPC); [0.0.0.0/0] for the whole internet, what EKS admits by default",
+            )
+        try:
+            check_public_access_cidrs(self.public_access_cidrs)
+        except ValueError as exc:
+            raise _FieldError(("public_access_cidrs",), str(exc)) from None
         return self
 
 
@@ -563,6 +591,19 @@ class ModelCacheConfig(_Strict):
         return self
 
 
+class ObservabilityConfig(_Strict):
+    """The region's Prometheus (kube-prometheus-stack), which versions gc and KEDA read."""
+
+    prometheus_storage_gib: int = Field(
+        default=50,
+        ge=PROMETHEUS_MIN_STORAGE_GIB,
+        description=f"Prometheus's gp3 volume; it keeps {PROMETHEUS_RETENTION} of samples within "
+        "80% of it (default: about 20 GiB for a few hundred thousand series at a 30 s scrape "
+        "interval, doubled for headroom). Grow the claim before raising it "
+        "(docs/stacks.md#prometheus-storage)",
+    )
+
+
 class ImageConfig(_Strict):
     """The serving image, pulled from the region's replica of the global ECR repository."""
 
@@ -591,6 +632,7 @@ class RegionStackConfig(_Strict):
     node_groups: list[NodeGroupConfig] = Field(min_length=1)
     cpu_node_groups: list[CpuNodeGroupConfig] = Field(default_factory=list)
     model_cache: ModelCacheConfig = ModelCacheConfig()
+    observability: ObservabilityConfig = ObservabilityConfig()
     image: ImageConfig
     namespace: Name = "llm-serving"
     domain: str = Field(

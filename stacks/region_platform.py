@@ -24,6 +24,7 @@ from components.eks_cluster import (
     ClusterHandles,
     adopt_cluster,
     create_cluster,
+    create_ebs_csi_driver,
     kubeconfig,
 )
 from components.gateway import GatewayRef
@@ -81,17 +82,21 @@ class RegionPlatform(pulumi.ComponentResource):
         super().__init__("llm-serving:region_platform:RegionPlatform", name, None, opts)
         self._name = name
         self._config = config = args.config
-        # A created cluster gets untainted nodes for add-ons and controllers; an adopted
-        # cluster brings its own.
+        # A created cluster gets untainted nodes for add-ons and controllers and the EBS CSI
+        # driver for Prometheus's volume; an adopted cluster brings its own.
         system_nodes: list[pulumi.Resource] = []
+        storage_driver: list[pulumi.Resource] = []
         if config.cluster.mode == "create":
+            assert config.cluster.public_access_cidrs is not None  # required when created
             cluster_args = ClusterArgs(
                 name=config.cluster.name,
                 version=config.cluster.version,
                 subnet_ids=config.network.private_subnet_ids,
+                public_access_cidrs=config.cluster.public_access_cidrs,
             )
             cluster = create_cluster(name, cluster_args, self)
             system_nodes.append(self._create_system_nodes(cluster))
+            storage_driver.append(create_ebs_csi_driver(name, cluster, system_nodes, self))
         else:
             cluster = adopt_cluster(config.cluster.name, self)
         node_sg = self._node_security_group(cluster)
@@ -161,8 +166,10 @@ class RegionPlatform(pulumi.ComponentResource):
             ClusterAddonsArgs(
                 device_plugin_node_selector=DEVICE_PLUGIN_NODES if needs_plugin else None,
                 gateway_namespace=config.namespace,
+                prometheus_storage_gib=config.observability.prometheus_storage_gib,
                 depends_on=[namespace],
                 nodes=system_nodes,
+                storage_driver=storage_driver,
             ),
             opts=on_cluster,
         )

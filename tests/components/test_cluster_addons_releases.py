@@ -29,6 +29,7 @@ def test_every_release_is_pinned_to_an_exact_version(declare: Declare) -> None:
             ClusterAddonsArgs(
                 device_plugin_node_selector={"llm-serving/ami-family": "al2023"},
                 gateway_namespace="serving",
+                prometheus_storage_gib=50,
             ),
         )
     )
@@ -80,6 +81,7 @@ def test_no_device_plugin_when_every_ami_brings_its_own(declare: Declare) -> Non
             ClusterAddonsArgs(
                 device_plugin_node_selector=None,
                 gateway_namespace="serving",
+                prometheus_storage_gib=50,
                 extra_values={"keda": {"resources": {"operator": {"limits": {"cpu": "1"}}}}},
             ),
         )
@@ -87,13 +89,19 @@ def test_no_device_plugin_when_every_ami_brings_its_own(declare: Declare) -> Non
     names = {r.inputs["name"] for r in declared.of_type(RELEASE)}
     assert "nvidia-device-plugin" not in names
     keda = next(r.inputs for r in declared.of_type(RELEASE) if r.inputs["name"] == "keda")
-    assert keda["values"] == {"resources": {"operator": {"limits": {"cpu": "1"}}}}
+    assert keda["values"] == {
+        "permissions": {"operator": {"restrict": {"secret": True}}},
+        "resources": {"operator": {"limits": {"cpu": "1"}}},
+    }
 
 
 def test_argo_rollouts_controller_may_set_route_weights(declare: Declare) -> None:
     declared = declare(
         lambda: ClusterAddons(
-            "addons", ClusterAddonsArgs(device_plugin_node_selector=None, gateway_namespace="s")
+            "addons",
+            ClusterAddonsArgs(
+                device_plugin_node_selector=None, gateway_namespace="s", prometheus_storage_gib=50
+            ),
         )
     )
     role = declared.one("kubernetes:rbac.authorization.k8s.io/v1:ClusterRole").inputs
