@@ -16,7 +16,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from components.iam import role_name
+from components.iam import irsa_trust_policy, role_name
 from components.model_service.args import GRPC_PORT, METRICS_PORT, OPENAI_PORT, ModelServiceArgs
 from components.model_service.pod import build_pod_template, pod_selector
 from components.model_service.scaling import prometheus_trigger
@@ -126,26 +126,8 @@ class ModelService(pulumi.ComponentResource):
 
     def _create_role(self) -> aws.iam.Role:
         args = self._args
-        subject = f"system:serviceaccount:{args.namespace}:{args.name}"
-        trust = pulumi.Output.all(args.oidc_provider_arn, args.oidc_issuer).apply(
-            lambda values: json.dumps(
-                {
-                    "Version": "2012-10-17",
-                    "Statement": [
-                        {
-                            "Effect": "Allow",
-                            "Principal": {"Federated": values[0]},
-                            "Action": "sts:AssumeRoleWithWebIdentity",
-                            "Condition": {
-                                "StringEquals": {
-                                    f"{values[1]}:sub": subject,
-                                    f"{values[1]}:aud": "sts.amazonaws.com",
-                                }
-                            },
-                        }
-                    ],
-                }
-            )
+        trust = irsa_trust_policy(
+            args.oidc_provider_arn, args.oidc_issuer, args.namespace, args.name
         )
         role = aws.iam.Role(
             f"{self._name}-role",
