@@ -37,6 +37,8 @@ class FrontendError(Exception):
 
     status_code = 500
     error_type = "server_error"
+    #: Seconds a client should wait before retrying (the ``Retry-After`` header), if it should.
+    retry_after_s: int | None = None
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
         super().__init__(message)
@@ -81,6 +83,8 @@ class AuthenticationError(FrontendError):
 class RateLimitError(FrontendError):
     status_code = 429
     error_type = "rate_limit_error"
+    # Open streams end within seconds; SDKs wait this long instead of guessing.
+    retry_after_s = 1
 
 
 class RequestTooLargeError(FrontendError):
@@ -111,6 +115,8 @@ class BackendError(FrontendError):
 class BackendUnavailableError(FrontendError):
     status_code = 503
     error_type = "server_error"
+    # Triton restarting or its channel reconnecting: worth a retry once it is back.
+    retry_after_s = 1
 
 
 class InvalidOutputError(FrontendError):
@@ -165,7 +171,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_frontend(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, FrontendError)
-        return JSONResponse(error_body(exc), status_code=exc.status_code)
+        headers = None if exc.retry_after_s is None else {"Retry-After": str(exc.retry_after_s)}
+        return JSONResponse(error_body(exc), status_code=exc.status_code, headers=headers)
 
     async def on_validation(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)

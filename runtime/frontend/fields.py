@@ -154,8 +154,11 @@ CHAT_FIELDS: tuple[FieldRule, ...] = (
     FieldRule(
         "parallel_tool_calls",
         Policy.HONOURED,
-        "true (the default) only: the parser returns every call the model wrote",
-        _unless((True,), "the model cannot be limited to one tool call; send true or omit it"),
+        "true (the default): the parser returns every call the model wrote; false: at most "
+        "one call, where the output is forced (a named tool_choice makes one call; with "
+        "required, the forced schema takes one), and a 400 with tool_choice auto, where the "
+        "model cannot be limited (vLLM would drop the other calls); without tools it has "
+        "nothing to limit",
     ),
     FieldRule("prediction", Policy.REFUSED, "", _always("predicted outputs are not supported")),
     FieldRule("prompt_cache_key", Policy.INERT, "no effect on output; prefix caching is automatic"),

@@ -23,11 +23,15 @@ __all__ = [
     "merge_streams",
     "new_id",
     "now",
+    "openai_logprob",
     "stream_outputs",
     "usage",
 ]
 
 T = TypeVar("T")
+
+#: What vLLM's server and OpenAI send for a token that cannot be sampled (JSON has no -inf).
+_LOGPROB_FLOOR = -9999.0
 
 
 def new_id(prefix: str) -> str:
@@ -36,6 +40,12 @@ def new_id(prefix: str) -> str:
 
 def now() -> int:
     return int(time.time())
+
+
+def openai_logprob(value: float) -> float:
+    """``value`` as JSON can carry it: vLLM gives -inf to tokens a grammar masks, which
+    Starlette refuses to encode (a 500) and orjson writes as ``null``."""
+    return max(value, _LOGPROB_FLOOR)
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

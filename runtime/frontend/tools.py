@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from runtime.frontend.errors import InvalidRequestError
+from runtime.frontend.errors import FieldRefusedError, InvalidRequestError
 from runtime.frontend.schemas import FunctionTool, NamedToolChoice
 from runtime.frontend.structured import check_json_schema
 
@@ -69,8 +69,10 @@ def plan_tools(
     tools: list[FunctionTool] | None,
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None,
     parser: str | None,
+    parallel: bool = True,
 ) -> ToolPlan:
-    """Decide how ``tools``/``tool_choice`` are honoured, or refuse them."""
+    """Decide how ``tools``/``tool_choice`` (and ``parallel_tool_calls``) are honoured, or
+    refuse them."""
     if not tools:
         if tool_choice not in (None, "none"):
             raise InvalidRequestError("tool_choice needs tools", param="tool_choice")
@@ -87,9 +89,16 @@ def plan_tools(
         return ToolPlan(None)
     strict = _strict(tools)
     if tool_choice is None or tool_choice == "auto":
+        if not parallel:
+            # vLLM keeps the first call and drops the rest; that would drop calls silently.
+            raise FieldRefusedError(
+                "parallel_tool_calls",
+                "with tool_choice auto the model cannot be limited to one tool call; send true, "
+                'or name the function in tool_choice (or send "required")',
+            )
         return ToolPlan(rendered, parse=True, strict=strict)
     if tool_choice == "required":
-        calls = {
+        calls: dict[str, Any] = {
             "type": "array",
             "minItems": 1,
             "items": {
@@ -106,6 +115,8 @@ def plan_tools(
                 ]
             },
         }
+        if not parallel:
+            calls["maxItems"] = 1
         return ToolPlan(rendered, forced=calls, strict=strict)
     name = tool_choice.function.name
     match = [t for t in tools if t.function.name == name]

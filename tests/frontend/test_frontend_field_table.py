@@ -330,7 +330,18 @@ def _(p: Probe) -> None:
 @case(CHAT, "parallel_tool_calls")
 def _(p: Probe) -> None:
     p.inert(parallel_tool_calls=True)
-    p.refused("parallel_tool_calls", parallel_tool_calls=False)
+    p.inert(parallel_tool_calls=False)  # no tools: nothing to limit
+    # LangChain's with_structured_output(method="function_calling") sends exactly this.
+    named = {"type": "function", "function": {"name": "lookup"}}
+    one = {"tools": [LOOKUP_TOOL], "tool_choice": named, "max_tokens": 90, "temperature": 0}
+    reply = p.ok(**one, parallel_tool_calls=False)
+    assert len(reply["choices"][0]["message"]["tool_calls"]) == 1
+    assert p.last().sampling_parameters == p.sent(**one)
+    required = {"tools": [LOOKUP_TOOL], "tool_choice": "required", "max_tokens": 60}
+    p.post(**required, parallel_tool_calls=False)  # a random model may be cut by max_tokens
+    forced = json.loads(p.last().sampling_parameters["structured_outputs"])["json"]
+    assert forced["maxItems"] == 1 and forced["minItems"] == 1
+    p.refused("parallel_tool_calls", tools=[LOOKUP_TOOL], parallel_tool_calls=False)
 
 
 @case(CHAT, "prompt_cache_key")

@@ -256,6 +256,8 @@ def test_open_streams_are_bounded_with_429(slow: KServeStandIn, tokenizer_dir: P
                 second = client.post(served.url + "/v1/chat/completions", json=body)
                 assert second.status_code == 429
                 assert second.json()["error"]["type"] == "rate_limit_error"
+                # SDKs wait this long before their retry instead of their own backoff.
+                assert second.headers["retry-after"] == "1"
                 # Non-streamed requests are not counted against the bound.
                 assert (
                     client.post(
@@ -317,6 +319,7 @@ def test_unreachable_triton_is_503_and_not_ready(tokenizer_dir: Path) -> None:
         response = httpx.post(served.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 2})
         assert response.status_code == 503
         assert "Triton" in response.json()["error"]["message"]
+        assert response.headers["retry-after"] == "1"
         assert httpx.get(served.url + "/health/ready").status_code == 503
     finally:
         served.stop()

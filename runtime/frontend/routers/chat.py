@@ -26,6 +26,7 @@ from runtime.frontend.generation import (
     envelope,
     new_id,
     now,
+    openai_logprob,
     stream_outputs,
     usage,
 )
@@ -106,10 +107,10 @@ def _logprobs(items: list[TokenLogprob] | tuple[TokenLogprob, ...], top: int) ->
         "content": [
             {
                 "token": t.token,
-                "logprob": t.logprob,
+                "logprob": openai_logprob(t.logprob),
                 "bytes": list(t.token.encode()),
                 "top_logprobs": [
-                    {"token": tok, "logprob": lp, "bytes": list(tok.encode())}
+                    {"token": tok, "logprob": openai_logprob(lp), "bytes": list(tok.encode())}
                     for tok, lp in t.top[:top]
                 ],
             }
@@ -155,7 +156,12 @@ async def create_chat_completion(
     """Create a chat completion; every field follows the field table (docs/frontend-fields.md)."""
     _check(state, body)
     stream = bool(body.stream)
-    plan = plan_tools(body.tools, body.tool_choice, state.settings.tool_call_parser)
+    plan = plan_tools(
+        body.tools,
+        body.tool_choice,
+        state.settings.tool_call_parser,
+        parallel=body.parallel_tool_calls is not False,
+    )
     requirement = requirement_for(body.response_format)
     if plan.forced is not None and requirement is not None:
         raise InvalidRequestError(

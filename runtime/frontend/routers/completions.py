@@ -20,6 +20,7 @@ from runtime.frontend.generation import (
     merge_streams,
     new_id,
     now,
+    openai_logprob,
     stream_outputs,
     usage,
 )
@@ -40,8 +41,8 @@ def _logprobs(items: list[TokenLogprob] | tuple[TokenLogprob, ...], top: int, of
     tokens, token_logprobs, tops, offsets = [], [], [], []
     for t in items:
         tokens.append(t.token)
-        token_logprobs.append(t.logprob)
-        tops.append({tok: lp for tok, lp in t.top[:top]})
+        token_logprobs.append(openai_logprob(t.logprob))
+        tops.append({tok: openai_logprob(lp) for tok, lp in t.top[:top]})
         offsets.append(offset)
         offset += len(t.token)
     return {
