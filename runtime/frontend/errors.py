@@ -39,6 +39,9 @@ class FrontendError(Exception):
     error_type = "server_error"
     #: Seconds a client should wait before retrying (the ``Retry-After`` header), if it should.
     retry_after_s: int | None = None
+    #: False where a retry cannot help (``x-should-retry: false``, which the OpenAI SDKs obey:
+    #: they retry every 5xx otherwise).
+    retryable: bool = True
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
         super().__init__(message)
@@ -68,6 +71,7 @@ class NotSupportedError(FrontendError):
 
     status_code = 501
     error_type = "invalid_request_error"
+    retryable = False
 
 
 class ModelNotFoundError(FrontendError):
@@ -95,6 +99,8 @@ class RequestTooLargeError(FrontendError):
 class DeadlineExceededError(FrontendError):
     status_code = 504
     error_type = "timeout_error"
+    # The request already ran for the whole deadline: a retry would triple the client's wait.
+    retryable = False
 
 
 class ClientDisconnectedError(FrontendError):
@@ -171,7 +177,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_frontend(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, FrontendError)
-        headers = None if exc.retry_after_s is None else {"Retry-After": str(exc.retry_after_s)}
+        headers = {}
+        if exc.retry_after_s is not None:
+            headers["Retry-After"] = str(exc.retry_after_s)
+        if not exc.retryable:
+            headers["x-should-retry"] = "false"
         return JSONResponse(error_body(exc), status_code=exc.status_code, headers=headers)
 
     async def on_validation(_: Request, exc: Exception) -> JSONResponse:

@@ -188,6 +188,8 @@ def test_deadline_is_504(slow: KServeStandIn, tokenizer_dir: Path) -> None:
         response = httpx.post(served.url + "/v1/chat/completions", json=body, timeout=30)
         assert response.status_code == 504
         assert response.json()["error"]["code"] == "deadline_exceeded"
+        # The whole deadline was spent: the OpenAI SDKs would otherwise retry it twice.
+        assert response.headers["x-should-retry"] == "false"
         _wait_for(lambda: slow.in_flight == 0)
         assert slow.cancelled >= 1
     finally:
@@ -334,6 +336,7 @@ def test_scoring_is_refused_against_a_backend_without_prompt_logprobs(
         response = httpx.post(served.url + "/v1/score", json=body)
         assert response.status_code == 501
         assert response.json()["error"]["code"] == "scoring_unsupported"
+        assert response.headers["x-should-retry"] == "false"
     finally:
         served.stop()
 
