@@ -126,7 +126,8 @@ CHAT_FIELDS: tuple[FieldRule, ...] = (
         "messages",
         Policy.HONOURED,
         "rendered with the model's own chat template (developer becomes system; text parts "
-        "only; a non-null refusal is refused; replayed tool_calls are {id, type function, "
+        "only; a non-null refusal, annotations, audio or function_call is refused, null accepted "
+        "as an SDK's message.model_dump() replays it; replayed tool_calls are {id, type function, "
         "function {name, arguments}}, arguments parsed from JSON as vLLM does: empty or null "
         "become {}, text that is not JSON is a 400 naming it, an empty tool_calls list is left "
         "out; tool_calls on a turn other than assistant, or tool_call_id on a turn other than "

@@ -95,6 +95,11 @@ class ChatMessage(_Strict):
     tool_call_id: str | None = None
     # Sent back by SDKs when a conversation is replayed; must be empty (see the field table).
     refusal: str | None = None
+    # The rest of an SDK response message, as message.model_dump() replays it: only null (or no
+    # annotations) carries nothing to drop.
+    annotations: list[Any] | None = None
+    audio: Any = None
+    function_call: Any = None
 
     def text(self) -> str:
         if self.content is None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from openai.types.chat import ChatCompletionMessage
 
 from runtime.frontend.fields import TABLES, Policy, render_markdown
 from runtime.frontend.schemas import (
@@ -118,6 +119,10 @@ def _(p: Probe) -> None:
     p.refused(
         "messages[0].refusal", messages=[{"role": "assistant", "content": "", "refusal": "x"}]
     )
+    # An SDK response message replayed as message.model_dump() writes its empty fields as null.
+    replayed = ChatCompletionMessage(role="assistant", content="hi").model_dump()
+    p.ok(messages=[{"role": "user", "content": "yo"}, replayed])
+    p.refused("messages[0].audio", messages=[{**replayed, "audio": {"id": "audio_1"}}])
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     p.refused(
         "messages[0].tool_calls", messages=[{"role": "user", "content": "x", "tool_calls": [call]}]

@@ -64,6 +64,15 @@ def _replayed_call(call: AssistantToolCall, where: str) -> dict[str, Any]:
     return item
 
 
+# Fields of a response message that SDKs replay (message.model_dump()) and that the model's
+# template cannot render: null or empty is accepted as carrying nothing.
+_UNREPLAYABLE = (
+    ("annotations", "annotations (URL citations) cannot be replayed to the model; send null"),
+    ("audio", "audio output is not supported, so there is none to replay; send null"),
+    ("function_call", "deprecated; replay calls as tool_calls, or send null"),
+)
+
+
 def _template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     out = []
     for i, m in enumerate(messages):
@@ -71,6 +80,9 @@ def _template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
             raise FieldRefusedError(
                 f"messages[{i}].refusal", "a refusal cannot be replayed to the model; send null"
             )
+        for name, why in _UNREPLAYABLE:
+            if getattr(m, name):
+                raise FieldRefusedError(f"messages[{i}].{name}", why)
         # vLLM's chat parser keeps tool_calls on assistant turns only and tool_call_id on
         # tool turns only; dropping them silently would hide a client bug.
         if m.tool_calls and m.role != "assistant":
