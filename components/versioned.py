@@ -22,6 +22,7 @@ from contracts.labels import (
     MODEL_ID_LABEL,
     MODEL_VERSION_LABEL,
     NEWEST_ANNOTATION,
+    ROUTE_WEIGHT_ANNOTATION,
     STRATEGY_LABEL,
 )
 from contracts.naming import dns_label, kubernetes_name, route_label
@@ -106,6 +107,9 @@ def age_annotations(spec: VersionSpec, newest: bool) -> dict[str, str]:
     annotations = {NEWEST_ANNOTATION: "true" if newest else "false"}
     if spec.created_at is not None:
         annotations[CREATED_AT_ANNOTATION] = spec.created_at
+    # versions gc keeps a version with a route weight whatever its age; so does the policy.
+    if spec.route_weight is not None:
+        annotations[ROUTE_WEIGHT_ANNOTATION] = str(spec.route_weight)
     return annotations
 
 

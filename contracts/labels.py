@@ -21,6 +21,7 @@ __all__ = [
     "NODE_ROLE_LABEL",
     "POD_HASH_LABEL",
     "ROLLOUT_STATUS_LABEL",
+    "ROUTE_WEIGHT_ANNOTATION",
     "STRATEGY_LABEL",
     "TRITON_ANNOTATION",
     "VLLM_ANNOTATION",
@@ -50,6 +51,7 @@ VLLM_ANNOTATION = "llm-serving/vllm-version"
 MODEL_VERSION_ANNOTATION = "llm-serving/model-version"
 CREATED_AT_ANNOTATION = "llm-serving/created-at"
 NEWEST_ANNOTATION = "llm-serving/newest"
+ROUTE_WEIGHT_ANNOTATION = "llm-serving/route-weight"
 
 # Environment of the serving and metrics-proxy containers that label every series.
 MODEL_ID_ENV = "LLM_SERVING_MODEL_ID"

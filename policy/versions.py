@@ -8,6 +8,7 @@ from contracts.labels import (
     CREATED_AT_ANNOTATION,
     MODEL_VERSION_LABEL,
     NEWEST_ANNOTATION,
+    ROUTE_WEIGHT_ANNOTATION,
     STRATEGY_LABEL,
 )
 from policy.findings import Props
@@ -18,13 +19,16 @@ __all__ = ["check_versioned_age"]
 def check_versioned_age(
     resource_type: str, props: Props, *, idle: timedelta, now: datetime
 ) -> list[str]:
-    """Flag an older Versioned Service created more than ``idle`` ago."""
+    """Flag an older Versioned Service created more than ``idle`` ago, unless it carries a route
+    weight, which keeps it out of ``versions gc`` at any age."""
     if resource_type != "kubernetes:core/v1:Service":
         return []
     metadata = props.get("metadata") or {}
     labels = metadata.get("labels") or {}
     annotations = metadata.get("annotations") or {}
     if labels.get(STRATEGY_LABEL) != "versioned" or annotations.get(NEWEST_ANNOTATION) == "true":
+        return []
+    if ROUTE_WEIGHT_ANNOTATION in annotations:
         return []
     created = annotations.get(CREATED_AT_ANNOTATION)
     if not created:

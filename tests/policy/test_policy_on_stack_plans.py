@@ -9,6 +9,7 @@ cluster's OIDC provider) are checked too.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -52,11 +53,15 @@ def _mandatory() -> dict[str, Validator]:
 
 @cache
 def _run(stack: str) -> ProgramRun:
+    return _run_with(stack, stack_config_strings(REPO_ROOT / "stacks" / f"Pulumi.{stack}.yaml"))
+
+
+def _run_with(stack: str, config: dict[str, str]) -> ProgramRun:
     stacks_dir = REPO_ROOT / "stacks"
     return run_program(
         stacks_dir / "__main__.py",
         stack,
-        stack_config_strings(stacks_dir / f"Pulumi.{stack}.yaml"),
+        config,
         KnownOutputMocks(global_outputs(stacks_dir)),
         preview=False,
     )
@@ -165,17 +170,32 @@ def test_a_custom_ami_node_group_with_a_gpu_launch_template_in_a_plan_is_caught(
     assert messages[0].startswith(f"GPU node group {group.name} (instanceType p5.48xlarge in ")
 
 
-def test_advisory_age_policy_flags_old_versioned_services_from_created_at() -> None:
+def _aged(config: dict[str, str] | None = None) -> dict[str, list[str]]:
     now = datetime(2026, 12, 1, tzinfo=UTC)
-    flagged = {
+    return {
         resource.inputs["metadata"]["name"]: messages
-        for resource in _run("prod-us-east-1").resources
+        for resource in (
+            _run("prod-us-east-1") if config is None else _run_with("prod-us-east-1", config)
+        ).resources
         if (
             messages := check_versioned_age(
                 resource.type, resource.inputs, idle=timedelta(days=30), now=now
             )
         )
     }
-    # v3 (2026-09-20) is older than 30 days; v4 is the newest, so never flagged.
+
+
+def test_advisory_age_policy_flags_old_versioned_services_from_created_at() -> None:
+    # v3 (2026-09-20) is older than 30 days, but it carries a route weight, which keeps it out
+    # of versions gc at any age; v4 is the newest. So the shipped stack draws no advice ...
+    assert _aged() == {}
+    # ... and without route weights v3 is flagged.
+    config = stack_config_strings(REPO_ROOT / "stacks" / "Pulumi.prod-us-east-1.yaml")
+    models = json.loads(config["llm-serving:models"])
+    for model in models:
+        for version in model.get("versions", []):
+            version.pop("route_weight", None)
+    config["llm-serving:models"] = json.dumps(models)
+    flagged = _aged(config)
     assert list(flagged) == ["catalog-ranker-8b-v3"]
     assert "versions gc" in flagged["catalog-ranker-8b-v3"][0]

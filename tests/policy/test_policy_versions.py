@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from components.versioned import VersionSpec, age_annotations
 from policy.versions import check_versioned_age
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -52,3 +53,15 @@ def test_message_gives_a_gc_command_that_runs() -> None:
     assert "`llm-serving versions gc --stack <stack> --prometheus <url> --idle 90m`" in message
     (message,) = check(service("2026-11-20T00:00:00Z"))
     assert "idle window of 24h;" in message and "--idle 24h`" in message
+
+
+def test_a_routed_version_is_not_flagged_at_any_age() -> None:
+    # versions gc keeps a version with a route weight; the advice to run it would be noise on
+    # every preview. The annotations come from the component that renders the Service.
+    routed = VersionSpec(version="v1", created_at="2026-11-01", route_weight=10)
+    props = service("2026-11-01")
+    props["metadata"]["annotations"] = age_annotations(routed, newest=False)
+    assert check(props) == []
+    unrouted = VersionSpec(version="v1", created_at="2026-11-01")
+    props["metadata"]["annotations"] = age_annotations(unrouted, newest=False)
+    assert len(check(props)) == 1
