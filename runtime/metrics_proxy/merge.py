@@ -23,8 +23,8 @@ def merge_families(
     families come first, then vLLM's multiprocess files (all processes, all families), then
     Triton, whose bridge forwards only part of vLLM's. A sample name another family already
     uses is dropped too, and so is a series (name and labels) already written. The pod's
-    labels win over a source's label of the same name. Returns the families and, per
-    source, how many of its families were hidden.
+    labels win over a source's label of the same name, which is kept as ``exported_<name>``.
+    Returns the families and, per source, how many of its families were hidden.
     """
     constant = dict(constant_labels)
     constant_names = constant.keys()
@@ -39,16 +39,17 @@ def merge_families(
             if name in names:
                 dropped += 1
                 continue
-            # Series can repeat only where the source repeats them or the pod's labels
-            # replace a label of the source's; only those families pay for the check.
-            check = not unique or any(not constant_names.isdisjoint(s.labels) for s in fam.samples)
+            clash = any(not constant_names.isdisjoint(s.labels) for s in fam.samples)
+            # Series can repeat only where the source repeats them or an exported_ name it
+            # carries meets a renamed one; only those families pay for the check.
+            check = not unique or clash
             seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
             samples = []
             for s in fam.samples:
                 sample_name = s.name
                 if owner.setdefault(sample_name, name) != name:
                     continue
-                labels = {**s.labels, **constant}
+                labels = _exported(s.labels, constant) if clash else {**s.labels, **constant}
                 if check:
                     key = (sample_name, frozenset(labels.items()))
                     if key in seen:
@@ -62,3 +63,18 @@ def merge_families(
                 merged.append(out)
         hidden.append(dropped)
     return merged, hidden
+
+
+def _exported(labels: dict[str, str], constant: dict[str, str]) -> dict[str, str]:
+    """``labels`` under the pod's, each clashing one kept as ``exported_<name>`` (or
+    ``exported_exported_<name>``...), as Prometheus keeps a scraped label a target label
+    overwrites: series that only it told apart would otherwise become one."""
+    out = {**labels, **constant}
+    for name in constant:
+        value = labels.get(name)
+        if value:  # an empty label is no label
+            exported = f"exported_{name}"
+            while out.get(exported):
+                exported = f"exported_{exported}"
+            out[exported] = value
+    return out

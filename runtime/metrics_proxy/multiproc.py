@@ -125,11 +125,17 @@ class _Slot:
 
 
 def _read_file(path: str) -> bytes:
+    """The file's used bytes; none while a writer creates it (``MmapedDict`` makes the file,
+    sizes it, then writes its header: a read in between finds no series yet)."""
     with open(path, "rb") as f:
         data = f.read(_READ_CHUNK)
+        if not data:
+            return data
         if len(data) < _HEADER:
             raise _CorruptFile(f"{len(data)} bytes, shorter than the 8-byte header")
         used = _INT.unpack_from(data, 0)[0]
+        if used == 0:
+            return b""
         if used > len(data):
             data += f.read(used - len(data))
     if used < _HEADER or used > len(data):
@@ -181,11 +187,23 @@ def _legacy_name(name: str, invalid: re.Pattern[str]) -> str:
     return f"_{name}" if not name or name[0].isdigit() else name
 
 
+# json.loads gives an unpaired "\udXXX" escape of a key (a path decoded with surrogateescape,
+# a client's LoRA name) as a lone surrogate, which no UTF-8 body can hold: one such label value
+# would fail every scrape's encoding.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _utf8_text(value: object) -> str:
+    return _SURROGATE.sub("\ufffd", str(value))
+
+
 def _parse_key(raw: bytes) -> _ParsedKey:
     try:
         metric, sample, labels, help_text = json.loads(raw)
         labels_key = tuple(
-            sorted((_legacy_name(str(k), _NOT_IN_LABEL_NAME), str(v)) for k, v in labels.items())
+            sorted(
+                (_legacy_name(str(k), _NOT_IN_LABEL_NAME), _utf8_text(v)) for k, v in labels.items()
+            )
         )
     except (ValueError, TypeError, AttributeError) as exc:
         raise _CorruptFile(f"undecodable key: {exc}") from exc
@@ -193,7 +211,7 @@ def _parse_key(raw: bytes) -> _ParsedKey:
         _legacy_name(str(metric), _NOT_IN_METRIC_NAME),
         _legacy_name(str(sample), _NOT_IN_METRIC_NAME),
         labels_key,
-        str(help_text),
+        _utf8_text(help_text),
     )
 
 
@@ -428,6 +446,11 @@ class MultiprocReader:
             typ, pid = parts[0], parts[-1]
             try:
                 data = _read_file(os.path.join(self._directory, name))
+                if not data:
+                    if name in self._file_layouts:
+                        raise _CorruptFile("emptied after it held series")
+                    read += 1  # being created: no series yet
+                    continue
                 words = np.frombuffer(data, dtype=np.float64)
                 layout = self._layout(name, data, words.view(np.uint64))
             except FileNotFoundError:

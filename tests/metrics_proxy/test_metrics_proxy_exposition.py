@@ -132,12 +132,43 @@ def test_openmetrics_counters_without_total_become_unknown() -> None:
     assert "# TYPE nv_c untyped\n" in text and "# TYPE vllm:t_total counter\n" in text
 
 
-def test_pod_labels_override_and_repeated_series_are_dropped() -> None:
+def test_pod_labels_win_and_repeated_series_are_dropped() -> None:
     first = Family("f", "gauge", "", [Sample("f", (("colour", "x"), ("k", "1")), 1.0)])
     again = Family("g", "gauge", "", [Sample("g", (("k", "1"),), 2.0)] * 2)
     body = _encode([first, again], False, (("colour", "blue"),))
     lines = [line for line in body.splitlines() if not line.startswith("#")]
-    assert lines == ['f{colour="blue",k="1"} 1.0', 'g{colour="blue",k="1"} 2.0']
+    assert lines == [
+        'f{colour="blue",exported_colour="x",k="1"} 1.0',
+        'g{colour="blue",k="1"} 2.0',
+    ]
+
+
+@pytest.mark.parametrize("unique", [True, False])
+def test_series_told_apart_by_a_pod_label_stay_apart(unique: bool) -> None:
+    """A plugin's counter labelled by its own model_id keeps each series, its label renamed
+    ``exported_model_id`` as Prometheus renames a scraped label that clashes with a target's:
+    replacing it would leave one series of the two and its value alone."""
+    pod = (("model_id", "llama"), ("colour", "blue"))
+    samples = [
+        Sample("p_total", (("model_id", "a"),), 3.0),
+        Sample("p_total", (("model_id", "b"), ("exported_model_id", "c")), 4.0),
+        Sample("p_total", (("model_id", ""),), 5.0),
+    ]
+    merged, _ = merge_families([(to_metrics([Family("p", "counter", "", samples)]), unique)], pod)
+    assert [(s.labels, s.value) for f in merged for s in f.samples] == [
+        ({"model_id": "llama", "colour": "blue", "exported_model_id": "a"}, 3.0),
+        (
+            {
+                "model_id": "llama",
+                "colour": "blue",
+                "exported_model_id": "c",
+                "exported_exported_model_id": "b",
+            },
+            4.0,
+        ),
+        # An empty label is no label, to Prometheus as here.
+        ({"model_id": "llama", "colour": "blue"}, 5.0),
+    ]
 
 
 def test_merge_prefers_earlier_sources_and_owns_sample_names() -> None:

@@ -17,7 +17,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.multiprocess import mark_process_dead
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as parse_openmetrics,
+)
+from prometheus_client.parser import text_string_to_metric_families as parse_prometheus
 
+from runtime.metrics_proxy.exposition import encode
 from runtime.metrics_proxy.multiproc import MultiprocReader, ReaderFactory
 from tests.metrics_proxy.collector_reader import CollectorReader, collector_view
 
@@ -128,7 +133,7 @@ def _valid_file(directory: Path) -> Path:
 
 @pytest.mark.parametrize(
     "damage",
-    ["empty", "short_header", "used_past_end", "truncated_mid_entry", "bad_key", "bad_length"],
+    ["short_header", "used_past_end", "truncated_mid_entry", "bad_key", "bad_length"],
 )
 def test_corrupt_file_is_skipped_and_named(mode_dir, reader, tmp_path: Path, damage: str) -> None:
     directory, _ = mode_dir
@@ -138,7 +143,6 @@ def test_corrupt_file_is_skipped_and_named(mode_dir, reader, tmp_path: Path, dam
     data = _valid_file(good).read_bytes()
     used = int.from_bytes(data[:4], "little")
     bad = {
-        "empty": b"",
         "short_header": data[:5],
         "used_past_end": data[:used][: used - 8],
         "truncated_mid_entry": (used - 4).to_bytes(4, "little") + data[4 : used - 4],
@@ -149,6 +153,21 @@ def test_corrupt_file_is_skipped_and_named(mode_dir, reader, tmp_path: Path, dam
     result = reader(good, False).read()
     assert [c.split(":")[0] for c in result.corrupt_files] == ["counter_999999.db"]
     assert _reader_view(reader, good) == expected
+
+
+@pytest.mark.parametrize("state", ["empty", "zero_header"])
+def test_a_file_being_created_is_no_corrupt_one(mode_dir, tmp_path: Path, state: str) -> None:
+    """``MmapedDict`` creates its file empty, sizes it, then writes the header: a read in
+    between finds no series yet, as the collector does for the zero header, and no damage."""
+    directory, _ = mode_dir
+    good = tmp_path / "good"
+    shutil.copytree(directory, good)
+    expected = _reader_view(MultiprocReader, good)
+    (good / "counter_999999.db").write_bytes(b"" if state == "empty" else bytes(1 << 16))
+    result = MultiprocReader(good, False).read()
+    assert result.corrupt_files == ()
+    assert result.files == len(list(good.iterdir()))
+    assert _reader_view(MultiprocReader, good) == expected
 
 
 def test_process_killed_while_writing(reader, tmp_path: Path) -> None:
@@ -250,3 +269,22 @@ def test_marking_dead_processes_in_a_read_only_directory_keeps_the_series(
         assert view == unmarked
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "Read-only file system" in warnings[0], warnings
+
+
+def test_a_lone_surrogate_in_a_label_or_help_never_fails_the_body(tmp_path: Path) -> None:
+    """json.loads gives a key's unpaired ``\\udXXX`` escape (a path decoded with
+    surrogateescape, a client's LoRA name) as a lone surrogate, which no UTF-8 body holds:
+    it is written U+FFFD, and the rest of the series as they are."""
+    values = MmapedDict(str(tmp_path / "counter_1.db"))
+    path = os.fsdecode(b"/models/caf\xe9")
+    values.write_value(mmap_key("c", "c_total", ["m"], [path], "help \udce9"), 5.0, 0.0)
+    values.write_value(mmap_key("c", "c_total", ["m"], ["ok"], "help \udce9"), 7.0, 0.0)
+    values.close()
+    families = MultiprocReader(tmp_path).read().families
+    for openmetrics, parse in ((False, parse_prometheus), (True, parse_openmetrics)):
+        (family,) = parse(encode(families, openmetrics).decode())
+        assert family.documentation == "help \ufffd"
+        assert {s.labels["m"]: s.value for s in family.samples} == {
+            "/models/caf\ufffd": 5.0,
+            "ok": 7.0,
+        }
