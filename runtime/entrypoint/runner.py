@@ -48,6 +48,8 @@ from runtime.package.manifest import LLM_BACKENDS, Manifest
 __all__ = ["Entrypoint", "exit_timeout_secs", "log", "triton_command"]
 
 T = TypeVar("T")
+#: Seconds between two sweeps for orphans to reap (each holds a pid of the pod's limit).
+_REAP_SECONDS = 1.0
 _FIXES = {
     "locate": "republish the version or re-run the model cache restore Job",
     "unpack": "rebuild and republish the package (llm-serving package build)",
@@ -128,6 +130,7 @@ class Entrypoint:
         self.stop = asyncio.Event()
         self._probe: subprocess.Popen[str] | None = None
         self._embedded = False
+        self._reaper: asyncio.Future[None] | None = None
 
     async def _stage(self, number: int, work: Awaitable[T]) -> T:
         """Run stage ``number``: time and log it, and turn whatever it raises into its failure."""
@@ -191,6 +194,8 @@ class Entrypoint:
         finally:
             self._kill_probe()
             await self._stop_processes(0)
+            if self._reaper is not None:
+                self._reaper.cancel()
             health.close()
 
     def _kill_probe(self) -> None:
@@ -267,6 +272,9 @@ class Entrypoint:
         catalogs = await self._stage(6, asyncio.to_thread(render))
         embedded = self._embedded = (s.serving_mode or manifest.serving_mode) == "embedded"
         await self._stage(7, self._start(manifest, repository, unpacked, catalogs, embedded))
+        # Only now: from here on the servers are the entrypoint's only children of its own, so
+        # any other exited child is an orphan and no one else's exit status is taken.
+        self._reaper = asyncio.ensure_future(self._reap_orphans())
         await self._stage(8, self._open_gate(manifest, embedded))
         return await self._serve(manifest)
 
@@ -457,6 +465,17 @@ class Entrypoint:
                 log(f"model {model} is {'ready again' if ready else 'no longer ready'}")
                 self.state.ready = ready
 
+    async def _reap_orphans(self) -> None:
+        """Reap, now and then, the exited children the entrypoint did not start: as the
+        container's PID 1 it inherits every orphan of the pod (a helper of an engine core that
+        died), and no one else reaps them. The servers' own exits are left to asyncio."""
+        while True:
+            await asyncio.sleep(_REAP_SECONDS)
+            own = {process.pid for process in self.state.processes}
+            for pid in _exited_children() - own:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+
     async def _serve(self, manifest: Manifest) -> int:
         waits = [asyncio.ensure_future(p.wait()) for p in self.state.processes]
         stop = asyncio.ensure_future(self.stop.wait())
@@ -467,8 +486,12 @@ class Entrypoint:
             watch.cancel()
         if stop not in done:
             exited = self._exited()
-            code = exited.returncode if exited is not None else "?"
-            log(f"server process exited with {code} while serving; stopping the others")
+            assert exited is not None  # one of the waits finished
+            log(
+                f"{self._name(exited)} (pid {exited.pid}) {_how_it_ended(exited.returncode)} "
+                f"while serving; stopping the others; fix: read its log above (killed by SIGKILL "
+                "is often the out-of-memory killer: raise the container's memory limit)"
+            )
             self.state.ready = False
             await self._stop_processes(self.settings.drain_seconds)
             return ExitCode.SERVER_EXITED
@@ -606,6 +629,23 @@ def _check_port_free(host: str, port: int) -> None:
 def exit_timeout_secs(settings: EntrypointSettings) -> int:
     """The drain deadline as Triton takes it (whole seconds, at least 1)."""
     return max(1, round(settings.drain_seconds))
+
+
+def _exited_children() -> set[int]:
+    """The pids of this process's children that have exited and wait to be reaped (zombies)."""
+    me, found = os.getpid(), set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+                state, ppid = stat.read().rpartition(b")")[2].split()[:2]
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        if state == b"Z" and int(ppid) == me:
+            found.add(int(entry.name))
+    return found
 
 
 def _how_it_ended(code: int | None) -> str:

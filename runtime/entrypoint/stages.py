@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import shutil
 import subprocess
 import sys
@@ -35,6 +36,21 @@ __all__ = [
     "wipe_multiproc_dir",
 ]
 
+#: What a write to the work dir fails with when the disk, not the package, is at fault.
+_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+_WORK_DIR_FIX = "mount a writable emptyDir at LLM_SERVING_WORK_DIR"
+
+
+def _fresh_folder(path: Path, what: str, fix: str) -> None:
+    """Empty ``path`` (the work dir outlives container restarts, and with it whatever a start
+    that was cut short left there) and create it, failing with ``fix`` if the disk refuses."""
+    try:
+        if path.exists():
+            shutil.rmtree(path)
+        path.mkdir(parents=True)
+    except OSError as exc:
+        raise StageFailed(f"cannot prepare the {what} {path}: {exc.strerror or exc}", fix) from exc
+
 
 def download_version(uri: str, target: Path) -> Path:
     """Copy ``s3://bucket/prefix/`` (manifest first, to learn the files; verified afterwards)."""
@@ -48,7 +64,9 @@ def download_version(uri: str, target: Path) -> Path:
         )
     bucket, prefix = parsed.netloc, parsed.path.strip("/") + "/"
     client = boto3.client("s3")
-    target.mkdir(parents=True, exist_ok=True)
+    # s3transfer writes each file under a temporary name and renames it when complete: what a
+    # restart cut short would otherwise be refused as an unlisted weight file, start after start.
+    _fresh_folder(target, "download folder", _WORK_DIR_FIX + " with room for the package")
     try:
         client.download_file(bucket, prefix + MANIFEST_NAME, str(target / MANIFEST_NAME))
         manifest = load_manifest(target / MANIFEST_NAME)
@@ -156,14 +174,22 @@ def unpack(folder: Path, manifest: Manifest, dest: Path, max_bytes: int) -> Path
     # The archive's sha256 was checked in stage 1 from the same read-only mount, so the member
     # checks here are structural (names, types, sizes) and the copy stays in the kernel. It is
     # the file the manifest names, as there: a different file would be unpacked unverified.
-    if dest.exists():
-        shutil.rmtree(dest)
-    unpack_archive(
-        folder / manifest.archive.path,
-        manifest.archive_files,
-        dest,
-        UnpackLimits(max_total_bytes=max_bytes),
-    )
+    size = sum(entry.size for entry in manifest.archive_files)
+    fix = f"{_WORK_DIR_FIX} with room for the package ({size} bytes unpacked)"
+    _fresh_folder(dest, "unpack folder", fix)
+    try:
+        unpack_archive(
+            folder / manifest.archive.path,
+            manifest.archive_files,
+            dest,
+            UnpackLimits(max_total_bytes=max_bytes),
+        )
+    except PackageError as exc:
+        # A full or read-only work dir is no fault of the package: republishing would not help.
+        cause = exc.__cause__
+        if isinstance(cause, OSError) and cause.errno in _DISK_ERRNOS:
+            raise StageFailed(str(exc), fix) from exc
+        raise
     return dest
 
 

@@ -78,6 +78,15 @@ def wait_for_file(path: Path, timeout: float = 60) -> bool:
     return True
 
 
+#: Starts the entrypoint as a child subreaper (``PR_SET_CHILD_SUBREAPER``, kept across exec):
+#: the orphans of its descendants become its children, as they are PID 1's in a container.
+AS_REAPER = (
+    "import ctypes, os, sys; "
+    "assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0; "
+    "os.execv(sys.executable, [sys.executable, '-m', 'runtime.entrypoint'])"
+)
+
+
 def http_status(port: int, path: str) -> int | None:
     """The status of ``GET path``, ``None`` while nothing answers (the timeout is a hang guard:
     on a loaded machine a busy server may take seconds)."""
@@ -174,6 +183,8 @@ class Pod:
     log: StderrLog = field(default_factory=StderrLog)
     #: Process groups seen holding a marked process of this pod (see `leftover_processes`).
     groups: set[int] = field(default_factory=set)
+    #: Whether the entrypoint reaps orphans as PID 1 does (see `AS_REAPER`).
+    as_reaper: bool = False
 
     @classmethod
     def create(cls, root: Path, *, light_matrix: bool = True, source: Path | None = None) -> Pod:
@@ -252,8 +263,9 @@ class Pod:
         return int(self.env[f"LLM_SERVING_{name.upper()}_PORT"])
 
     def start(self) -> Pod:
+        command = ["-c", AS_REAPER] if self.as_reaper else ["-m", "runtime.entrypoint"]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "runtime.entrypoint"],
+            [sys.executable, *command],
             env=self.env,
             cwd=ROOT,
             stderr=subprocess.PIPE,

@@ -5,8 +5,9 @@ waits until that file exists), so a test decides when in-flight requests may fin
 readiness switch (``STANDIN_UNREADY_WHILE_FILE``: not ready while that file exists) to model a
 backend health check failing for a while; and a helper process (``STANDIN_HELPER_PID_FILE``: its
 pid is written there) that ignores SIGTERM and outlives the server, as a hung backend stub or a
-vLLM engine core does when Triton is killed. A test helper only; never imported by product
-code."""
+vLLM engine core does when Triton is killed; and an orphan (``STANDIN_ORPHAN_PID_FILE``: its pid
+is written there), a process whose parent exits at once, which then lives 3 s, as a helper
+of a crashed engine core does. A test helper only; never imported by product code."""
 
 from __future__ import annotations
 
@@ -63,7 +64,20 @@ def _start_helper(pid_file: str) -> None:
     Path(pid_file).write_text(str(helper.pid))
 
 
+def _start_orphan(pid_file: str) -> None:
+    # The middle process starts the orphan and exits: the orphan goes to the nearest reaper.
+    orphan = "import time; time.sleep(3)"
+    middle = (
+        "import subprocess, sys; print(subprocess.Popen([sys.executable, '-c', "
+        f"{orphan!r}], stdout=subprocess.DEVNULL).pid)"
+    )
+    pid = subprocess.run([sys.executable, "-c", middle], capture_output=True, text=True).stdout
+    Path(pid_file).write_text(pid.strip())
+
+
 if __name__ == "__main__":
+    if orphan_pid_file := os.environ.get("STANDIN_ORPHAN_PID_FILE"):
+        _start_orphan(orphan_pid_file)
     if helper_pid_file := os.environ.get("STANDIN_HELPER_PID_FILE"):
         _start_helper(helper_pid_file)
     kserve_server.KServeStandIn.__init__ = _slow_init  # type: ignore[method-assign]

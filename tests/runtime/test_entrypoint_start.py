@@ -64,7 +64,10 @@ def test_readyz_turns_503_and_port_closes_when_triton_dies(tmp_path: Path) -> No
     (triton,) = pod.leftover_servers()
     triton.kill()
     code = pod.process.wait(timeout=30)
-    assert code == 20, pod.stderr()
+    err = pod.stderr()
+    assert code == 20, err
+    line = f"Triton (pid {triton.pid}) was killed by SIGKILL while serving"
+    assert line in err and "; fix: " in err, err
     assert port_refuses(pod.port("public_grpc"))
 
 
