@@ -188,9 +188,11 @@ def test_versioned_model_runs_every_version_with_its_own_service_and_routes() ->
     assert v3["annotations"] == {
         "llm-serving/newest": "false",
         "llm-serving/created-at": "2026-09-20",
+        "llm-serving/route-weight": "10",
     }
     v4 = services["catalog-ranker-8b-v4"]["metadata"]
     assert v4["annotations"]["llm-serving/newest"] == "true"
+    assert v4["annotations"]["llm-serving/route-weight"] == "90"
     for version in ("v3", "v4"):
         routes = [r for r in run.resources if r.type.endswith("Route") and f"-{version}-" in r.name]
         assert len(routes) == 2
