@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import json
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +15,9 @@ import pytest
 import yaml
 
 from components.cluster_addons import PINNED_CHARTS, ChartPin
-from stacks.mock_engine import ProgramRun
-from stacks.plan import plan_program
+from tests.support.stack_plans import REGION_STACKS, stack_plan
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
-REGION_STACKS = ["prod-us-east-1", "prod-eu-west-1", "prod-ap-northeast-1", "dev-us-west-2"]
 CHARTS = Path(__file__).resolve().parents[3] / "shared" / "reference" / "charts"
 # gateway-helm keeps values.tmpl.yaml in git; its release workflow fills these two with envsubst.
 _TEMPLATE_VARIABLES = {
@@ -83,11 +80,6 @@ def values_errors(pin: ChartPin, values: Any, charts: Path = CHARTS) -> list[str
     return shape_errors(values, default_values(folder))
 
 
-@cache
-def _run(stack: str) -> ProgramRun:
-    return plan_program(stack)
-
-
 def _pin(chart: str, version: str) -> ChartPin:
     (pin,) = [p for p in PINNED_CHARTS if (p.chart, p.version) == (chart, version)]
     return pin
@@ -109,7 +101,7 @@ def test_a_pin_moved_without_its_folder_fails() -> None:
 
 @pytest.mark.parametrize("stack", REGION_STACKS)
 def test_every_release_is_a_pin_and_its_values_fit_the_chart(stack: str) -> None:
-    releases = [r.inputs for r in _run(stack).resources if r.type == RELEASE]
+    releases = [r.inputs for r in stack_plan(stack).resources if r.type == RELEASE]
     assert releases
     for release in releases:
         pin = _pin(release["chart"], release["version"])
@@ -121,7 +113,7 @@ def test_the_old_argo_rollouts_plugin_list_fails_the_shape_check() -> None:
     # under the argo-rollouts-config ConfigMap's data, which must map to strings).
     (release,) = [
         r.inputs
-        for r in _run("prod-us-east-1").resources
+        for r in stack_plan("prod-us-east-1").resources
         if r.type == RELEASE and r.inputs["name"] == "argo-rollouts"
     ]
     values = copy.deepcopy(release["values"])

@@ -13,8 +13,7 @@ import yaml
 from components.model_service.args import pod_requests
 from stacks.config import STACKS_DIR, StackConfigError, load_stack_config
 from stacks.instance_types import allocatable, instance_specs, max_pods
-
-REGION_STACKS = ["prod-us-east-1", "prod-eu-west-1", "prod-ap-northeast-1", "dev-us-west-2"]
+from tests.support.stack_plans import REGION_STACKS
 
 
 def _config(stack: str) -> dict[str, Any]:

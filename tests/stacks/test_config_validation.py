@@ -19,8 +19,7 @@ from stacks.config import (
     vllm_version_for,
 )
 from stacks.mock_engine import PlanMocks, run_program, stack_config_strings
-
-REGION_STACKS = ["prod-us-east-1", "prod-eu-west-1", "prod-ap-northeast-1", "dev-us-west-2"]
+from tests.support.stack_plans import REGION_STACKS
 
 
 def _write(tmp_path: Path, stack: str, config: dict[str, Any]) -> Path:

@@ -3,20 +3,13 @@ the created cluster's security group in GPU launch templates and the nodes' ingr
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any
 
 import pytest
 
-from stacks.mock_engine import COMPUTED, NESTED_COMPUTED_OUTPUTS, ProgramRun
-from stacks.plan import format_tree, plan_program
-
-REGION_STACKS = ["prod-us-east-1", "prod-eu-west-1", "prod-ap-northeast-1", "dev-us-west-2"]
-
-
-@cache
-def _run(stack: str) -> ProgramRun:
-    return plan_program(stack)
+from stacks.mock_engine import COMPUTED, NESTED_COMPUTED_OUTPUTS
+from stacks.plan import format_tree
+from tests.support.stack_plans import REGION_STACKS, stack_plan
 
 
 def _nulls(value: Any, path: str = "") -> list[str]:
@@ -31,12 +24,12 @@ def _nulls(value: Any, path: str = "") -> list[str]:
 
 @pytest.mark.parametrize("stack", REGION_STACKS)
 def test_no_input_of_any_plan_is_null(stack: str) -> None:
-    nulls = [f"{r.name}{p}" for r in _run(stack).resources for p in _nulls(r.inputs)]
+    nulls = [f"{r.name}{p}" for r in stack_plan(stack).resources for p in _nulls(r.inputs)]
     assert nulls == []
 
 
 def test_the_created_clusters_security_group_is_computed() -> None:
-    run = _run("dev-us-west-2")
+    run = stack_plan("dev-us-west-2")
     templates = [r for r in run.resources if r.name.endswith("l4-spot-launch-template")]
     (template,) = templates
     assert template.inputs["vpcSecurityGroupIds"] == [COMPUTED, COMPUTED]
@@ -50,7 +43,7 @@ def test_the_created_clusters_security_group_is_computed() -> None:
 
 def test_an_adopted_clusters_security_group_is_known() -> None:
     # getCluster answers for an adopted cluster: its security group is known before the run.
-    run = _run("prod-eu-west-1")
+    run = stack_plan("prod-eu-west-1")
     (template,) = [r for r in run.resources if r.name.endswith("l40s-launch-template")]
     assert all(sg.startswith("sg-") for sg in template.inputs["vpcSecurityGroupIds"])
 

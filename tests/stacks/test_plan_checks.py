@@ -5,25 +5,17 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from functools import cache
 
 import pytest
 
 from stacks.mock_engine import ProgramRun, RecordedResource
-from stacks.plan import plan_program
 from stacks.plan_checks import CHECKS, check_plan
-
-REGION_STACKS = ["prod-us-east-1", "prod-eu-west-1", "prod-ap-northeast-1", "dev-us-west-2"]
-
-
-@cache
-def _run(stack: str) -> ProgramRun:
-    return plan_program(stack)
+from tests.support.stack_plans import REGION_STACKS, stack_plan
 
 
 def _broken(stack: str, pick: Callable[[RecordedResource], bool]) -> tuple[ProgramRun, list]:
     """A deep copy of ``stack``'s plan and the copies of its resources that ``pick`` selects."""
-    run = copy.deepcopy(_run(stack))
+    run = copy.deepcopy(stack_plan(stack))
     return run, [r for r in run.resources if pick(r)]
 
 
@@ -33,7 +25,7 @@ def _kind(kind: str, name_part: str = "") -> Callable[[RecordedResource], bool]:
 
 @pytest.mark.parametrize("stack", REGION_STACKS)
 def test_every_region_plan_passes_every_check(stack: str) -> None:
-    assert [f"{f.check}: {f.message}" for f in check_plan(_run(stack))] == []
+    assert [f"{f.check}: {f.message}" for f in check_plan(stack_plan(stack))] == []
 
 
 def test_routes_sharing_a_hostname_on_one_listener_fail() -> None:

@@ -5,24 +5,23 @@ that cannot land on its group."""
 from __future__ import annotations
 
 import copy
-from functools import cache
 from typing import Any
 
 from components.cpu_node_group import CPU_MODELS_TAINT
 from contracts.labels import GPU_RESOURCE, NODE_GROUP_LABEL
 from stacks.kubernetes_objects import kubernetes_objects
 from stacks.mock_engine import ProgramRun, RecordedResource
-from stacks.plan import plan_program
 from stacks.plan_checks import CHECKS
+from tests.support.stack_plans import stack_plan
 
 STACK = "dev-us-west-2"
 CPU_GROUP = f"{STACK}-cpu"
 FITS = "pods fit their node group"
 
 
-@cache
 def _run() -> ProgramRun:
-    return plan_program(STACK)
+    """The dev stack's plan, shared with the other files that plan it (copy before changing)."""
+    return stack_plan(STACK)
 
 
 def _object(run: ProgramRun, kind: str, name: str) -> dict[str, Any]:

@@ -16,8 +16,7 @@ import pytest
 import yaml
 
 from stacks.kubernetes_objects import kubernetes_objects, validate_object
-from stacks.mock_engine import ProgramRun
-from stacks.plan import plan_program
+from tests.support.stack_plans import stack_plan
 
 STACKS = ["prod-us-east-1", "prod-eu-west-1", "prod-ap-northeast-1", "dev-us-west-2", "global"]
 CRDS = Path(__file__).resolve().parents[3] / "shared" / "reference" / "crds"
@@ -58,16 +57,11 @@ def _schemas() -> dict[tuple[str, str], Any]:
 
 
 @cache
-def _run(stack: str) -> ProgramRun:
-    return plan_program(stack)
-
-
-@cache
 def _custom(stack: str) -> list[dict[str, Any]]:
     """The objects of a stack's plan that the Kubernetes schema does not know: custom
     resources. Shared between tests (and with ``test_plan_custom_resources_cel.py``): copy one
     before changing it."""
-    return [m for _, m in kubernetes_objects(_run(stack)) if not validate_object(m)[0]]
+    return [m for _, m in kubernetes_objects(stack_plan(stack)) if not validate_object(m)[0]]
 
 
 def _errors(manifest: dict[str, Any]) -> list[str]:

@@ -3,29 +3,14 @@
 
 from __future__ import annotations
 
-from functools import cache
-
 import pytest
 
-from stacks.config import RegionStackConfig, load_stack_config
 from stacks.mock_engine import ProgramRun, RecordedResource
-from stacks.plan import plan_program
+from tests.support.stack_plans import REGION_STACKS, region_config, stack_plan
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
 ADDON = "aws:eks/addon:Addon"
 SCALED_OBJECT = "kubernetes:keda.sh/v1alpha1:ScaledObject"
-REGION_STACKS = ["prod-us-east-1", "prod-eu-west-1", "prod-ap-northeast-1", "dev-us-west-2"]
-
-
-@cache
-def _run(stack: str) -> ProgramRun:
-    return plan_program(stack)
-
-
-def _region(stack: str) -> RegionStackConfig:
-    config = load_stack_config(stack)
-    assert isinstance(config, RegionStackConfig)
-    return config
 
 
 def _release(run: ProgramRun, name: str) -> RecordedResource:
@@ -35,7 +20,7 @@ def _release(run: ProgramRun, name: str) -> RecordedResource:
 
 @pytest.mark.parametrize("stack", REGION_STACKS)
 def test_prometheus_claims_the_configured_volume_after_its_driver(stack: str) -> None:
-    config, run = _region(stack), _run(stack)
+    config, run = region_config(stack), stack_plan(stack)
     prometheus = _release(run, "kube-prometheus-stack")
     spec = prometheus.inputs["values"]["prometheus"]["prometheusSpec"]
     claim = spec["storageSpec"]["volumeClaimTemplate"]["spec"]
@@ -53,7 +38,7 @@ def test_prometheus_claims_the_configured_volume_after_its_driver(stack: str) ->
 
 @pytest.mark.parametrize("stack", REGION_STACKS)
 def test_the_public_endpoint_admits_what_the_stack_file_lists(stack: str) -> None:
-    config, run = _region(stack), _run(stack)
+    config, run = region_config(stack), stack_plan(stack)
     clusters = [r for r in run.resources if r.type == "aws:eks/cluster:Cluster"]
     if config.cluster.mode == "adopt":
         assert clusters == []
@@ -64,7 +49,7 @@ def test_the_public_endpoint_admits_what_the_stack_file_lists(stack: str) -> Non
 
 @pytest.mark.parametrize("stack", REGION_STACKS)
 def test_keda_scales_every_model_without_reading_a_secret(stack: str) -> None:
-    run = _run(stack)
+    run = stack_plan(stack)
     keda = _release(run, "keda").inputs["values"]
     assert keda["permissions"]["operator"]["restrict"]["secret"] is True
     # Restricted, the operator reads Secrets of its own namespace only: a TriggerAuthentication

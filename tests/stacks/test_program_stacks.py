@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any
 
 import pytest
@@ -11,31 +10,18 @@ from components.cpu_node_group import CPU_MODELS_ROLE
 from components.gpu_node_group import NODE_GROUP_LABEL
 from contracts.labels import NODE_ROLE_LABEL
 from runtime.compat import load_matrix
-from stacks.config import RegionStackConfig, load_stack_config
+from stacks.config import RegionStackConfig
 from stacks.kubernetes_objects import kubernetes_objects, validate_object
-from stacks.mock_engine import ProgramRun
-from stacks.plan import plan_program
+from tests.support.stack_plans import REGION_STACKS, region_config, stack_plan
 
 DEPLOYMENT = "kubernetes:apps/v1:Deployment"
 ROLLOUT = "kubernetes:argoproj.io/v1alpha1:Rollout"
-REGION_STACKS = ["prod-us-east-1", "prod-eu-west-1", "prod-ap-northeast-1", "dev-us-west-2"]
 _EFFECTS = {"NO_SCHEDULE": "NoSchedule"}
-
-
-@cache
-def _run(stack: str) -> ProgramRun:
-    return plan_program(stack)
-
-
-def _region(stack: str) -> RegionStackConfig:
-    config = load_stack_config(stack)
-    assert isinstance(config, RegionStackConfig)
-    return config
 
 
 @pytest.mark.parametrize("stack", REGION_STACKS)
 def test_outputs_give_every_served_version_its_endpoints(stack: str) -> None:
-    config, run = _region(stack), _run(stack)
+    config, run = region_config(stack), stack_plan(stack)
     endpoints = run.outputs["endpoints"]
     assert sorted(endpoints) == sorted(m.id for m in config.models)
     for model in config.models:
@@ -56,8 +42,9 @@ def test_outputs_give_every_served_version_its_endpoints(stack: str) -> None:
 
 @pytest.mark.parametrize("stack", REGION_STACKS)
 def test_every_kubernetes_object_validates(stack: str) -> None:
-    objects = list(kubernetes_objects(_run(stack)))
-    results = [(m["kind"], *validate_object(m, _region(stack).cluster.version)) for _, m in objects]
+    objects = list(kubernetes_objects(stack_plan(stack)))
+    version = region_config(stack).cluster.version
+    results = [(m["kind"], *validate_object(m, version)) for _, m in objects]
     assert [r for r in results if r[2] is not None] == []
     kinds_with_schema = {kind for kind, has_schema, _ in results if has_schema}
     assert {"Deployment", "Job", "Service", "PersistentVolume", "PodDisruptionBudget"} <= (
@@ -67,7 +54,7 @@ def test_every_kubernetes_object_validates(stack: str) -> None:
 
 @pytest.mark.parametrize("stack", REGION_STACKS)
 def test_servers_fit_their_node_group_and_wait_for_their_job(stack: str) -> None:
-    run = _run(stack)
+    run = stack_plan(stack)
     groups = {
         r.inputs["labels"][NODE_GROUP_LABEL]: r.inputs
         for r in run.resources
@@ -120,7 +107,7 @@ def test_servers_fit_their_node_group_and_wait_for_their_job(stack: str) -> None
 
 
 def test_red_black_serves_only_the_last_version() -> None:
-    run = _run("prod-us-east-1")
+    run = stack_plan("prod-us-east-1")
     served = {
         (
             d.type,
@@ -138,8 +125,8 @@ def test_red_black_serves_only_the_last_version() -> None:
 
 
 def test_adopting_a_cluster_creates_none() -> None:
-    adopted = {r.type for r in _run("prod-eu-west-1").resources}
-    created = {r.type for r in _run("prod-us-east-1").resources}
+    adopted = {r.type for r in stack_plan("prod-eu-west-1").resources}
+    created = {r.type for r in stack_plan("prod-us-east-1").resources}
     assert "aws:eks/cluster:Cluster" not in adopted
     assert "aws:iam/openIdConnectProvider:OpenIdConnectProvider" not in adopted
     assert "aws:eks/cluster:Cluster" in created
@@ -147,7 +134,7 @@ def test_adopting_a_cluster_creates_none() -> None:
 
 
 def test_region_stacks_read_the_global_stack() -> None:
-    run = _run("dev-us-west-2")
+    run = stack_plan("dev-us-west-2")
     reference = next(r for r in run.resources if r.type == "pulumi:pulumi:StackReference")
     assert reference.name == "llm-serving/global"
     deployment = next(r for r in run.resources if r.type == "kubernetes:apps/v1:Deployment")
@@ -162,7 +149,7 @@ def test_region_stacks_read_the_global_stack() -> None:
 
 
 def test_global_stack_exports_what_regions_read() -> None:
-    run = _run("global")
+    run = stack_plan("global")
     regions = {"us-east-1", "eu-west-1", "ap-northeast-1", "us-west-2"}
     assert set(run.outputs["image_repository_urls"]) == regions
     assert set(run.outputs["model_buckets"]) == regions
@@ -190,7 +177,7 @@ def _served_by(config: RegionStackConfig) -> dict[str, str]:
 
 
 def test_a_red_black_version_change_updates_the_same_resources() -> None:
-    config = _region("prod-us-east-1")
+    config = region_config("prod-us-east-1")
     llama = config.models[0]
     assert llama.strategy == "red-black"
     newer = llama.model_copy(
@@ -217,7 +204,7 @@ def test_metrics_assets_ship_once_per_region() -> None:
         RegionPlatform(
             "r",
             RegionPlatformArgs(
-                config=_region("prod-us-east-1"),
+                config=region_config("prod-us-east-1"),
                 image_repository_url="repo",
                 bucket_name="b",
                 dashboard=dashboard,
@@ -244,7 +231,7 @@ def test_metrics_assets_ship_once_per_region() -> None:
 
 @pytest.mark.parametrize("stack", REGION_STACKS)
 def test_device_plugin_runs_exactly_where_the_ami_lacks_it(stack: str) -> None:
-    run = _run(stack)
+    run = stack_plan(stack)
     families = {
         r.inputs["labels"]["llm-serving/ami-family"]
         for r in run.resources
@@ -262,7 +249,7 @@ def test_device_plugin_runs_exactly_where_the_ami_lacks_it(stack: str) -> None:
         assert plugin["values"]["nodeSelector"] == {"llm-serving/ami-family": "al2023"}
 
 
-CREATED_STACKS = [s for s in REGION_STACKS if _region(s).cluster.mode == "create"]
+CREATED_STACKS = [s for s in REGION_STACKS if region_config(s).cluster.mode == "create"]
 _WORKLOADS = ("kubernetes:batch/v1:Job", DEPLOYMENT, ROLLOUT)
 
 
@@ -302,7 +289,7 @@ def _fits(pod: dict[str, Any], group: dict[str, Any]) -> bool:
 
 @pytest.mark.parametrize("stack", CREATED_STACKS)
 def test_every_pod_of_a_created_cluster_has_a_node_group_it_fits(stack: str) -> None:
-    run = _run(stack)
+    run = stack_plan(stack)
     groups = [r.inputs for r in run.resources if r.type == "aws:eks/nodeGroup:NodeGroup"]
     assert any(not g.get("taints") for g in groups), "no untainted node group"
     pods = {
@@ -322,7 +309,7 @@ def test_every_pod_of_a_created_cluster_has_a_node_group_it_fits(stack: str) -> 
 
 @pytest.mark.parametrize("stack", CREATED_STACKS)
 def test_add_ons_and_workloads_wait_for_the_system_nodes(stack: str) -> None:
-    run = _run(stack)
+    run = stack_plan(stack)
     (system,) = (
         r
         for r in run.resources
@@ -338,15 +325,15 @@ def test_add_ons_and_workloads_wait_for_the_system_nodes(stack: str) -> None:
 
 
 def test_an_adopted_cluster_gets_no_system_nodes() -> None:
-    types = {r.type for r in _run("prod-eu-west-1").resources}
+    types = {r.type for r in stack_plan("prod-eu-west-1").resources}
     assert "llm-serving:system_node_group:SystemNodeGroup" not in types
-    created = {r.type for r in _run("prod-us-east-1").resources}
+    created = {r.type for r in stack_plan("prod-us-east-1").resources}
     assert "llm-serving:system_node_group:SystemNodeGroup" in created
 
 
 @pytest.mark.parametrize("stack", REGION_STACKS)
 def test_capacity_block_groups_launch_only_in_their_reservations_subnet(stack: str) -> None:
-    config, run = _region(stack), _run(stack)
+    config, run = region_config(stack), stack_plan(stack)
     groups = {
         r.name.removesuffix("-nodes"): r.inputs
         for r in run.resources
@@ -363,7 +350,7 @@ def test_capacity_block_groups_launch_only_in_their_reservations_subnet(stack: s
 @pytest.mark.parametrize("stack", REGION_STACKS)
 def test_each_endpoint_is_the_hostname_of_its_own_route_kind(stack: str) -> None:
     # endpoints say which is which: grpc is a GRPCRoute's hostname, openai an HTTPRoute's.
-    run = _run(stack)
+    run = stack_plan(stack)
     hosts: dict[str, set[str]] = {"GRPCRoute": set(), "HTTPRoute": set()}
     for resource in run.resources:
         kind = resource.type.rsplit(":", 1)[-1]

@@ -17,8 +17,8 @@ from stacks.config import STACKS_DIR, StackConfigError
 from stacks.mock_engine import PlanMocks, ProgramRun, RecordedResource
 from stacks.plan import diff_runs, global_outputs
 from stacks.plan_checks import check_plan
+from tests.support.stack_plans import REGION_STACKS
 
-REGION_STACKS = ["prod-us-east-1", "prod-eu-west-1", "prod-ap-northeast-1", "dev-us-west-2"]
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 CLUSTER = "aws:eks/cluster:Cluster"
 LUSTRE = "aws:fsx/lustreFileSystem:LustreFileSystem"
@@ -40,6 +40,8 @@ def _plan(stack: str, key: str = "", edit: Edit | None = None, **mocks: Any) -> 
 
 @cache
 def _shipped(stack: str) -> ProgramRun:
+    # Not tests.support.stack_plans.stack_plan: made as `_plan` makes the edited plans it is
+    # diffed against, so that a diff shows the edit alone.
     return _plan(stack)
 
 

@@ -12,10 +12,13 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.stack_plans import REGION_STACKS
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
 BIN = Path(sys.executable).parent
-REGION_STACKS = ["dev-us-west-2", "prod-us-east-1", "prod-eu-west-1", "prod-ap-northeast-1"]
+# The workflows' matrices list the region stacks dev first, then the prod ones in order.
+MATRIX_STACKS = sorted(REGION_STACKS, key=lambda stack: not stack.startswith("dev-"))
 PINNED = re.compile(r"^[\w.-]+/[\w.-]+@[0-9a-f]{40}$")
 
 
@@ -90,12 +93,12 @@ def test_pull_request_runs_tests_then_plan_diff_and_commented_previews() -> None
     jobs = workflow["jobs"]
     assert any(s.get("run") == "make test" for s in jobs["test"]["steps"])
     assert jobs["plan-diff"]["needs"] == jobs["preview"]["needs"] == "test"
-    assert jobs["plan-diff"]["strategy"]["matrix"]["stack"] == REGION_STACKS
+    assert jobs["plan-diff"]["strategy"]["matrix"]["stack"] == MATRIX_STACKS
     assert "id-token" not in jobs["plan-diff"]["permissions"]
     plan = jobs["plan-diff"]["steps"][-1]
     assert '--against "origin/$BASE_REF"' in plan["run"] and "${{" not in plan["run"]
     stacks = [entry["stack"] for entry in jobs["preview"]["strategy"]["matrix"]["include"]]
-    assert stacks == REGION_STACKS
+    assert stacks == MATRIX_STACKS
     (pulumi,) = steps_using(jobs["preview"], "pulumi/actions")
     assert pulumi["with"]["command"] == "preview"
     assert pulumi["with"]["diff"] is True and pulumi["with"]["comment-on-pr"] is True
@@ -111,7 +114,7 @@ def test_deploy_goes_one_region_at_a_time_and_stops_at_first_failure() -> None:
     assert up["needs"] == "test"
     assert up["strategy"]["max-parallel"] == 1 and up["strategy"]["fail-fast"] is True
     stacks = [entry["stack"] for entry in up["strategy"]["matrix"]["include"]]
-    assert stacks == ["global", *REGION_STACKS]
+    assert stacks == ["global", *MATRIX_STACKS]
     (pulumi,) = steps_using(up, "pulumi/actions")
     assert pulumi["with"]["command"] == "up" and pulumi["with"]["policyPacks"] == "policy"
     assert pulumi["with"]["refresh"] is True
