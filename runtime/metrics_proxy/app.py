@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from runtime.metrics_proxy.budget import SCRAPE_TIMEOUT_HEADER, scrape_budget
 from runtime.metrics_proxy.exposition import negotiate, wants_gzip
 from runtime.metrics_proxy.multiproc import MultiprocReader, ReaderFactory
 from runtime.metrics_proxy.scrape import Scraper
@@ -61,11 +62,16 @@ def _check(settings: ProxySettings) -> None:
 
 
 async def metrics(request: Request) -> Response:
-    """The merged exposition, in the format and encoding the scraper prefers."""
+    """The merged exposition, in the format and encoding the scraper prefers, with Triton's
+    wait bounded by the scrape timeout the scraper sent (ignored where it is no number)."""
     scraper: Scraper = request.app.state.scraper
+    settings: ProxySettings = request.app.state.settings
     openmetrics, content_type = negotiate(request.headers.get("accept"))
     gzipped = wants_gzip(request.headers.get("accept-encoding"))
-    body = await scraper.body()
+    budget = scrape_budget(
+        request.headers.get(SCRAPE_TIMEOUT_HEADER), settings.scrape_timeout_offset_s
+    )
+    body = await scraper.body(budget)
     headers = {"Content-Encoding": "gzip"} if gzipped else {}
     headers["Vary"] = "Accept, Accept-Encoding"
     return Response(body.encoded(openmetrics, gzipped), headers=headers, media_type=content_type)
@@ -93,6 +99,7 @@ def create_app(settings: ProxySettings, reader: ReaderFactory = MultiprocReader)
             settings.triton_url, settings.triton_timeout_s, settings.triton_max_bytes
         )
         files = reader(directory, settings.mark_dead_processes)
+        app.state.settings = settings
         app.state.scraper = Scraper(
             triton, files, directory, settings.constant_labels(), settings.reuse_s
         )

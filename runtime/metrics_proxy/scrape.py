@@ -1,7 +1,9 @@
 """One scrape's work: Triton's fetch and the ``.db`` merge side by side, then one body per format.
 
 Scrapes that arrive while a merge runs share it; a finished merge younger than ``reuse_s`` is
-served again. Each source's health and the proxy's own families are kept here.
+served again. A scrape's budget (the timeout Prometheus sent) cuts the merge's wait for Triton;
+the scrapes sharing a merge share the earliest of their deadlines. Each source's health and the
+proxy's own families are kept here.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.samples import Sample
 
+from runtime.metrics_proxy.budget import ScrapeBudget
 from runtime.metrics_proxy.exposition import encode
 from runtime.metrics_proxy.merge import merge_families
 from runtime.metrics_proxy.multiproc import MultiprocResult, MultiprocSource
@@ -177,17 +180,42 @@ class Scraper:
         self._series_cache: SeriesCache = {}
         self._last: Body | None = None
         self._running: asyncio.Task[Body] | None = None
+        # The running merge's deadline for Triton (event-loop time), the earliest its scrapes
+        # asked for, with the budget that set it; and the timeout holding it while Triton's
+        # fetch is under way, which a scrape joining the merge moves earlier.
+        self._deadline: float | None = None
+        self._deadline_budget: ScrapeBudget | None = None
+        self._cut: asyncio.Timeout | None = None
 
-    async def body(self) -> Body:
-        """A merge for this scrape: a recent one, the one running, or a new one."""
+    async def body(self, budget: ScrapeBudget | None = None) -> Body:
+        """A merge for this scrape: a recent one, the one running, or a new one.
+
+        With a ``budget``, the merge stops waiting for Triton ``budget.wait_s`` from now (its
+        source then fails with ``reason="timeout"``), unless a scrape sharing it set an earlier
+        deadline. Triton's configured timeout bounds the wait either way.
+        """
         last = self._last
         if last is not None and time.monotonic() - last.at <= self._reuse_s:
             return last
         if self._running is None:
+            self._deadline = self._deadline_budget = None
             self._running = asyncio.ensure_future(self._merge())
             self._running.add_done_callback(self._finished)
+        if budget is not None:
+            self._bound(asyncio.get_running_loop().time() + budget.wait_s, budget)
         # Shielded: a scraper that leaves must not cancel the merge the others wait on.
         return await asyncio.shield(self._running)
+
+    def _bound(self, deadline: float, budget: ScrapeBudget) -> None:
+        """Move the running merge's deadline for Triton to ``deadline`` if that is earlier."""
+        if self._deadline is not None and self._deadline <= deadline:
+            return
+        self._deadline, self._deadline_budget = deadline, budget
+        cut = self._cut
+        # Not yet started, the fetch reads self._deadline when it starts; expired, it is being
+        # cancelled already (and reschedule() would raise); done, Triton has answered.
+        if cut is not None and not cut.expired():
+            cut.reschedule(deadline)
 
     async def aclose(self) -> None:
         """Cancel the merge in flight (its scrapes are past the grace period) and close the
@@ -211,13 +239,30 @@ class Scraper:
 
     async def _fetch(self) -> tuple[str | TritonScrapeError, float]:
         start = time.monotonic()
+        text: str | TritonScrapeError
         try:
-            text: str | TritonScrapeError = await self._triton.fetch()
-        except TritonScrapeError as exc:
+            async with asyncio.timeout_at(self._deadline) as cut:
+                self._cut = cut
+                text = await self._triton.fetch()
+        except TritonScrapeError as exc:  # Triton's configured timeout among them
             text = exc
+        except TimeoutError:  # the scrape's deadline: fetch() turns its own into the above
+            text = TritonScrapeError("timeout", self._budget_message())
         except Exception as exc:  # a bug must cost the source, never the scrape
             text = TritonScrapeError("internal", repr(exc))
+        finally:
+            self._cut = None
         return text, time.monotonic() - start
+
+    def _budget_message(self) -> str:
+        budget = self._deadline_budget
+        if budget is None:  # only a deadline set with its budget can expire
+            return f"{self._triton.url}: did not answer within the scrape's deadline"
+        # Constant while Prometheus's scrape_timeout is, so logged once.
+        return (
+            f"{self._triton.url}: did not answer within the scrape timeout the scraper sent "
+            f"({budget.timeout_s:g} s, less {budget.margin_s:g} s to answer)"
+        )
 
     def _read_files(self) -> tuple[MultiprocResult | SourceError, float]:
         start = time.monotonic()

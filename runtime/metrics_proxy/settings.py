@@ -26,7 +26,20 @@ class ProxySettings(BaseSettings):
         2.0,
         gt=0,
         allow_inf_nan=False,
-        description="Whole-request bound on Triton's fetch; a slow Triton is down.",
+        description=(
+            "Whole-request bound on Triton's fetch; a slow Triton is down. A scrape's own "
+            "timeout (see scrape_timeout_offset_s) may cut it shorter."
+        ),
+    )
+    scrape_timeout_offset_s: float = Field(
+        0.5,
+        ge=0,
+        allow_inf_nan=False,
+        description=(
+            "Part of the scrape timeout Prometheus sends (X-Prometheus-Scrape-Timeout-Seconds) "
+            "kept for answering (at most half of it): Triton's fetch is cut at the rest, so a "
+            "slow Triton fails its own source instead of the whole scrape."
+        ),
     )
     triton_max_bytes: int = Field(
         4 << 20, gt=0, description="Largest Triton exposition accepted, bounding memory."

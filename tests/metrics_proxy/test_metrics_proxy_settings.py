@@ -37,6 +37,7 @@ def test_any_other_argument_exits_2_with_the_usage_line() -> None:
     "variable",
     [
         "METRICS_PROXY_TRITON_TIMEOUT_S",
+        "METRICS_PROXY_SCRAPE_TIMEOUT_OFFSET_S",
         "METRICS_PROXY_REUSE_S",
         "METRICS_PROXY_GRACEFUL_SHUTDOWN_S",
         "METRICS_PROXY_IDLE_TIMEOUT_S",
