@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 __all__ = [
@@ -15,6 +18,8 @@ __all__ = [
     "BackendUnavailableError",
     "ClientDisconnectedError",
     "DeadlineExceededError",
+    "ErrorDetail",
+    "ErrorResponse",
     "FieldRefusedError",
     "FrontendError",
     "InvalidOutputError",
@@ -25,6 +30,7 @@ __all__ = [
     "RequestTooLargeError",
     "TruncatedOutputError",
     "error_body",
+    "error_responses",
     "install_error_handlers",
     "internal_error",
 ]
@@ -136,16 +142,95 @@ class TruncatedOutputError(InvalidRequestError):
     """Output cut by the client's max_tokens broke the requested format (counted too)."""
 
 
+class ErrorDetail(BaseModel):
+    """What went wrong, in OpenAI's terms."""
+
+    message: str = Field(description="What went wrong, and what to send instead.")
+    type: str = Field(description="The error class, e.g. invalid_request_error, server_error.")
+    param: str | None = Field(description="The request field at fault, if one is.")
+    code: str | None = Field(description="A machine-readable reason, e.g. model_not_found.")
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error body: the body of every error this frontend answers."""
+
+    error: ErrorDetail
+
+
 def error_body(exc: FrontendError) -> dict:
     """The OpenAI error body ``{"error": {"message", "type", "param", "code"}}``."""
-    return {
-        "error": {
-            "message": exc.message,
-            "type": exc.error_type,
-            "param": exc.param,
-            "code": exc.code,
+    detail = ErrorDetail(message=exc.message, type=exc.error_type, param=exc.param, code=exc.code)
+    return ErrorResponse(error=detail).model_dump()
+
+
+# What each documented status means, and the errors that answer it (their headers).
+_STATUSES: dict[int, tuple[str, tuple[type[FrontendError], ...]]] = {
+    400: (
+        "Invalid request: a refused field or value (param names it), or a body that is not JSON",
+        (InvalidRequestError,),
+    ),
+    401: (
+        "Missing or invalid API key (when LLM_SERVING_FRONTEND_API_KEYS_FILE is set)",
+        (AuthenticationError,),
+    ),
+    404: ("The model is not the one this endpoint serves", (ModelNotFoundError,)),
+    413: ("The body exceeds LLM_SERVING_FRONTEND_MAX_REQUEST_BYTES", (RequestTooLargeError,)),
+    429: ("Too many open streams; retry after Retry-After seconds", (RateLimitError,)),
+    501: ("The deployed backend cannot perform this operation", (NotSupportedError,)),
+    502: (
+        "Triton answered with an error, or the model's output broke the requested format",
+        (BackendError, InvalidOutputError),
+    ),
+    503: ("Triton is unreachable; retry after Retry-After seconds", (BackendUnavailableError,)),
+    504: (
+        "The request deadline (LLM_SERVING_FRONTEND_REQUEST_TIMEOUT_S) passed",
+        (DeadlineExceededError,),
+    ),
+}
+
+
+def _headers(errors: tuple[type[FrontendError], ...]) -> dict[str, Any]:
+    headers: dict[str, Any] = {}
+    if any(e.retry_after_s is not None for e in errors):
+        headers["Retry-After"] = {
+            "description": "Seconds to wait before a retry.",
+            "schema": {"type": "integer"},
         }
+    if any(not e.retryable for e in errors):
+        headers["x-should-retry"] = {
+            "description": "false: a retry cannot help (the OpenAI SDKs obey it).",
+            "schema": {"type": "string", "enum": ["false"]},
+        }
+    return headers
+
+
+def error_responses(
+    *statuses: int, descriptions: Mapping[int, str] | None = None
+) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` for a route that answers ``statuses`` with :class:`ErrorResponse`.
+
+    ``"default"`` documents every other error (a 500 from a bug, a 405) with the same body.
+    FastAPI documents its own 422 only on routes that declare none of 422, "4XX" and
+    "default", so this also keeps that status, which the frontend never answers (validation
+    errors are 400s), out of the document. ``descriptions`` replace the generic ones.
+    """
+    described = descriptions or {}
+    responses: dict[int | str, dict[str, Any]] = {}
+    for status in statuses:
+        description, errors = _STATUSES[status]
+        response: dict[str, Any] = {
+            "model": ErrorResponse,
+            "description": described.get(status, description),
+        }
+        headers = _headers(errors)
+        if headers:
+            response["headers"] = headers
+        responses[status] = response
+    responses["default"] = {
+        "model": ErrorResponse,
+        "description": "Any other error (a 500 is a bug in the frontend), with the same body",
     }
+    return responses
 
 
 def internal_error(exc: BaseException) -> FrontendError:

@@ -18,6 +18,7 @@ from runtime.frontend.errors import (
     InvalidOutputError,
     InvalidRequestError,
     TruncatedOutputError,
+    error_responses,
 )
 from runtime.frontend.fields import check_fields
 from runtime.frontend.generation import (
@@ -161,7 +162,20 @@ def _validated(
         raise
 
 
-@router.post(ROUTE)
+# TruncatedOutputError is a 400 too: the client's max_tokens broke the format it asked for.
+_INVALID = (
+    "Invalid request: a refused field or value (param names it), a body that is not JSON, or "
+    "output that max_tokens cut before it met response_format or finished a tool call"
+)
+
+
+@router.post(
+    ROUTE,
+    responses=error_responses(
+        *(400, 401, 404, 413, 429, 502, 503, 504),
+        descriptions={400: _INVALID},
+    ),
+)
 async def create_chat_completion(
     body: ChatCompletionRequest, request: Request, _: AuthDep, state: StateDep
 ) -> Any:

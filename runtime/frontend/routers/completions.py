@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from runtime.frontend.dependencies import AuthDep, StateDep, check_model
 from runtime.frontend.engine import EngineOutput, GenerateParams, TokenLogprob
-from runtime.frontend.errors import FieldRefusedError, InvalidRequestError
+from runtime.frontend.errors import FieldRefusedError, InvalidRequestError, error_responses
 from runtime.frontend.fields import check_fields
 from runtime.frontend.generation import (
     ChunkFrame,
@@ -131,7 +131,7 @@ def _prepare(
     return prompts, samplings
 
 
-@router.post(ROUTE)
+@router.post(ROUTE, responses=error_responses(400, 401, 404, 413, 429, 502, 503, 504))
 async def create_completion(
     body: CompletionRequest, request: Request, _: AuthDep, state: StateDep
 ) -> Any:

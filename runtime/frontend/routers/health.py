@@ -6,6 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from runtime.frontend.dependencies import EngineDep
+from runtime.frontend.errors import error_responses
 
 __all__ = ["router"]
 
@@ -18,7 +19,11 @@ async def live() -> dict[str, str]:
     return {"status": "live"}
 
 
-@router.get("/health/ready", responses={503: {"description": "Triton or the model not ready"}})
+# Its 503 is the probe's answer, not an error: {"status": "not ready"}.
+@router.get(
+    "/health/ready",
+    responses={**error_responses(), 503: {"description": "Triton or the model not ready"}},
+)
 async def ready(engine: EngineDep) -> JSONResponse:
     """Triton and the model answer ready over gRPC."""
     if await engine.ready():

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from runtime.frontend.dependencies import AuthDep, StateDep, check_model
-from runtime.frontend.errors import InvalidRequestError
+from runtime.frontend.errors import InvalidRequestError, error_responses
 from runtime.frontend.fields import check_fields
 from runtime.frontend.sampling import resolve_max_tokens
 from runtime.frontend.schemas import ScoreRequest
@@ -20,7 +20,13 @@ ROUTE = "/v1/score"
 router = APIRouter(tags=["score"])
 
 
-@router.post(ROUTE, responses={501: {"description": "backend returns no prompt logprobs"}})
+@router.post(
+    ROUTE,
+    responses=error_responses(
+        *(400, 401, 404, 413, 501, 502, 503, 504),
+        descriptions={501: "backend returns no prompt logprobs"},
+    ),
+)
 async def score(body: ScoreRequest, request: Request, _: AuthDep, state: StateDep) -> Any:
     """Rank candidates by log p(candidate | prompt); no token is decoded for the result."""
     check_fields(ROUTE, body)
