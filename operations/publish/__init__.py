@@ -18,9 +18,9 @@ there) ``COMPLETED`` at every destination; a replica region then never sees a ma
 S3 cannot return the metadata of an open multipart upload, so each one gets a small record
 object under ``<version>/.publish/`` saying which content (sha256, size) and part size it was
 opened for; a resume that finds another content, or no record, aborts the upload and starts
-again, and any other open upload of the key is aborted as left behind by an earlier run. The
-records are removed before the manifest is written, which is why packages may not keep files
-there.
+again, and any other open upload of the key is aborted as left behind by an earlier run, as is
+any open upload under the prefix of a key the manifest does not list. The records are removed
+before the manifest is written, which is why packages may not keep files there.
 
 Each file is hashed again while it is read for upload (not read twice), so a file rewritten after
 the checks is never stored under the manifest's sha256: its upload is refused or aborted. The

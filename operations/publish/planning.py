@@ -128,6 +128,10 @@ class PublishPlan:
     """``manifest.json`` as read when planning: the file list the plan carries out."""
     manifest_sha256: str
     replication: Replication = NO_REPLICATION
+    abandoned_uploads: tuple[tuple[str, str], ...] = ()
+    """``(key, upload id)`` of open multipart uploads under the prefix for keys the manifest does
+    not list (a publish cut short, then a rebuild that renamed or dropped the file): aborted
+    before anything is sent, as S3 bills their parts and no object listing shows them."""
 
     @property
     def prefix(self) -> str:
@@ -158,9 +162,9 @@ def _open_uploads(client: Any, bucket: str, prefix: str) -> dict[str, list[str]]
     }
 
 
-def record_key(prefix: str, entry: FileEntry) -> str:
-    """The key of the record beside ``entry``'s open multipart upload."""
-    return f"{prefix}{RECORDS_PREFIX}{entry.path}.json"
+def record_key(prefix: str, path: str) -> str:
+    """The key of the record beside the open multipart upload of the package's file ``path``."""
+    return f"{prefix}{RECORDS_PREFIX}{path}.json"
 
 
 def _read_record(client: Any, bucket: str, key: str) -> UploadRecord | None:
@@ -250,7 +254,9 @@ def refuse_unlisted(client: Any, bucket: str, prefix: str, files: Iterable[str],
     The model cache imports the whole prefix and vLLM loads every weight file of its folder, so
     a shard left by an earlier build of the version (a publish cut short before its manifest)
     would be served beside the new ones. Only publish's own records and the manifest itself are
-    not files of the package. ``done`` says what publish has and has not done so far.
+    not files of the package, and folder markers (empty keys ending in ``/``, as the S3 console's
+    "Create folder" writes), which the model cache imports as folders. ``done`` says what publish
+    has and has not done so far.
     """
     wanted = {prefix + path for path in (*files, MANIFEST_NAME)}
     unlisted = []
@@ -258,6 +264,8 @@ def refuse_unlisted(client: Any, bucket: str, prefix: str, files: Iterable[str],
     for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
             key = obj["Key"]
+            if key.endswith("/") and obj.get("Size") == 0:
+                continue  # a folder marker: a folder in the model cache, no file to load
             if key not in wanted and not key.startswith(prefix + RECORDS_PREFIX):
                 unlisted.append(key.removeprefix(prefix))
     if unlisted:
@@ -362,7 +370,7 @@ def plan_publish(
         else:
             item = PlanItem(key, entry, "replace", f"bucket has sha256 {remote_sha}", layout)
         if uploads and item.action != "skip":
-            record = _read_record(client, bucket, record_key(prefix, entry))
+            record = _read_record(client, bucket, record_key(prefix, entry.path))
             upload_id = uploads[-1]
             if record is not None and record.upload_id in uploads:
                 upload_id = record.upload_id
@@ -371,13 +379,28 @@ def plan_publish(
             reason = resumed.reason if head is None else f"{item.reason}; {resumed.reason}"
             item = replace(resumed, reason=reason)
         items.append(_with_stale(item, uploads))
+    # Uploads of keys no longer planned would stay open, and billed, forever: only a publish of
+    # this version opens uploads under its prefix, and never under the records folder.
+    planned = {item.key for item in items}
+    abandoned = tuple(
+        (key, upload_id)
+        for key, upload_ids in sorted(open_uploads.items())
+        if key not in planned and not key.startswith(prefix + RECORDS_PREFIX)
+        for upload_id in upload_ids
+    )
     replication = Replication(checked=False)
     if wait_replication:
         replication = replication_for(client, bucket, [item.key for item in items])
         statuses = {key: skipped[key] for key in replication.keys if key in skipped}
         refuse_unreplicable(bucket, prefix, statuses, replication.rules)
     return PublishPlan(
-        bucket, tuple(items), manifest_key, manifest_body, local_manifest_sha, replication
+        bucket,
+        tuple(items),
+        manifest_key,
+        manifest_body,
+        local_manifest_sha,
+        replication,
+        abandoned,
     )
 
 
@@ -387,6 +410,11 @@ def format_plan(plan: PublishPlan) -> str:
     lines = [
         f"{item.action:8} {item.entry.size:>14,d} B  s3://{plan.bucket}/{item.key}  ({item.reason})"
         for item in plan.items
+    ]
+    lines += [
+        f"{'abort':8} {'':>14}    s3://{plan.bucket}/{key}  (open multipart upload {upload_id} "
+        f"of a file {MANIFEST_NAME} does not list)"
+        for key, upload_id in plan.abandoned_uploads
     ]
     replication = plan.replication
     if not replication.checked:

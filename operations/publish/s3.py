@@ -29,6 +29,15 @@ def read_failed(bucket: str, key: str, exc: ClientError) -> PublishError:
             f"s3://{bucket} (without it S3 answers 403, not 404, for a key that is not there "
             "yet) and s3:GetObject on its objects; grant both"
         )
+    if code == "400":
+        # A response to HEAD has no body to name the error: expired or invalid temporary
+        # credentials (ExpiredToken, InvalidToken) reach publish as a bare 400.
+        return PublishError(
+            f"cannot read s3://{bucket}/{key} (400 Bad Request): S3 answers HEAD this way, without "
+            "a reason, when temporary credentials have expired or are invalid (ExpiredToken, "
+            "InvalidToken): refresh them (aws sso login, or a new role session; aws sts "
+            "get-caller-identity checks them) and run publish again (what it uploaded is kept)"
+        )
     return PublishError(f"cannot read s3://{bucket}/{key}: {exc}")
 
 

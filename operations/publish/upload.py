@@ -35,7 +35,7 @@ from operations.publish.replication import (
 from operations.publish.s3 import SHA_KEY, PublishError, head_object
 from runtime.package.build import file_entry
 from runtime.package.errors import PackageError
-from runtime.package.manifest import FileEntry
+from runtime.package.manifest import MANIFEST_NAME, FileEntry
 
 __all__ = ["publish", "run_publish"]
 
@@ -74,6 +74,16 @@ class _Uploader:
 
     def run(self) -> None:
         try:
+            for key, upload_id in self.plan.abandoned_uploads:
+                logger.warning(
+                    "s3://%s/%s: aborting multipart upload %s (%s does not list the file: left "
+                    "open by an earlier publish of another build)",
+                    self.plan.bucket,
+                    key,
+                    upload_id,
+                    MANIFEST_NAME,
+                )
+                self._abort(key, upload_id)
             for item in self.plan.items:
                 for upload_id in item.stale_uploads:
                     logger.warning(
@@ -143,7 +153,7 @@ class _Uploader:
             record = UploadRecord(upload_id, item.entry.sha256, layout.size, layout.part_size)
             self.client.put_object(
                 Bucket=bucket,
-                Key=record_key(self.plan.prefix, item.entry),
+                Key=record_key(self.plan.prefix, item.entry.path),
                 Body=json.dumps(asdict(record)).encode(),
                 ContentType="application/json",
             )
@@ -226,10 +236,13 @@ def _changed(entry: FileEntry, sha256: str, size: int, what: str) -> PublishErro
 
 
 def _remove_records(client: Any, plan: PublishPlan) -> None:
-    """Delete the upload records of the version's files; run before the manifest makes it
-    visible. Only those keys: `plan_publish` refuses files under the records folder, and
-    anything else found there is not publish's."""
-    records = {record_key(plan.prefix, item.entry) for item in plan.items}
+    """Delete the upload records of the version's files and of the uploads aborted as abandoned;
+    run before the manifest makes it visible. Only those keys: `plan_publish` refuses files under
+    the records folder, and anything else found there is not publish's."""
+    records = {record_key(plan.prefix, item.entry.path) for item in plan.items}
+    records |= {
+        record_key(plan.prefix, key.removeprefix(plan.prefix)) for key, _ in plan.abandoned_uploads
+    }
     paginator = client.get_paginator("list_objects_v2")
     for page in paginator.paginate(Bucket=plan.bucket, Prefix=plan.prefix + RECORDS_PREFIX):
         for obj in page.get("Contents", []):
@@ -336,6 +349,7 @@ def run_publish(
     import contextlib
 
     import boto3
+    from botocore.config import Config
     from rich.progress import (
         BarColumn,
         DownloadColumn,
@@ -345,7 +359,10 @@ def run_publish(
     )
 
     try:
-        client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region)
+        # A connection for each worker and one for the thread that opens and completes uploads:
+        # botocore's default of 10 would make urllib3 discard (and log) one at every request.
+        config = Config(max_pool_connections=workers + 1)
+        client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
     except (BotoCoreError, ValueError) as exc:  # a malformed region or endpoint URL
         raise PublishError(
             f"cannot create the S3 client: {str(exc).rstrip('.')}; check --region (AWS_REGION) and "

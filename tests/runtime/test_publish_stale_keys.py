@@ -110,3 +110,14 @@ def test_publish_records_and_a_republish_of_the_same_build_are_not_refused(
     publish(s3_client, version, bucket, wait_replication=False)
     plan = publish(s3_client, version, bucket, wait_replication=False)
     assert {item.action for item in plan.items} == {"skip"}
+
+
+def test_folder_markers_under_the_prefix_are_not_refused(
+    s3_client: Any, bucket: str, tmp_path: Path
+) -> None:
+    # The S3 console's "Create folder" (and tools that mimic folders) write empty keys ending in
+    # "/": no file for the model cache to import or vLLM to load.
+    for marker in (PREFIX, PREFIX + "weights/"):
+        s3_client.put_object(Bucket=bucket, Key=marker, Body=b"")
+    publish(s3_client, _build(tmp_path, "a", False), bucket, wait_replication=False)
+    assert MANIFEST in _keys(s3_client, bucket)
