@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -34,8 +35,15 @@ __all__ = [
 ]
 
 
-def _not_utf8(value: Any) -> str | None:
-    """The first string in ``value`` (keys included) that has no UTF-8 form, if any."""
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether a string in ``value`` (keys included) has no UTF-8 form."""
+    try:
+        # orjson refuses such strings at native speed: a 4 MiB token machine in about 7 ms,
+        # against about 200 ms of the walk below, on the event loop.
+        orjson.dumps(value)
+        return False
+    except TypeError:  # a surrogate, or what orjson does not encode (a model, a big int)
+        pass
     stack = [value]
     while stack:
         item = stack.pop()
@@ -43,13 +51,13 @@ def _not_utf8(value: Any) -> str | None:
             try:
                 item.encode("utf-8")
             except UnicodeEncodeError:
-                return item
+                return True
         elif isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())
         elif isinstance(item, list | tuple):
             stack.extend(item)
-    return None
+    return False
 
 
 class _Strict(BaseModel):
@@ -60,7 +68,7 @@ class _Strict(BaseModel):
     def _utf8(cls, value: Any) -> Any:
         # JSON escapes can spell lone surrogates ("\ud800"), which no tokenizer or gRPC
         # string takes; nested models check their own fields.
-        if _not_utf8(value) is not None:
+        if _has_lone_surrogate(value):
             raise ValueError(
                 "is not UTF-8 text: it holds a lone UTF-16 surrogate (\\ud800-\\udfff)"
             )

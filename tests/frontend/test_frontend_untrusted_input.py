@@ -19,6 +19,7 @@ import pytest
 
 from runtime.frontend.chat_template import ChatTemplate, ChatTemplateError
 from runtime.frontend.errors import InvalidRequestError
+from runtime.frontend.schemas import _has_lone_surrogate
 from runtime.frontend.structured import MAX_JSON_DEPTH, MAX_SCHEMA_DEPTH, JsonRequirement
 from tests.frontend.conftest import REAL_MODEL, Served, serve_real
 from tests.support.real_triton import TritonServer
@@ -206,8 +207,13 @@ def test_tool_parameters_are_checked_like_response_format(frontend: Served) -> N
         ("/v1/score", {"model": MODEL, "prompt": "the", "candidates": [" \ud800"]}, "candidates"),
         ("/v1/chat/completions", {**CHAT, "stop": ["\ud800"]}, "stop"),
         ("/v1/chat/completions", {**CHAT, "metadata": {"\ud800": "x"}}, "metadata"),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "constraints": {"version": 1, "item_list": {"items": ["a", "b\udfff"]}}},
+            "constraints",
+        ),
     ],
-    ids=["chat", "completions", "embeddings", "score", "stop", "dict-key"],
+    ids=["chat", "completions", "embeddings", "score", "stop", "dict-key", "constraints"],
 )
 def test_lone_surrogates_are_400s_naming_the_field(
     frontend: Served, route: str, body: dict[str, Any], param: str
@@ -222,6 +228,19 @@ def test_lone_surrogates_are_400s_naming_the_field(
     )
     error = _refused(response, param)
     assert "surrogate" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ([2**70, {"k": "ok"}], False),  # past orjson's 64-bit ints: the walk decides
+        ([2**70, {"k": "b\ud800"}], True),
+        ({"\udc00": 1}, True),
+        ({"rows": [[0, 1, 2]] * 1000, "text": "a\u00e9\U0001f600"}, False),
+    ],
+)
+def test_surrogate_check_on_values_orjson_cannot_encode(value: Any, expected: bool) -> None:
+    assert _has_lone_surrogate(value) is expected
 
 
 def test_logit_bias_keys_must_be_ascii_digits(frontend: Served) -> None:
