@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeGuard
 from urllib.parse import urlparse
 
 from pydantic import ValidationError
@@ -41,6 +43,35 @@ _DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 _WORK_DIR_FIX = "mount a writable emptyDir at LLM_SERVING_WORK_DIR"
 
 
+def _disk_fault(exc: BaseException | None, folder: Path) -> TypeGuard[OSError]:
+    """Whether ``exc`` is the work dir refusing a write into ``folder``: full, over quota or
+    read-only anywhere, or permission denied on a file in ``folder`` (the same errno for a file
+    elsewhere, such as a credentials or token file, is not the work dir's fault)."""
+    if not isinstance(exc, OSError):
+        return False
+    if exc.errno in _DISK_ERRNOS:
+        return True
+    return (
+        exc.errno == errno.EACCES
+        and exc.filename is not None
+        and folder in Path(os.fsdecode(exc.filename)).parents
+    )
+
+
+def _work_dir_fix(manifest: Manifest | None, *, downloaded: bool) -> str:
+    """The fix for a full or read-only work dir: the room the package takes there, once the
+    manifest has said it (the download, if the package was downloaded, and then the unpacked
+    archive)."""
+    fix = f"{_WORK_DIR_FIX} with room for the package"
+    if manifest is None:
+        return fix
+    unpacked = sum(entry.size for entry in manifest.archive_files)
+    if not downloaded:
+        return f"{fix} ({unpacked} bytes unpacked)"
+    download = manifest.archive.size + sum(entry.size for entry in manifest.weight_files)
+    return f"{fix} ({download} bytes downloaded, then {unpacked} bytes unpacked)"
+
+
 def _fresh_folder(path: Path, what: str, fix: str) -> None:
     """Empty ``path`` (the work dir outlives container restarts, and with it whatever a start
     that was cut short left there) and create it, failing with ``fix`` if the disk refuses."""
@@ -66,7 +97,8 @@ def download_version(uri: str, target: Path) -> Path:
     client = boto3.client("s3")
     # s3transfer writes each file under a temporary name and renames it when complete: what a
     # restart cut short would otherwise be refused as an unlisted weight file, start after start.
-    _fresh_folder(target, "download folder", _WORK_DIR_FIX + " with room for the package")
+    _fresh_folder(target, "download folder", _work_dir_fix(None, downloaded=True))
+    manifest: Manifest | None = None
     try:
         client.download_file(bucket, prefix + MANIFEST_NAME, str(target / MANIFEST_NAME))
         manifest = load_manifest(target / MANIFEST_NAME)
@@ -76,6 +108,12 @@ def download_version(uri: str, target: Path) -> Path:
     except (PackageError, StageFailed):
         raise
     except Exception as exc:  # botocore raises several unrelated types for one failed copy
+        if _disk_fault(exc, target):
+            # s3transfer re-raises the disk's OSError as it is: no fault of the bucket.
+            raise StageFailed(
+                f"cannot write the download folder {target}: {exc.strerror or exc}",
+                _work_dir_fix(manifest, downloaded=True),
+            ) from exc
         raise StageFailed(
             f"cannot download {uri}: {exc}",
             "check the bucket, the prefix and the pod's S3 permissions",
@@ -174,8 +212,7 @@ def unpack(folder: Path, manifest: Manifest, dest: Path, max_bytes: int) -> Path
     # The archive's sha256 was checked in stage 1 from the same read-only mount, so the member
     # checks here are structural (names, types, sizes) and the copy stays in the kernel. It is
     # the file the manifest names, as there: a different file would be unpacked unverified.
-    size = sum(entry.size for entry in manifest.archive_files)
-    fix = f"{_WORK_DIR_FIX} with room for the package ({size} bytes unpacked)"
+    fix = _work_dir_fix(manifest, downloaded=False)
     _fresh_folder(dest, "unpack folder", fix)
     try:
         unpack_archive(
@@ -186,8 +223,7 @@ def unpack(folder: Path, manifest: Manifest, dest: Path, max_bytes: int) -> Path
         )
     except PackageError as exc:
         # A full or read-only work dir is no fault of the package: republishing would not help.
-        cause = exc.__cause__
-        if isinstance(cause, OSError) and cause.errno in _DISK_ERRNOS:
+        if _disk_fault(exc.__cause__, dest):
             raise StageFailed(str(exc), fix) from exc
         raise
     return dest
