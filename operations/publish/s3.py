@@ -24,11 +24,22 @@ def read_failed(bucket: str, key: str, exc: ClientError) -> PublishError:
     if code in ("403", "AccessDenied", "Forbidden"):
         # Without s3:ListBucket, S3 answers 403 rather than 404 for a key that does not exist,
         # which is what publish asks about every file it has not uploaded yet.
-        return PublishError(
+        message = (
             f"cannot read s3://{bucket}/{key} (403 Forbidden): publish needs s3:ListBucket on "
             f"s3://{bucket} (without it S3 answers 403, not 404, for a key that is not there "
             "yet) and s3:GetObject on its objects; grant both"
         )
+        if code != "AccessDenied":
+            # A response to HEAD has no body to name the error: S3 refuses an unknown access key
+            # or a wrong secret key there with the same bare 403. AccessDenied (a GET's body)
+            # means the credentials were accepted.
+            message += (
+                "; S3 answers HEAD with the same bare 403 for an unknown access key "
+                "(InvalidAccessKeyId) or a wrong secret key (SignatureDoesNotMatch): if aws sts "
+                "get-caller-identity, run with the same credentials, fails or names another "
+                "identity, fix the credentials first"
+            )
+        return PublishError(message)
     if code == "400":
         # A response to HEAD has no body to name the error: expired or invalid temporary
         # credentials (ExpiredToken, InvalidToken) reach publish as a bare 400.

@@ -46,7 +46,16 @@ logger = logging.getLogger(__name__)
 
 
 def _check_local(folder: Path, entry: FileEntry) -> None:
-    actual = file_entry(folder / entry.path, entry.path)
+    """Hash ``entry``'s file again just before the upload; runs before anything is sent."""
+    path = folder / entry.path
+    try:
+        actual = file_entry(path, entry.path)
+    except OSError as exc:  # gone or unreadable since planning (a rebuild, a clean-up)
+        raise PublishError(
+            f"cannot read {path}: {_reason(exc)} (it was readable when publish planned); nothing "
+            "was uploaded and the manifest was not written: restore the file or rebuild the "
+            "package (llm-serving package build), then run publish again"
+        ) from exc
     if (actual.size, actual.sha256) != (entry.size, entry.sha256):
         raise PublishError(
             f"checksum mismatch for {entry.path}: local sha256 {actual.sha256} ({actual.size} "
@@ -222,8 +231,19 @@ class _Uploader:
         return response["ETag"]
 
 
+def _reason(exc: OSError) -> str:
+    """Why ``exc``'s read failed, in one line: the OS's words, without the path repeated."""
+    return exc.strerror or " ".join(str(exc).split())
+
+
 def _unreadable(path: Path, exc: OSError) -> PublishError:
-    return PublishError(f"cannot read {path}: {exc.strerror}; run publish again")
+    """The error for a read of ``path`` that failed while uploading it. The file's upload is not
+    completed (a multipart one stays open, with its record) and the manifest is not written."""
+    return PublishError(
+        f"cannot read {path} while uploading it: {_reason(exc)}; the manifest was not written "
+        "and what was uploaded is kept: restore the file or rebuild the package (llm-serving "
+        "package build), then run publish again to resume"
+    )
 
 
 def _changed(entry: FileEntry, sha256: str, size: int, what: str) -> PublishError:

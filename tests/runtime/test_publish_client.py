@@ -8,11 +8,13 @@ from typing import Any
 
 import pytest
 from botocore.awsrequest import AWSResponse
+from botocore.exceptions import ClientError
 from typer.testing import CliRunner
 
 import operations.publish.upload as upload_module
 from operations.cli import app
 from operations.publish import PublishError, publish
+from operations.publish.s3 import read_failed
 from tests.runtime.interrupted_publish import PART
 from tests.runtime.wheelmaker import build_multipart_version
 
@@ -59,3 +61,16 @@ def test_the_client_has_a_connection_for_every_worker(
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 1, result.output
     assert len(pools) == 1 and pools[0] > 32  # the workers, and the thread that drives them
+
+
+def test_access_denied_with_a_body_names_only_the_permissions() -> None:
+    # A GET's error has a body: AccessDenied means S3 accepted the credentials, so only the
+    # bodiless 403 of a HEAD also names wrong ones.
+    denied = ClientError(
+        {"Error": {"Code": "AccessDenied", "Message": "Access Denied"}}, "GetObject"
+    )
+    message = str(read_failed("b", "k", denied))
+    assert "s3:ListBucket" in message and "s3:GetObject" in message
+    assert "get-caller-identity" not in message
+    bare = ClientError({"Error": {"Code": "403", "Message": "Forbidden"}}, "HeadObject")
+    assert "aws sts get-caller-identity" in str(read_failed("b", "k", bare))

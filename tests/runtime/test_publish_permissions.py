@@ -176,3 +176,38 @@ def test_a_refused_head_object_names_the_permissions_to_grant(
         f"error: cannot read s3://{bucket}/{PREFIX}manifest.json (403 Forbidden)"
     )
     assert "s3:ListBucket" in last and "s3:GetObject" in last
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        # moto answers as S3 does: SignatureDoesNotMatch or InvalidAccessKeyId to a GET, and
+        # to HEAD a bare 403 without a body to say which.
+        {"aws_secret_access_key": "not-the-secret-key"},
+        {"aws_access_key_id": "AKIAUNKNOWNKEY000000"},
+    ],
+    ids=["wrong-secret-key", "unknown-access-key"],
+)
+def test_a_refused_head_object_also_names_wrong_credentials(
+    iam_endpoint: tuple[str, dict[str, str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    wrong: dict[str, str],
+) -> None:
+    url, _ = iam_endpoint
+    bucket, credentials = _publisher(iam_endpoint, DOCUMENTED)
+    credentials = {**credentials, **wrong}
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", credentials["aws_access_key_id"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", credentials["aws_secret_access_key"])
+    version = build_multipart_version(tmp_path)
+    args = ["publish", str(version), "--bucket", bucket, "--endpoint-url", url]
+    result = CliRunner().invoke(app, [*args, "--region", "us-east-1"])
+    assert result.exit_code == 1, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith(
+        f"error: cannot read s3://{bucket}/{PREFIX}manifest.json (403 Forbidden)"
+    )
+    # The permissions stay named; the credentials are named beside them, with the check.
+    assert "s3:ListBucket" in last and "s3:GetObject" in last
+    assert "InvalidAccessKeyId" in last and "SignatureDoesNotMatch" in last
+    assert "aws sts get-caller-identity" in last
