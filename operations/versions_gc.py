@@ -3,12 +3,14 @@
 The decision (:func:`decide`) is a pure function of the stack's models, the request counts
 Prometheus reports for the idle window and which versions it watched for the whole window;
 :func:`run_gc` queries Prometheus and, with ``apply=True``, removes the chosen versions from
-``stacks/Pulumi.<stack>.yaml`` in place, keeping its comments and key order.
+``stacks/Pulumi.<stack>.yaml``, deleting only their entries' lines (and the comment lines right
+above each), so the layout and every other comment stay as they were.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import math
 import os
 import re
@@ -47,6 +49,7 @@ COVERAGE_SLACK = "15m"
 _DURATION = re.compile(r"^(\d+)([smhdw])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 _COUNTERS = "nv_inference_request_success|nv_inference_request_failure"
+_PASSWORD = re.compile(r"^([^:/?#]+://[^/?#@:]*:)[^/?#@]*@")
 
 VersionKey = tuple[str, str]
 
@@ -190,17 +193,42 @@ def coverage_query(model_ids: Sequence[str], window: str) -> str:
     )
 
 
+def _shown(url: str) -> str:
+    """``url`` for messages: a password in it (httpx sends ``user:password@`` as basic auth)
+    masked."""
+    return _PASSWORD.sub(r"\1***@", url)
+
+
 def _query_vector(url: str, query: str, at: float) -> dict[VersionKey, float]:
+    shown = _shown(url)
     try:
         response = httpx.get(
             f"{url.rstrip('/')}/api/v1/query", params={"query": query, "time": at}, timeout=30
         )
+    except httpx.HTTPError as error:
+        raise GcError(f"cannot query Prometheus at {shown}: {error}") from error
+    try:
         body = response.json()
-    except (httpx.HTTPError, ValueError) as error:
-        raise GcError(f"cannot query Prometheus at {url}: {error}") from error
+    except ValueError:
+        # Not the API: a wrong path (Prometheus' plain-text 404), an auth proxy, a gateway.
+        raise GcError(
+            f"Prometheus at {shown} answered HTTP {response.status_code} "
+            f"{response.reason_phrase}, not a query result ({response.text.strip()[:80]}); "
+            "check that --prometheus is the base URL (the part before /api/v1) and any "
+            "credentials it needs"
+        ) from None
     if not isinstance(body, dict) or body.get("status") != "success":
         reason = body.get("error") if isinstance(body, dict) else body
-        raise GcError(f"Prometheus at {url} rejected the query: {reason}")
+        raise GcError(f"Prometheus at {shown} rejected the query: {reason}")
+    # Warnings mean the data holds only what could be collected (a failed remote read, a Thanos
+    # store down); info annotations, which Prometheus 2.4x also listed there, do not.
+    partial = [w for w in body.get("warnings") or [] if not str(w).startswith("PromQL info:")]
+    if partial:
+        raise GcError(
+            f"Prometheus at {shown} answered with partial data ({'; '.join(map(str, partial))}); "
+            "a version whose series are missing would look idle, so nothing was decided and "
+            "the stack file was not changed"
+        )
     try:
         return {
             (s["metric"].get("model_id", ""), s["metric"].get("model_version", "")): float(
@@ -210,7 +238,7 @@ def _query_vector(url: str, query: str, at: float) -> dict[VersionKey, float]:
         }
     except (KeyError, IndexError, TypeError, ValueError, AttributeError):
         raise GcError(
-            f"{url} answered without a Prometheus instant vector (data.result); "
+            f"{shown} answered without a Prometheus instant vector (data.result); "
             "check that --prometheus is a Prometheus base URL"
         ) from None
 
@@ -223,28 +251,73 @@ def _yaml() -> YAML:
     return yaml
 
 
-def _read_stack(path: Path) -> tuple[Any, str]:
-    """The stack file's round-trip document and the SHA-256 of the bytes it was parsed from."""
+def _read_stack(path: Path) -> tuple[Any, str, str]:
+    """The stack file's round-trip document, its text and the SHA-256 of its bytes."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError as error:
         raise GcError(f"stack file {path} not found; check --stack and --stacks-dir") from error
     try:
-        document = _yaml().load(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        document = _yaml().load(text)
     except (YAMLError, UnicodeDecodeError) as error:
         problem = getattr(error, "problem", None) or str(error).strip().split("\n")[0]
         mark = getattr(error, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         raise GcError(f"{path} is not valid YAML: {problem}{where}") from None
-    return document, hashlib.sha256(raw).hexdigest()
+    return document, text, hashlib.sha256(raw).hexdigest()
 
 
-def _write_atomically(path: Path, document: Any, read_digest: str) -> None:
+def _is_comment_or_blank(line: str) -> bool:
+    return not line.strip() or line.lstrip().startswith("#")
+
+
+def _without_entries(text: str, models: Any, doomed: Collection[VersionKey]) -> str:
+    """``text`` less the lines of each doomed ``versions`` entry and the comment lines right above
+    it; every other line (indentation, quoting, the comments of kept versions) stays as it was."""
+    lines = text.splitlines(keepends=True)
+    drop: set[int] = set()
+    for model in models:
+        versions = model["versions"]
+        for index, entry in enumerate(versions):
+            if (str(model["id"]), str(entry["version"])) not in doomed:
+                continue
+            # The newest is never doomed, so a next entry exists; the comment and blank lines
+            # leading into that entry belong to it.
+            start, end = versions.lc.item(index)[0], versions.lc.item(index + 1)[0]
+            while end > start + 1 and _is_comment_or_blank(lines[end - 1]):
+                end -= 1
+            while start > 0 and lines[start - 1].lstrip().startswith("#"):
+                start -= 1
+            drop.update(range(start, end))
+    return "".join(line for number, line in enumerate(lines) if number not in drop)
+
+
+def _checked_text(trimmed: str, edited: Any) -> str:
+    """``trimmed`` (from :func:`_without_entries`) if it parses to ``edited``, the document with
+    the entries deleted; otherwise (a flow list, entries sharing a line) ruamel's rendering of
+    ``edited``, which keeps the comments but not the layout."""
+    try:
+        if _yaml().load(trimmed) == edited:
+            return trimmed
+    except YAMLError:
+        pass
+    rendered = io.StringIO()
+    _yaml().dump(edited, rendered)
+    return rendered.getvalue()
+
+
+def _write_atomically(path: Path, text: str, read_digest: str) -> None:
     # Write beside the target and rename, so a crash never leaves half a stack file.
     with tempfile.NamedTemporaryFile(
-        "w", dir=path.parent, prefix=f".{path.name}.", delete=False, encoding="utf-8"
+        "w",
+        dir=path.parent,
+        prefix=f".{path.name}.",
+        delete=False,
+        encoding="utf-8",
+        newline="",
     ) as handle:
-        _yaml().dump(document, handle)
+        handle.write(text)
     try:
         os.chmod(handle.name, stat.S_IMODE(path.stat().st_mode))
         # Someone may have edited the file while Prometheus answered; never overwrite that. Editors
@@ -269,7 +342,7 @@ def run_gc(
     """Decide for every Versioned model of ``stack``; with ``apply``, edit its stack file."""
     window, delta = parse_idle(idle)
     path = stacks_dir / f"Pulumi.{stack}.yaml"
-    document, digest = _read_stack(path)
+    document, text, digest = _read_stack(path)
     config = document.get("config") if isinstance(document, Mapping) else None
     if not isinstance(config, Mapping) or MODELS_KEY not in config:
         raise GcError(f"{path}: config has no {MODELS_KEY}")
@@ -283,7 +356,7 @@ def run_gc(
         covered = _query_vector(prometheus_url, coverage_query(versioned, window), at)
         if apply and not requests and not covered:
             raise GcError(
-                f"Prometheus at {prometheus_url} has no request counters for "
+                f"Prometheus at {_shown(prometheus_url)} has no request counters for "
                 f"{', '.join(sorted(versioned))} in {window}; check --prometheus and the "
                 "scrape of the serving metrics; the stack file was not changed"
             )
@@ -291,12 +364,14 @@ def run_gc(
     decisions = decide(models, requests, covered, window, window_start=window_start)
     doomed = {(d.model_id, d.version) for d in decisions if d.remove}
     if apply and doomed:
+        # Line numbers of the entries are read before the deletions below.
+        trimmed = _without_entries(text, config[MODELS_KEY], doomed)
         for model in config[MODELS_KEY]:
             versions = model["versions"]
             for index in reversed(range(len(versions))):
                 if (str(model["id"]), str(versions[index]["version"])) in doomed:
                     del versions[index]
-        _write_atomically(path, document, digest)
+        _write_atomically(path, _checked_text(trimmed, document), digest)
     return decisions
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 
 from contracts.labels import (
     CREATED_AT_ANNOTATION,
@@ -34,11 +34,9 @@ def check_versioned_age(
     if not created:
         return []
     try:
-        created_at = datetime.fromisoformat(str(created).replace("Z", "+00:00"))
+        created_at = _created_at(str(created))
     except ValueError:
         return [f"{CREATED_AT_ANNOTATION} {created!r} is not an ISO 8601 timestamp"]
-    if created_at.tzinfo is None:
-        created_at = created_at.replace(tzinfo=UTC)
     age = now - created_at
     if age <= idle:
         return []
@@ -50,6 +48,16 @@ def check_versioned_age(
         f"--prometheus <url> --idle {window}` to see whether it is idle, and with --apply to "
         "retire it"
     ]
+
+
+def _created_at(value: str) -> datetime:
+    try:
+        day = date.fromisoformat(value)
+    except ValueError:
+        created_at = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return created_at if created_at.tzinfo else created_at.replace(tzinfo=UTC)
+    # A day (the stack's created_at): deployed by its end at the latest, as versions gc reads it.
+    return datetime.combine(day + timedelta(days=1), time(), UTC)
 
 
 def _gc_duration(idle: timedelta) -> str:

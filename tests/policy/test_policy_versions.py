@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
+
+import pytest
 
 from components.versioned import VersionSpec, age_annotations
+from operations.versions_gc import ModelVersions, decide
 from policy.versions import check_versioned_age
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -65,3 +68,17 @@ def test_a_routed_version_is_not_flagged_at_any_age() -> None:
     unrouted = VersionSpec(version="v1", created_at="2026-11-01")
     props["metadata"]["annotations"] = age_annotations(unrouted, newest=False)
     assert len(check(props)) == 1
+
+
+@pytest.mark.parametrize("created", ["2026-11-26", "2026-11-27", "2026-11-28", "2026-11-29"])
+@pytest.mark.parametrize("idle", [timedelta(minutes=90), timedelta(hours=24), timedelta(days=2)])
+def test_a_created_day_is_old_exactly_when_versions_gc_finds_it_old(
+    created: str, idle: timedelta
+) -> None:
+    # The stack's created_at is a day (the annotation "2026-11-28"): the version may have been
+    # deployed in its last second. gc keeps it as "younger than the window" until that whole
+    # day lies before the window; advice to run gc before then would be noise.
+    flagged = bool(check_versioned_age(SERVICE, service(created), idle=idle, now=NOW))
+    model = ModelVersions("m", "versioned", ("v1", "v2"), {}, {"v1": date.fromisoformat(created)})
+    verdict = decide([model], {("m", "v1"): 0.0}, [("m", "v1")], "w", window_start=NOW - idle)[0]
+    assert flagged == (not verdict.reason.startswith("younger than the window"))

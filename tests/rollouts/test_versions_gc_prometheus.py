@@ -162,3 +162,14 @@ def test_apply_refuses_when_prometheus_has_no_series_for_any_version(prometheus,
         "check --prometheus and the scrape of the serving metrics; the stack file was not changed"
     ]
     assert (tmp_path / "Pulumi.prod-us-east-1.yaml").read_text(encoding="utf-8") == stack
+
+
+def test_a_url_that_is_not_the_base_url_says_so(prometheus: PrometheusServer, stacks) -> None:
+    # Prometheus answers a path it does not serve with a plain-text 404.
+    result = run_gc("prod-us-east-1", f"{prometheus.url}/prometheus", stacks)
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        f"Prometheus at {prometheus.url}/prometheus answered HTTP 404 Not Found, not a query "
+        "result (404 page not found); check that --prometheus is the base URL (the part before "
+        "/api/v1) and any credentials it needs"
+    ]

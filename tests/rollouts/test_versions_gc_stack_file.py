@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ruamel.yaml import YAML
 from typer.testing import Result
 
 from tests.rollouts.versions_gc import run_gc
@@ -38,15 +39,19 @@ IDLE_V1 = {
 
 
 @contextmanager
-def stand_in(body: Any, on_query: Callable[[], None] = lambda: None) -> Iterator[str]:
-    """Serve ``body`` for every ``/api/v1/query``, calling ``on_query`` before each answer."""
+def stand_in(
+    body: Any, on_query: Callable[[], None] = lambda: None, status: int = 200
+) -> Iterator[str]:
+    """Serve ``body`` (JSON, or a ``str`` as plain text) with ``status`` for every
+    ``/api/v1/query``, calling ``on_query`` before each answer."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             on_query()
-            data = json.dumps(body).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
+            text = isinstance(body, str)
+            data = body.encode() if text else json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain" if text else "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -148,3 +153,101 @@ def test_a_malformed_stack_file_fails_with_one_line(
     line = one_line(gc("http://127.0.0.1:9", tmp_path))
     assert line.startswith(str(path))
     assert problem in line
+
+
+# Written the way `pulumi config set` writes lists (dashes not indented), with comments that
+# describe the version below them.
+POSTED_STYLE = """\
+# dev stack
+config:
+  aws:region: us-west-2
+  llm-serving:models:
+  - id: ranker
+    strategy: versioned
+    versions:
+    # v1: the first build
+    - version: v1   # idle
+      created_at: 2026-01-02
+
+    # v2: pinned by search until Q1; never remove it by hand
+    - version: v2
+  llm-serving:zones: [us-west-2a, us-west-2b]
+"""
+
+
+def test_apply_removes_only_the_entry_and_its_comments(tmp_path: Path) -> None:
+    # Every other line stays byte for byte: the layout and the comments of the kept versions.
+    path = tmp_path / "Pulumi.s.yaml"
+    path.write_text(POSTED_STYLE, encoding="utf-8")
+    with stand_in(IDLE_V1) as url:
+        result = gc(url, tmp_path, "--apply")
+    assert result.exit_code == 0, result.output
+    removed = (
+        "    # v1: the first build\n    - version: v1   # idle\n      created_at: 2026-01-02\n"
+    )
+    assert path.read_text(encoding="utf-8") == POSTED_STYLE.replace(removed, "")
+
+
+def test_apply_still_edits_a_flow_style_versions_list(tmp_path: Path) -> None:
+    path = tmp_path / "Pulumi.s.yaml"
+    flow = STACK.replace(
+        "versions:\n        - version: v1\n        - version: v2",
+        "versions: [{version: v1}, {version: v2}]",
+    )
+    path.write_text(flow, encoding="utf-8")
+    with stand_in(IDLE_V1) as url:
+        result = gc(url, tmp_path, "--apply")
+    assert result.exit_code == 0, result.output
+    document = YAML(typ="safe").load(path.read_text(encoding="utf-8"))
+    assert document["config"]["llm-serving:models"][0]["versions"] == [{"version": "v2"}]
+
+
+@pytest.mark.parametrize(
+    "warning",
+    [
+        "remote_read: error sending request: connection refused",  # Prometheus' remote read
+        "No StoreAPIs matched for this query",  # a Thanos querier with a store down
+    ],
+)
+def test_a_partial_answer_removes_nothing(tmp_path: Path, warning: str) -> None:
+    # Warnings mean "the data field holds what could be collected": a version whose series
+    # were on the missing part would look idle.
+    path = tmp_path / "Pulumi.s.yaml"
+    path.write_text(STACK, encoding="utf-8")
+    with stand_in(IDLE_V1 | {"warnings": [warning]}) as url:
+        line = one_line(gc(url, tmp_path, "--apply"))
+    assert line == (
+        f"Prometheus at {url} answered with partial data ({warning}); a version whose series "
+        "are missing would look idle, so nothing was decided and the stack file was not changed"
+    )
+    assert path.read_text(encoding="utf-8") == STACK
+
+
+def test_an_info_annotation_is_not_partial_data(tmp_path: Path) -> None:
+    # Prometheus 2.4x returned PromQL info annotations among the warnings; the counter names
+    # (no _total suffix) draw one on every increase().
+    path = tmp_path / "Pulumi.s.yaml"
+    path.write_text(STACK, encoding="utf-8")
+    info = (
+        "PromQL info: metric might not be a counter, name does not end in "
+        '_total/_sum/_count/_bucket: "nv_inference_request_success" (1:52)'
+    )
+    with stand_in(IDLE_V1 | {"warnings": [info], "infos": [info]}) as url:
+        result = gc(url, tmp_path, "--apply")
+    assert result.exit_code == 0, result.output
+    assert path.read_text(encoding="utf-8") == STACK.replace("        - version: v1\n", "")
+
+
+@pytest.mark.parametrize(
+    ("status", "text"),
+    [(401, "Unauthorized"), (403, "Forbidden"), (502, "<html>Bad Gateway</html>")],
+)
+def test_an_http_error_says_the_status_and_hides_the_password(
+    tmp_path: Path, status: int, text: str
+) -> None:
+    (tmp_path / "Pulumi.s.yaml").write_text(STACK, encoding="utf-8")
+    with stand_in(text, status=status) as url:
+        line = one_line(gc(url.replace("http://", "http://ops:s3cret@"), tmp_path))
+    shown = url.replace("http://", "http://ops:***@")
+    assert line.startswith(f"Prometheus at {shown} answered HTTP {status} ")
+    assert "s3cret" not in line
