@@ -41,7 +41,13 @@ app.add_typer(versions_app, name="versions")
 @versions_app.command("gc")
 def versions_gc(
     stack: Annotated[str, typer.Option(help="Stack name: edits stacks/Pulumi.<stack>.yaml.")],
-    prometheus: Annotated[str, typer.Option(help="Prometheus base URL with the serving metrics.")],
+    prometheus: Annotated[
+        str,
+        typer.Option(
+            help="Base URL of the Prometheus of the stack's cluster (serving metrics and "
+            "kube-state-metrics; gc stops if it watches nodes of another region)."
+        ),
+    ],
     idle: Annotated[
         str, typer.Option(help="Window without requests that makes a version idle.")
     ] = "24h",

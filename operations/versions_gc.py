@@ -2,7 +2,9 @@
 
 The decision (:func:`decide`) is a pure function of the stack's models, the request counts
 Prometheus reports for the idle window and which versions it watched for the whole window;
-:func:`run_gc` queries Prometheus and, with ``apply=True``, removes the chosen versions from
+:func:`run_gc` first checks that Prometheus watched only nodes of the stack's region (every prod
+stack lists the same model ids, so another region's counters would look like this one's), then
+queries Prometheus and, with ``apply=True``, removes the chosen versions from
 ``stacks/Pulumi.<stack>.yaml``, deleting only their entries' lines (and the comment lines right
 above each), so the layout and every other comment stay as they were.
 """
@@ -37,18 +39,25 @@ __all__ = [
     "decide",
     "format_decisions",
     "models_from_config",
+    "nodes_query",
     "parse_idle",
+    "region_of_provider_id",
     "requests_query",
     "run_gc",
 ]
 
 MODELS_KEY = "llm-serving:models"
+REGION_KEY = "aws:region"
 # The serving metrics are scraped every 15-60 s: a version without a sample this close to both
 # ends of the window was not watched for all of it (deployed since, scrape broken, other cluster).
 COVERAGE_SLACK = "15m"
 _DURATION = re.compile(r"^(\d+)([smhdw])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 _COUNTERS = "nv_inference_request_success|nv_inference_request_failure"
+# On EKS a node's providerID is aws:///<availability zone>/<instance id> (Fargate adds a segment).
+# The region is the zone less its letter (us-east-1a) or its local or Wavelength zone part
+# (us-east-1-bos-1a, us-east-1-wl1-bos-wlz-1).
+_PROVIDER_ID = re.compile(r"^aws:///(?P<region>[a-z]{2}(?:-[a-z]+)+-\d+)(?:[a-z]|-[a-z0-9-]+)/")
 _PASSWORD = re.compile(r"^([^:/?#]+://[^/?#@:]*:)[^/?#@]*@")
 
 VersionKey = tuple[str, str]
@@ -193,13 +202,28 @@ def coverage_query(model_ids: Sequence[str], window: str) -> str:
     )
 
 
+def nodes_query(window: str) -> str:
+    """PromQL: the provider IDs of the nodes kube-state-metrics reported at any time in
+    ``window``, so a Prometheus that watched another region's nodes during the window (whose
+    request counters it then holds) is caught, not only one that watches them now."""
+    return f"group by (provider_id) (last_over_time(kube_node_info[{window}]))"
+
+
+def region_of_provider_id(provider_id: str) -> str | None:
+    """The AWS region of an EKS node's ``aws:///<zone>/<instance>`` provider ID (a local or
+    Wavelength zone counts as its parent region); ``None`` for any other form."""
+    match = _PROVIDER_ID.match(provider_id)
+    return match.group("region") if match else None
+
+
 def _shown(url: str) -> str:
     """``url`` for messages: a password in it (httpx sends ``user:password@`` as basic auth)
     masked."""
     return _PASSWORD.sub(r"\1***@", url)
 
 
-def _query_vector(url: str, query: str, at: float) -> dict[VersionKey, float]:
+def _query_samples(url: str, query: str, at: float) -> list[tuple[dict[str, str], float]]:
+    """The instant vector ``query`` evaluates to at ``at``: (labels, value) per series."""
     shown = _shown(url)
     try:
         response = httpx.get(
@@ -230,17 +254,55 @@ def _query_vector(url: str, query: str, at: float) -> dict[VersionKey, float]:
             "the stack file was not changed"
         )
     try:
-        return {
-            (s["metric"].get("model_id", ""), s["metric"].get("model_version", "")): float(
-                s["value"][1]
-            )
+        return [
+            ({str(k): str(v) for k, v in s["metric"].items()}, float(s["value"][1]))
             for s in body["data"]["result"]
-        }
+        ]
     except (KeyError, IndexError, TypeError, ValueError, AttributeError):
         raise GcError(
             f"{shown} answered without a Prometheus instant vector (data.result); "
             "check that --prometheus is a Prometheus base URL"
         ) from None
+
+
+def _query_vector(url: str, query: str, at: float) -> dict[VersionKey, float]:
+    return {
+        (labels.get("model_id", ""), labels.get("model_version", "")): value
+        for labels, value in _query_samples(url, query, at)
+    }
+
+
+def _check_region(url: str, window: str, at: float, stack: str, region: str) -> None:
+    """Stop unless every node Prometheus watched in ``window`` is in ``region``: the request
+    counters carry no cluster label and every prod stack lists the same model ids, so another
+    region's Prometheus would make versions idle there but live here look idle."""
+    shown = _shown(url)
+    provider_ids = sorted(
+        {
+            labels.get("provider_id", "")
+            for labels, _ in _query_samples(url, nodes_query(window), at)
+        }
+    )
+    seen = {found for found in map(region_of_provider_id, provider_ids) if found}
+    # Nodes without an aws:/// ID (not initialised yet, EKS hybrid nodes) tell no region; the
+    # others do.
+    if not seen:
+        other = [p for p in provider_ids if p]
+        example = f" (provider_id {other[0]!r})" if other else ""
+        raise GcError(
+            f"Prometheus at {shown} has no kube_node_info series with an aws:///<zone>/<instance> "
+            f"provider_id in the last {window}{example}, so gc cannot tell which cluster it "
+            "watches; nothing was decided and the stack file was not changed; check that "
+            f"--prometheus is the Prometheus of the {region} cluster and that it scrapes "
+            "kube-state-metrics (kube-prometheus-stack's kubeStateMetrics)"
+        )
+    if seen != {region}:
+        raise GcError(
+            f"Prometheus at {shown} watched nodes in {', '.join(sorted(seen))} in the last "
+            f"{window} (kube_node_info), but stack {stack} is in {region} ({REGION_KEY}); its "
+            "request counters may be another region's, so nothing was decided and the stack file "
+            f"was not changed; point --prometheus at the Prometheus of the {region} cluster"
+        )
 
 
 def _yaml() -> YAML:
@@ -352,6 +414,13 @@ def run_gc(
     requests: dict[VersionKey, float] = {}
     covered: dict[VersionKey, float] = {}
     if versioned:
+        region = config.get(REGION_KEY)
+        if not isinstance(region, str) or not region:
+            raise GcError(
+                f"{path}: config has no {REGION_KEY}; gc needs it to check that --prometheus "
+                "watches this stack's cluster"
+            )
+        _check_region(prometheus_url, window, at, stack, region)
         requests = _query_vector(prometheus_url, requests_query(versioned, window), at)
         covered = _query_vector(prometheus_url, coverage_query(versioned, window), at)
         if apply and not requests and not covered:

@@ -1,5 +1,7 @@
-"""``llm-serving versions gc`` against a real Prometheus holding 26 hours of recorded request
-counters, editing a stack file whose comments, order and mode must survive."""
+"""``llm-serving versions gc`` against a real Prometheus of the us-east-1 cluster holding 26 hours
+of recorded request counters and kube-state-metrics' node info, editing a stack file whose
+comments, order and mode must survive; the same Prometheus decides nothing for another region's
+stack."""
 
 from __future__ import annotations
 
@@ -70,6 +72,17 @@ def busy(
     )
 
 
+def node(recording: Recording, name: str, provider_id: str, start: float, end: float) -> None:
+    """kube-state-metrics' ``kube_node_info`` for one node, from ``start`` to ``end``."""
+    samples = []
+    t = start
+    while t <= end:
+        samples.append((t, 1.0))
+        t += STEP
+    series = {"job": "kube-state-metrics", "node": name, "provider_id": provider_id}
+    recording.add("kube_node_info", series, samples)
+
+
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory):
     # Timed here, not at import: the gc wants a sample from the last minutes.
@@ -86,6 +99,10 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory):
     busy(recording, ranker, "v3", 5.0, start, end)
     flat(recording, ranker, "v4", 0.0, start, end)  # newest, not adopted yet
     flat(recording, "llama-3-1-70b-instruct", "2026-10-01", 10.0, start, end)
+    # The cluster's nodes (us-east-1, the stack's aws:region); a GPU node scaled in 6 hours ago.
+    node(recording, "ip-10-0-1-10", "aws:///us-east-1a/i-0a1b2c3d4e5f60001", start, end)
+    node(recording, "ip-10-0-2-20", "aws:///us-east-1b/i-0a1b2c3d4e5f60002", start, end)
+    node(recording, "ip-10-0-3-30", "aws:///us-east-1c/i-0a1b2c3d4e5f60003", start, end - 6 * 3600)
     with serve(recording, Path(tmp_path_factory.mktemp("prometheus"))) as server:
         yield server
 
@@ -173,3 +190,21 @@ def test_a_url_that_is_not_the_base_url_says_so(prometheus: PrometheusServer, st
         "result (404 page not found); check that --prometheus is the base URL (the part before "
         "/api/v1) and any credentials it needs"
     ]
+
+
+def test_another_regions_prometheus_decides_nothing(prometheus: PrometheusServer, tmp_path) -> None:
+    # gc of prod-eu-west-1 pointed at us-east-1's Prometheus: both list the same model ids, so
+    # v0 and v1, idle in us-east-1, would be removed from eu-west-1 where they may be live.
+    stack = STACK.replace("us-east-1", "eu-west-1")
+    path = tmp_path / "Pulumi.prod-eu-west-1.yaml"
+    path.write_text(stack, encoding="utf-8")
+    for extra in ((), ("--apply",)):
+        result = run_gc("prod-eu-west-1", prometheus.url, tmp_path, "--idle", "24h", *extra)
+        assert result.exit_code == 1, result.output
+        assert result.output.strip().splitlines() == [
+            f"Prometheus at {prometheus.url} watched nodes in us-east-1 in the last 24h "
+            "(kube_node_info), but stack prod-eu-west-1 is in eu-west-1 (aws:region); its request "
+            "counters may be another region's, so nothing was decided and the stack file was not "
+            "changed; point --prometheus at the Prometheus of the eu-west-1 cluster"
+        ]
+    assert path.read_text(encoding="utf-8") == stack

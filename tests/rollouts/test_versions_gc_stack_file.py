@@ -1,5 +1,6 @@
 """``llm-serving versions gc`` against a stand-in Prometheus on a real port: a stack file that
-changes while the gc waits for Prometheus is never overwritten, and odd answers or odd stack
+changes while the gc waits for Prometheus is never overwritten, a Prometheus that watches nodes
+of another region (or whose region cannot be told) decides nothing, and odd answers or odd stack
 files fail with one line."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from ruamel.yaml import YAML
@@ -20,6 +22,7 @@ from tests.rollouts.versions_gc import run_gc
 
 STACK = """\
 config:
+  aws:region: us-west-2
   llm-serving:models:
     - id: ranker
       strategy: versioned
@@ -38,18 +41,43 @@ IDLE_V1 = {
 """v1 with no request in the window; as the coverage answer, v1 watched for all of it."""
 
 
+def nodes(*provider_ids: str) -> dict[str, Any]:
+    """The answer to the gc's kube_node_info query: one series per provider ID."""
+    return {
+        "status": "success",
+        "data": {
+            "resultType": "vector",
+            "result": [{"metric": {"provider_id": p}, "value": [0, "1"]} for p in provider_ids],
+        },
+    }
+
+
+US_WEST_2 = nodes("aws:///us-west-2a/i-0a1b2c3d4e5f60001", "aws:///us-west-2b/i-0a1b2c3d4e5f60002")
+"""The nodes of the cluster the test stacks (aws:region us-west-2) run in."""
+
+
 @contextmanager
 def stand_in(
-    body: Any, on_query: Callable[[], None] = lambda: None, status: int = 200
+    body: Any,
+    on_query: Callable[[], None] = lambda: None,
+    status: int = 200,
+    node_info: Any = US_WEST_2,
+    queries: list[str] | None = None,
 ) -> Iterator[str]:
     """Serve ``body`` (JSON, or a ``str`` as plain text) with ``status`` for every
-    ``/api/v1/query``, calling ``on_query`` before each answer."""
+    ``/api/v1/query`` but those for ``kube_node_info``, answered ``node_info`` (the stack's
+    region's nodes unless told), calling ``on_query`` before each answer and adding each query
+    to ``queries``."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             on_query()
-            text = isinstance(body, str)
-            data = body.encode() if text else json.dumps(body).encode()
+            query = parse_qs(urlsplit(self.path).query).get("query", [""])[0]
+            if queries is not None:
+                queries.append(query)
+            answer = node_info if "kube_node_info" in query else body
+            text = isinstance(answer, str)
+            data = answer.encode() if text else json.dumps(answer).encode()
             self.send_response(status)
             self.send_header("Content-Type", "text/plain" if text else "application/json")
             self.send_header("Content-Length", str(len(data)))
@@ -138,6 +166,12 @@ def test_an_answer_that_is_no_prometheus_vector_fails_with_one_line(
         ),
         pytest.param("config: [\n", "is not valid YAML: expected the node content", id="not YAML"),
         pytest.param("- a\n", "config has no llm-serving:models", id="a list"),
+        pytest.param(
+            STACK.replace("  aws:region: us-west-2\n", ""),
+            "config has no aws:region; gc needs it to check that --prometheus watches this "
+            "stack's cluster",
+            id="no aws:region",
+        ),
         pytest.param(
             STACK + '          created_at: "last week"\n',
             "versions[1].created_at: 'last week' is not a date like 2026-11-02",
@@ -251,3 +285,85 @@ def test_an_http_error_says_the_status_and_hides_the_password(
     shown = url.replace("http://", "http://ops:***@")
     assert line.startswith(f"Prometheus at {shown} answered HTTP {status} ")
     assert "s3cret" not in line
+
+
+@pytest.mark.parametrize(
+    ("provider_ids", "seen"),
+    [
+        pytest.param(
+            ["aws:///us-east-1a/i-0a1b2c3d4e5f60001", "aws:///us-east-1c/i-0a1b2c3d4e5f60002"],
+            "us-east-1",
+            id="another region",
+        ),
+        pytest.param(
+            ["aws:///us-west-2a/i-0a1b2c3d4e5f60001", "aws:///eu-west-1b/i-0a1b2c3d4e5f60002"],
+            "eu-west-1, us-west-2",
+            id="mixed regions",
+        ),
+        pytest.param(
+            ["aws:///us-west-2a/i-0a1b2c3d4e5f60001", "aws:///us-east-1-bos-1a/i-0a1b2c3d4e5f6003"],
+            "us-east-1, us-west-2",
+            id="another region's local zone",
+        ),
+    ],
+)
+def test_a_prometheus_that_watches_another_region_decides_nothing(
+    tmp_path: Path, provider_ids: list[str], seen: str
+) -> None:
+    # The counters carry no cluster label: another region's idle versions would look idle here.
+    path = tmp_path / "Pulumi.s.yaml"
+    path.write_text(STACK, encoding="utf-8")
+    for extra in ((), ("--apply",)):
+        with stand_in(IDLE_V1, node_info=nodes(*provider_ids)) as url:
+            line = one_line(gc(url, tmp_path, *extra))
+        assert line == (
+            f"Prometheus at {url} watched nodes in {seen} in the last 24h (kube_node_info), but "
+            "stack s is in us-west-2 (aws:region); its request counters may be another region's, "
+            "so nothing was decided and the stack file was not changed; point --prometheus at "
+            "the Prometheus of the us-west-2 cluster"
+        )
+    assert path.read_text(encoding="utf-8") == STACK
+
+
+@pytest.mark.parametrize(
+    ("node_info", "example"),
+    [
+        pytest.param(nodes(), "", id="no kube_node_info"),
+        pytest.param(nodes(""), "", id="no provider_id"),
+        pytest.param(
+            nodes("kind://docker/kind/kind-worker", ""),
+            " (provider_id 'kind://docker/kind/kind-worker')",
+            id="not an EKS node",
+        ),
+    ],
+)
+def test_a_prometheus_whose_region_cannot_be_told_decides_nothing(
+    tmp_path: Path, node_info: Any, example: str
+) -> None:
+    path = tmp_path / "Pulumi.s.yaml"
+    path.write_text(STACK, encoding="utf-8")
+    with stand_in(IDLE_V1, node_info=node_info) as url:
+        line = one_line(gc(url, tmp_path, "--apply"))
+    assert line == (
+        f"Prometheus at {url} has no kube_node_info series with an aws:///<zone>/<instance> "
+        f"provider_id in the last 24h{example}, so gc cannot tell which cluster it watches; "
+        "nothing was decided and the stack file was not changed; check that --prometheus is the "
+        "Prometheus of the us-west-2 cluster and that it scrapes kube-state-metrics "
+        "(kube-prometheus-stack's kubeStateMetrics)"
+    )
+    assert path.read_text(encoding="utf-8") == STACK
+
+
+def test_a_local_zone_node_counts_as_its_parent_region(tmp_path: Path) -> None:
+    # us-west-2-lax-1a is a Local Zone of us-west-2; a node without a provider ID yet (being
+    # initialised) tells no region and does not stop the gc.
+    path = tmp_path / "Pulumi.s.yaml"
+    path.write_text(STACK, encoding="utf-8")
+    queries: list[str] = []
+    node_info = nodes("aws:///us-west-2-lax-1a/i-0a1b2c3d4e5f60001", "aws:///us-west-2b/i-2", "")
+    with stand_in(IDLE_V1, node_info=node_info, queries=queries) as url:
+        result = gc(url, tmp_path, "--apply")
+    assert result.exit_code == 0, result.output
+    assert path.read_text(encoding="utf-8") == STACK.replace("        - version: v1\n", "")
+    # The region is checked before the request counters are read.
+    assert queries[0] == "group by (provider_id) (last_over_time(kube_node_info[24h]))"
