@@ -18,7 +18,13 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.gateway import GATEWAY_API, GATEWAY_PLUGIN, GatewayRef
+from components.gateway import (
+    GATEWAY_API,
+    GATEWAY_PLUGIN,
+    GatewayRef,
+    RouteTimeouts,
+    create_grpc_route_timeout,
+)
 from components.pod_templates import with_colour_env
 from components.rollout_analysis import (
     ROLLOUTS_API,
@@ -83,6 +89,9 @@ class RedBlackArgs:
     """OpenAI-compatible HTTP port."""
     metrics_port: int = 9400
     """Metrics proxy port."""
+    timeouts: RouteTimeouts = field(default_factory=RouteTimeouts)
+    """How long the Gateway lets one request through either route run (the HTTPRoute's
+    ``timeouts``, a BackendTrafficPolicy on the GRPCRoute): just above the pods' deadline."""
     analysis_interval: str = "1m"
     """Time between measurements of one analysis."""
     analysis_count: int = 5
@@ -338,10 +347,10 @@ class RedBlackRollout(pulumi.ComponentResource):
             ("GRPCRoute", gateway.grpc_section, args.grpc_port, args.grpc_hostnames),
             ("HTTPRoute", gateway.http_section, args.http_port, args.hostnames),
         ):
-            spec: dict[str, Any] = {
-                "parentRefs": [gateway.parent_ref(section)],
-                "rules": [{"backendRefs": backends(port)}],
-            }
+            rule: dict[str, Any] = {"backendRefs": backends(port)}
+            if kind == "HTTPRoute":
+                rule["timeouts"] = args.timeouts.http_rule()
+            spec: dict[str, Any] = {"parentRefs": [gateway.parent_ref(section)], "rules": [rule]}
             if hostnames:
                 spec["hostnames"] = list(hostnames)
             routes.append(
@@ -354,6 +363,11 @@ class RedBlackRollout(pulumi.ComponentResource):
                     opts=route_opts,
                 )
             )
+        # The GRPCRoute type has no timeouts: Envoy Gateway's policy bounds it. The plugin sets
+        # only weights (its Gateway API types keep the HTTPRoute's timeouts on update).
+        create_grpc_route_timeout(
+            f"{self._name}-grpcroute-timeout", routes[0], args.timeouts, self._meta(), opts
+        )
         return routes[0], routes[1]
 
     def _create_rollout(

@@ -15,7 +15,14 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.gateway import GATEWAY_API, GatewayRef, RouteHosts, route_hosts
+from components.gateway import (
+    GATEWAY_API,
+    GatewayRef,
+    RouteHosts,
+    RouteTimeouts,
+    create_grpc_route_timeout,
+    route_hosts,
+)
 from components.pod_templates import copy_tree
 from contracts.labels import (
     CREATED_AT_ANNOTATION,
@@ -83,6 +90,9 @@ class VersionedArgs:
     """OpenAI-compatible HTTP port."""
     metrics_port: int = 9400
     """Metrics proxy port."""
+    timeouts: RouteTimeouts = field(default_factory=RouteTimeouts)
+    """How long the Gateway lets one request through any of the routes run (HTTPRoutes'
+    ``timeouts``, a BackendTrafficPolicy on each GRPCRoute): just above the pods' deadline."""
     startup_timeout_seconds: int = 1800
     """How long a version's pods may take to become ready (weights loaded); the Deployments of
     versions given by ``pod_template`` are awaited, and may progress, 600 s longer."""
@@ -256,7 +266,10 @@ class VersionedModel(pulumi.ComponentResource):
                 if weight is not None:
                     ref["weight"] = weight
                 refs.append(ref)
-            k8s.apiextensions.CustomResource(
+            rule: dict[str, Any] = {"backendRefs": refs}
+            if kind == "HTTPRoute":
+                rule["timeouts"] = self._args.timeouts.http_rule()
+            route = k8s.apiextensions.CustomResource(
                 f"{prefix}-{kind.lower()}",
                 api_version=GATEWAY_API,
                 kind=kind,
@@ -264,10 +277,19 @@ class VersionedModel(pulumi.ComponentResource):
                 spec={
                     "parentRefs": [gateway.parent_ref(section)],
                     "hostnames": [hostname],
-                    "rules": [{"backendRefs": refs}],
+                    "rules": [rule],
                 },
                 opts=self._child,
             )
+            if kind == "GRPCRoute":
+                # The GRPCRoute type has no timeouts: Envoy Gateway's policy bounds it.
+                create_grpc_route_timeout(
+                    f"{prefix}-grpcroute-timeout",
+                    route,
+                    self._args.timeouts,
+                    self._meta(version),
+                    self._child,
+                )
 
     def _endpoints(
         self, service_name: pulumi.Input[str], host: RouteHosts

@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from contracts.deadlines import FRONTEND_REQUEST_TIMEOUT_S
+
 __all__ = ["FrontendSettings"]
 
 
@@ -44,7 +46,9 @@ class FrontendSettings(BaseSettings):
         description="File of SHA-256 hex digests of accepted API keys, one per line; none = open.",
     )
     max_request_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="Body limit.")
-    request_timeout_s: float = Field(default=600.0, gt=0, description="Per-request deadline.")
+    request_timeout_s: float = Field(
+        default=FRONTEND_REQUEST_TIMEOUT_S, gt=0, description="Per-request deadline."
+    )
     max_concurrent_streams: int = Field(
         default=256, ge=1, description="Open streams beyond this are answered 429."
     )

@@ -38,6 +38,7 @@ def test_declares_rollout_services_routes_and_templates(mocks: RecordingMocks) -
     assert kinds == [
         "AnalysisTemplate",
         "AnalysisTemplate",
+        "BackendTrafficPolicy",  # the GRPCRoute's bound (the HTTPRoute carries its own)
         "GRPCRoute",
         "HTTPRoute",
         "Job",

@@ -56,15 +56,19 @@ def declare(*versions: VersionSpec, **overrides: Any) -> tuple[RecordingMocks, d
 def test_each_version_gets_deployment_service_and_routes() -> None:
     mocks, endpoints = declare(version("v3", 10), version("v4", 90))
     names = sorted(d.name for d in mocks.declared if d.type.startswith("kubernetes:"))
+    # Each GRPCRoute's bound is an Envoy Gateway BackendTrafficPolicy (*-grpcroute-timeout).
     assert names == [
         "ranker-shared-grpcroute",
+        "ranker-shared-grpcroute-timeout",
         "ranker-shared-httproute",
         "ranker-v3-deployment",
         "ranker-v3-grpcroute",
+        "ranker-v3-grpcroute-timeout",
         "ranker-v3-httproute",
         "ranker-v3-service",
         "ranker-v4-deployment",
         "ranker-v4-grpcroute",
+        "ranker-v4-grpcroute-timeout",
         "ranker-v4-httproute",
         "ranker-v4-service",
     ]
@@ -130,6 +134,7 @@ def test_removing_a_version_removes_exactly_its_resources() -> None:
         "ranker-v3-deployment",
         "ranker-v3-service",
         "ranker-v3-grpcroute",
+        "ranker-v3-grpcroute-timeout",
         "ranker-v3-httproute",
     }
     assert remaining <= names
@@ -186,7 +191,7 @@ def test_versions_served_by_model_services_get_routes_and_outputs_only() -> None
         VersionSpec(version="v4", service_name="ranker-v4", route_weight=70),
     )
     kinds = sorted(d.type.rsplit(":", 1)[-1] for d in mocks.declared if "kubernetes" in d.type)
-    assert kinds == ["GRPCRoute"] * 3 + ["HTTPRoute"] * 3
+    assert kinds == ["BackendTrafficPolicy"] * 3 + ["GRPCRoute"] * 3 + ["HTTPRoute"] * 3
     shared = next(d for d in mocks.declared if d.name == "ranker-shared-grpcroute")
     assert shared.inputs["spec"]["rules"][0]["backendRefs"] == [
         {"name": "ranker-v3", "port": 8001, "weight": 30},

@@ -1,8 +1,8 @@
-"""The CEL rules (``x-kubernetes-validations``) of the pinned CRDs (``../shared/reference/crds/``)
-on every custom resource of every stack's plan, evaluated as the API server evaluates them on
-create (``tests/support/kubernetes_cel.py`` says how: schema defaults first, transition rules
-skipped). The schema itself is checked in ``test_plan_custom_resources.py``, whose plans these
-tests share."""
+"""The CEL rules (``x-kubernetes-validations``) of the pinned CRDs (``../shared/reference/crds/``,
+and ``crds/`` here for those it lacks) on every custom resource of every stack's plan, evaluated
+as the API server evaluates them on create (``tests/support/kubernetes_cel.py`` says how: schema
+defaults first, transition rules skipped). The schema itself is checked in
+``test_plan_custom_resources.py``, whose plans these tests share."""
 
 from __future__ import annotations
 
@@ -15,21 +15,26 @@ from typing import Any
 
 import pytest
 
-from tests.stacks.test_plan_custom_resources import CRDS, STACKS, _custom
+from tests.stacks.test_plan_custom_resources import CRD_FOLDERS, STACKS, _custom
 from tests.support.kubernetes_cel import CrdRules, Outcome
 
 Manifest = dict[str, Any]
 
 
 @cache
-def _crd_rules() -> CrdRules:
-    return CrdRules(CRDS)
+def _folders() -> tuple[CrdRules, ...]:
+    return tuple(CrdRules(folder) for folder in CRD_FOLDERS)
+
+
+def _crd_rules(key: tuple[str, str]) -> CrdRules:
+    """The rules of the folder that holds the CRD of ``key``, ``(apiVersion, kind)``."""
+    found = [rules for rules in _folders() if key in rules.versions]
+    assert len(found) == 1, f"{key}: {len(found)} CRDs in {', '.join(map(str, CRD_FOLDERS))}"
+    return found[0]
 
 
 def _validate(manifest: Manifest) -> Outcome:
-    key = (manifest["apiVersion"], manifest["kind"])
-    assert key in _crd_rules().versions, f"{key}: no CRD in {CRDS}"
-    return _crd_rules().validate(manifest)
+    return _crd_rules((manifest["apiVersion"], manifest["kind"])).validate(manifest)
 
 
 def _first(kind: str) -> Manifest:
@@ -38,11 +43,18 @@ def _first(kind: str) -> Manifest:
 
 
 def test_every_rule_of_the_pinned_crds_can_be_evaluated() -> None:
-    rules = _crd_rules()
-    assert rules.problems == []
-    with_rules = {kind for (_, kind), found in rules.rules.items() if found}
-    assert with_rules == {"Gateway", "GatewayClass", "GRPCRoute", "HTTPRoute"}
-    transition = {str(r) for found in rules.rules.values() for r in found if r.transition}
+    folders = _folders()
+    assert [problem for rules in folders for problem in rules.problems] == []
+    every = {key: found for rules in folders for key, found in rules.rules.items()}
+    with_rules = {kind for (_, kind), found in every.items() if found}
+    assert with_rules == {
+        "BackendTrafficPolicy",
+        "Gateway",
+        "GatewayClass",
+        "GRPCRoute",
+        "HTTPRoute",
+    }
+    transition = {str(r) for found in every.values() for r in found if r.transition}
     assert transition == {
         f"gatewayclasses.gateway.networking.k8s.io/{v} .spec.controllerName: self == oldSelf"
         for v in ("v1", "v1beta1")
@@ -64,13 +76,15 @@ def test_every_custom_resource_passes_its_crd_rules(stack: str) -> None:
     # Every kind of the plan whose CRD has rules had some of them run (or, for GatewayClass,
     # whose only rule is a transition rule, skipped).
     for manifest in _custom(stack):
-        found = _crd_rules().rules[manifest["apiVersion"], manifest["kind"]]
+        key = (manifest["apiVersion"], manifest["kind"])
+        found = _crd_rules(key).rules[key]
         if any(not r.transition for r in found):
             assert evaluated[manifest["kind"]] > 0, manifest["kind"]
         elif found:
             assert skipped[manifest["kind"]] > 0, manifest["kind"]
     if stack != "global":
-        assert min(evaluated[k] for k in ("Gateway", "GRPCRoute", "HTTPRoute")) > 0
+        kinds = ("Gateway", "GRPCRoute", "HTTPRoute", "BackendTrafficPolicy")
+        assert min(evaluated[k] for k in kinds) > 0
         assert skipped["GatewayClass"] > 0
 
 
@@ -147,6 +161,21 @@ def test_a_broken_plan_object_fails_the_rule_it_breaks(
     (violation,) = _validate(manifest).violations
     assert (violation.path, violation.message, violation.error) == (path, message, False)
     assert violation.rule.crd.startswith(f"{kind.lower()}s.gateway.networking.k8s.io/v1")
+
+
+def test_a_backend_traffic_policy_on_a_service_fails_the_rule_it_breaks() -> None:
+    policy = _first("BackendTrafficPolicy")
+    assert _validate(policy).violations == []
+    policy["spec"]["targetRefs"][0].update(group="", kind="Service")
+    violations = _validate(policy).violations
+    assert sorted(v.message for v in violations) == [
+        "this policy can only have a targetRefs[*].group of gateway.networking.k8s.io",
+        "this policy can only have a targetRefs[*].kind of "
+        "Gateway/HTTPRoute/GRPCRoute/TCPRoute/UDPRoute/TLSRoute",
+    ]
+    assert {(v.path, v.error, v.rule.crd) for v in violations} == {
+        ("spec", False, "backendtrafficpolicies.gateway.envoyproxy.io/v1alpha1")
+    }
 
 
 def test_the_same_parent_in_another_namespace_is_another_parent() -> None:

@@ -231,6 +231,7 @@ def test_removing_a_version_removes_exactly_its_resources() -> None:
     assert removed == version_specific
     kinds = sorted(before[u].type.rsplit(":", 1)[-1] for u in removed)
     assert kinds == [
+        "BackendTrafficPolicy",
         "Deployment",
         "GRPCRoute",
         "HTTPRoute",
