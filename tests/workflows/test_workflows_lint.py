@@ -17,7 +17,8 @@ from tests.support.stack_plans import REGION_STACKS
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
 BIN = Path(sys.executable).parent
-# The workflows' matrices list the region stacks dev first, then the prod ones in order.
+# The workflows' matrices list the global stack, then the region stacks dev first, then the prod
+# ones in order.
 MATRIX_STACKS = sorted(REGION_STACKS, key=lambda stack: not stack.startswith("dev-"))
 PINNED = re.compile(r"^[\w.-]+/[\w.-]+@[0-9a-f]{40}$")
 
@@ -93,16 +94,16 @@ def test_pull_request_runs_tests_then_plan_diff_and_commented_previews() -> None
     jobs = workflow["jobs"]
     assert any(s.get("run") == "make test" for s in jobs["test"]["steps"])
     assert jobs["plan-diff"]["needs"] == jobs["preview"]["needs"] == "test"
-    assert jobs["plan-diff"]["strategy"]["matrix"]["stack"] == MATRIX_STACKS
+    assert jobs["plan-diff"]["strategy"]["matrix"]["stack"] == ["global", *MATRIX_STACKS]
     assert "id-token" not in jobs["plan-diff"]["permissions"]
     plan = jobs["plan-diff"]["steps"][-1]
     assert '--against "origin/$BASE_REF"' in plan["run"] and "${{" not in plan["run"]
     stacks = [entry["stack"] for entry in jobs["preview"]["strategy"]["matrix"]["include"]]
-    assert stacks == MATRIX_STACKS
+    assert stacks == ["global", *MATRIX_STACKS]
     (pulumi,) = steps_using(jobs["preview"], "pulumi/actions")
     assert pulumi["with"]["command"] == "preview"
     assert pulumi["with"]["diff"] is True and pulumi["with"]["comment-on-pr"] is True
-    assert pulumi["with"]["policyPacks"] == "policy"
+    assert pulumi["with"]["policyPacks"] == "policy" and pulumi["with"]["refresh"] is True
     assert jobs["preview"]["permissions"]["pull-requests"] == "write"
 
 
@@ -128,3 +129,75 @@ def test_matrix_covers_the_stack_files_when_present() -> None:
         if p.name != "Pulumi.global.yaml"
     )
     assert found in ([], sorted(REGION_STACKS))
+
+
+def stack_files() -> dict[str, str]:
+    """Every shipped stack and the AWS region its stack file names."""
+    stacks = {}
+    for path in sorted((ROOT / "stacks").glob("Pulumi.*.yaml")):
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))["config"]
+        stacks[path.name.removeprefix("Pulumi.").removesuffix(".yaml")] = config["aws:region"]
+    return stacks
+
+
+def test_pull_requests_review_every_stack_that_the_deploy_updates() -> None:
+    # deploy.yml runs `pulumi up -s global` after every merge: a change to the global stack (ECR
+    # replication, the model buckets) must be in the reviewed plan diff and preview like a region's.
+    deploy = load("deploy.yml")["jobs"]["up"]["strategy"]["matrix"]["include"]
+    jobs = load("pull-request.yml")["jobs"]
+    preview = jobs["preview"]["strategy"]["matrix"]["include"]
+    deployed = {entry["stack"]: entry["region"] for entry in deploy}
+    assert deployed == stack_files()
+    assert {entry["stack"]: entry["region"] for entry in preview} == deployed
+    assert sorted(jobs["plan-diff"]["strategy"]["matrix"]["stack"]) == sorted(deployed)
+
+
+def test_preview_shows_what_the_deploys_pulumi_up_will_do() -> None:
+    # The reviewed `preview --diff` and the `up` after merge must compute the same diff: the same
+    # refresh (up refreshes the Argo-owned fields first), policy packs and resource selection.
+    (preview,) = steps_using(load("pull-request.yml")["jobs"]["preview"], "pulumi/actions")
+    (up,) = steps_using(load("deploy.yml")["jobs"]["up"], "pulumi/actions")
+    same = ("refresh", "diff", "policyPacks", "policyPackConfigs", "target", "exclude", "replace")
+    assert {k: preview["with"].get(k) for k in same} == {k: up["with"].get(k) for k in same}
+
+
+STEP_OUTPUT = re.compile(r"^\$\{\{ steps\.([\w-]+)\.outputs\.([\w-]+) \}\}$")
+
+
+@pytest.mark.parametrize(
+    ("name", "job_name"), [("pull-request.yml", "preview"), ("deploy.yml", "up")]
+)
+def test_pulumi_cli_is_the_version_of_the_programs_sdk(
+    name: str, job_name: str, tmp_path: Path
+) -> None:
+    # Without pulumi-version, pulumi/actions keeps whatever CLI the runner image carries when it
+    # satisfies "^3" (ubuntu-24.04 images have shipped 3.148.0), under an SDK pinned >=3.200; and
+    # the preview and the later `up` may run different engines.
+    job = load(name)["jobs"][job_name]
+    (pulumi,) = steps_using(job, "pulumi/actions")
+    found = STEP_OUTPUT.match(str(pulumi["with"].get("pulumi-version", "")))
+    assert found, f"{job_name}: pulumi-version is not taken from a step that reads the SDK"
+    step_id, output = found.groups()
+    steps = job["steps"]
+    (index,) = [i for i, s in enumerate(steps) if s.get("id") == step_id]
+    setup = [i for i, s in enumerate(steps) if s.get("run") == "make setup"]
+    assert setup and setup[0] < index < steps.index(pulumi)
+    # The step, run as the runner runs it, writes the SDK version that `make setup` installed.
+    github_output = tmp_path / "github_output"
+    github_output.touch()
+    done = subprocess.run(
+        ["bash", "-e", "-c", steps[index]["run"]],
+        cwd=ROOT,
+        env={"GITHUB_OUTPUT": str(github_output), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    sdk = subprocess.run(
+        [str(BIN / "python"), "-c", "import importlib.metadata as m; print(m.version('pulumi'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert github_output.read_text().splitlines() == [f"{output}={sdk}"]
