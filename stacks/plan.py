@@ -124,6 +124,11 @@ KEY_PROPERTIES: dict[str, tuple[str, ...]] = {
     "kubernetes:gateway.networking.k8s.io/v1:HTTPRoute": (
         "spec.hostnames",
         "spec.rules[].backendRefs[].weight",
+        "spec.rules[].timeouts.request",
+    ),
+    "kubernetes:gateway.envoyproxy.io/v1alpha1:BackendTrafficPolicy": (
+        "spec.targetRefs[].name",
+        "spec.timeout.http.requestTimeout",
     ),
     "kubernetes:batch/v1:Job": ("metadata.namespace", "spec.template.spec.containers[].image"),
     "kubernetes:core/v1:Service": ("metadata.namespace", "spec.ports[].port"),

@@ -18,6 +18,7 @@ import pytest
 
 from runtime.frontend.settings import FrontendSettings
 from stacks.kubernetes_objects import kubernetes_objects
+from stacks.plan import format_tree
 from tests.support.stack_plans import REGION_STACKS, stack_plan
 
 FRONTEND_DEADLINE_S = FrontendSettings.model_fields["request_timeout_s"].default
@@ -85,3 +86,15 @@ def test_seconds_reads_gateway_api_durations() -> None:
     assert seconds("10m30s") == 630.0
     assert seconds("1h500ms") == 3600.5
     assert seconds("15s") == ENVOY_ROUTE_TIMEOUT_S
+
+
+def test_the_plan_tree_shows_each_routes_bound() -> None:
+    # Reviewers read the tree: a changed bound must show there, not only in plan-out/ YAML.
+    tree = format_tree(stack_plan("prod-us-east-1"))
+    policies = [i for i, line in enumerate(tree) if ":BackendTrafficPolicy " in line]
+    routes = [i for i, line in enumerate(tree) if ":HTTPRoute " in line]
+    assert policies and routes
+    for start in policies:
+        assert "spec.timeout.http.requestTimeout: 10m30s" in [s.strip() for s in tree[start:][:4]]
+    for start in routes:
+        assert 'spec.rules[].timeouts.request: ["10m30s"]' in [s.strip() for s in tree[start:][:4]]
