@@ -103,6 +103,9 @@ def test_pull_request_runs_tests_then_plan_diff_and_commented_previews() -> None
     (pulumi,) = steps_using(jobs["preview"], "pulumi/actions")
     assert pulumi["with"]["command"] == "preview"
     assert pulumi["with"]["diff"] is True and pulumi["with"]["comment-on-pr"] is True
+    # pulumi/actions trims a long comment from the end unless told otherwise: the summary and the
+    # policy results would be what a large diff loses.
+    assert pulumi["with"]["always-include-summary"] is True
     assert pulumi["with"]["policyPacks"] == "policy" and pulumi["with"]["refresh"] is True
     assert jobs["preview"]["permissions"]["pull-requests"] == "write"
 
