@@ -263,3 +263,47 @@ def test_the_checker_reports_broken_links_and_missing_commands(tmp_path: Path) -
 def test_anchors_follow_githubs_rules() -> None:
     text = "# `/v1/score` and the `x_y` backend\n## Start-up\n## Start-up\n```sh\n# not one\n```\n"
     assert anchors(text) == {"v1score-and-the-x_y-backend", "start-up", "start-up-1"}
+
+
+def _deploy_block(doc: Path) -> str:
+    """The shell block of ``doc`` that logs in to the state backend: its real-deploy commands."""
+    for match in FENCE.finditer(doc.read_text(encoding="utf-8")):
+        if match.group(2).strip() in SHELL_INFO and "pulumi login" in match.group(3):
+            return match.group(0)
+    raise AssertionError(f"{doc.name}: no shell block with `pulumi login`")
+
+
+def _stack_of(args: list[str]) -> str | None:
+    for before, word in zip(["", *args], args, strict=False):
+        if before in {"-s", "--stack"}:
+            return word
+        if word.startswith("--stack="):
+            return word.removeprefix("--stack=")
+    return None
+
+
+@pytest.mark.parametrize(
+    "doc", [REPO / "README.md", REPO / "docs" / "stacks.md"], ids=lambda p: p.name
+)
+def test_the_deploy_steps_create_each_stack_with_a_secrets_provider_first(doc: Path) -> None:
+    # With the S3 backend a stack must exist (`pulumi stack init`) before `pulumi up`, and one made
+    # without --secrets-provider gets the passphrase provider: CI, which sets no passphrase of its
+    # own choosing, then stops at "getting secrets manager: passphrase must be set".
+    created: set[str] = set()
+    ups = 0
+    for words in shell_commands(_deploy_block(doc)):
+        if words[:3] == ["pulumi", "stack", "init"]:
+            args = words[3:]
+            assert any(a.split("=", 1)[0] == "--secrets-provider" for a in args), words
+            valued = {"-s", "--stack", "--secrets-provider", "--copy-config-from"}
+            positional = [
+                a
+                for before, a in zip(["", *args], args, strict=False)
+                if not a.startswith("-") and before not in valued
+            ]
+            created.add(_stack_of(args) or positional[0])
+        elif words[:2] == ["pulumi", "up"]:
+            ups += 1
+            stack = _stack_of(words[2:])
+            assert stack in created, f"{doc.name}: `pulumi up -s {stack}` before its stack init"
+    assert ups, f"{doc.name}: the deploy block runs no `pulumi up`"

