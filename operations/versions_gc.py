@@ -319,6 +319,8 @@ def _read_stack(path: Path) -> tuple[Any, str, str]:
         raw = path.read_bytes()
     except FileNotFoundError as error:
         raise GcError(f"stack file {path} not found; check --stack and --stacks-dir") from error
+    except OSError as error:
+        raise GcError(f"cannot read stack file {path}: {error.strerror or error}") from error
     try:
         text = raw.decode("utf-8")
         document = _yaml().load(text)
@@ -370,26 +372,36 @@ def _checked_text(trimmed: str, edited: Any) -> str:
 
 
 def _write_atomically(path: Path, text: str, read_digest: str) -> None:
-    # Write beside the target and rename, so a crash never leaves half a stack file.
-    with tempfile.NamedTemporaryFile(
-        "w",
-        dir=path.parent,
-        prefix=f".{path.name}.",
-        delete=False,
-        encoding="utf-8",
-        newline="",
-    ) as handle:
-        handle.write(text)
+    """Write ``text`` beside ``path`` and rename it over ``path``, so that neither a crash nor a
+    full disk ever leaves half a stack file; refuse if ``path`` changed since it was read."""
+    temporary: Path | None = None
     try:
-        os.chmod(handle.name, stat.S_IMODE(path.stat().st_mode))
+        with tempfile.NamedTemporaryFile(
+            "w",
+            dir=path.parent,
+            prefix=f".{path.name}.",
+            delete=False,
+            encoding="utf-8",
+            newline="",
+        ) as handle:
+            temporary = Path(handle.name)
+            handle.write(text)
+            handle.flush()
+            # On the disk before the rename: after a power cut the file is the old or the new one.
+            os.fsync(handle.fileno())
+        os.chmod(temporary, stat.S_IMODE(path.stat().st_mode))
         # Someone may have edited the file while Prometheus answered; never overwrite that. Editors
         # take no lock, so a write between this check and the rename (microseconds) still wins.
         if hashlib.sha256(path.read_bytes()).hexdigest() != read_digest:
             raise GcError(f"{path} changed while the gc ran; nothing written, run the gc again")
-        os.replace(handle.name, path)
-    except BaseException:
-        Path(handle.name).unlink(missing_ok=True)
-        raise
+        os.replace(temporary, path)
+    except OSError as error:
+        raise GcError(
+            f"cannot write stack file {path}: {error.strerror or error}; it was not changed"
+        ) from error
+    finally:
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
 
 
 def run_gc(

@@ -6,6 +6,7 @@ files fail with one line."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -367,3 +368,47 @@ def test_a_local_zone_node_counts_as_its_parent_region(tmp_path: Path) -> None:
     assert path.read_text(encoding="utf-8") == STACK.replace("        - version: v1\n", "")
     # The region is checked before the request counters are read.
     assert queries[0] == "group by (provider_id) (last_over_time(kube_node_info[24h]))"
+
+
+def test_a_stack_path_that_cannot_be_read_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "Pulumi.s.yaml").mkdir()
+    line = one_line(gc("http://127.0.0.1:9", tmp_path))
+    assert line.startswith(f"cannot read stack file {tmp_path / 'Pulumi.s.yaml'}: Is a directory")
+
+
+def test_a_failed_write_leaves_the_stack_file_and_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "Pulumi.s.yaml"
+    path.write_text(STACK, encoding="utf-8")
+
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("operations.versions_gc.os.fsync", full)
+    with stand_in(IDLE_V1) as url:
+        line = one_line(gc(url, tmp_path, "--apply"))
+    assert line == (f"cannot write stack file {path}: No space left on device; it was not changed")
+    assert path.read_text(encoding="utf-8") == STACK
+    assert [p.name for p in tmp_path.iterdir()] == ["Pulumi.s.yaml"]
+
+
+def test_the_new_stack_file_is_on_disk_before_the_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "Pulumi.s.yaml"
+    path.write_text(STACK, encoding="utf-8")
+    synced: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(
+        "operations.versions_gc.os.fsync", lambda fd: (synced.append("fsync"), real_fsync(fd))
+    )
+    monkeypatch.setattr(
+        "operations.versions_gc.os.replace",
+        lambda a, b: (synced.append("replace"), real_replace(a, b)),
+    )
+    with stand_in(IDLE_V1) as url:
+        result = gc(url, tmp_path, "--apply")
+    assert result.exit_code == 0, result.output
+    assert synced == ["fsync", "replace"]
+    assert path.read_text(encoding="utf-8") == STACK.replace("        - version: v1\n", "")
