@@ -125,15 +125,16 @@ CHAT_FIELDS: tuple[FieldRule, ...] = (
     FieldRule(
         "messages",
         Policy.HONOURED,
-        "rendered with the model's own chat template (developer becomes system; text parts "
-        "only; a non-null refusal, annotations, audio or function_call is refused, null accepted "
-        "as an SDK's message.model_dump() replays it; replayed tool_calls are {id, type function, "
-        "function {name, arguments}}, arguments parsed from JSON as vLLM does: empty or null "
-        "become {}, text that is not JSON is a 400 naming it, an empty tool_calls list is left "
-        "out; tool_calls on a turn other than assistant, or tool_call_id on a turn other than "
-        "tool, is a 400 naming it, where vLLM would drop it); a BOS the template writes "
-        "first is left out when the tokenizer adds its own; a template that fails to render "
-        "them is a 400",
+        "rendered with the model's own chat template (developer becomes system; content is "
+        "required except on assistant turns; text parts are joined, a part of another type "
+        "(image, audio, file) is a 400 naming it; a non-null refusal, annotations, audio or "
+        "function_call is refused, null accepted as an SDK's message.model_dump() replays it; "
+        "replayed tool_calls are {id, type function, function {name, arguments}}, arguments "
+        "parsed from JSON as vLLM does: empty or null become {}, text that is not JSON is a 400 "
+        "naming it, an empty tool_calls list is left out; tool_calls on a turn other than "
+        "assistant, or tool_call_id on a turn other than tool, is a 400 naming it, where vLLM "
+        "would drop it); a BOS the template writes first is left out when the tokenizer adds its "
+        "own; a template that fails to render them is a 400",
     ),
     *_SAMPLING,
     FieldRule("audio", Policy.REFUSED, "", _always("audio output is not supported")),

@@ -14,6 +14,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    TypeAdapter,
     ValidationError,
     ValidatorFunctionWrapHandler,
     field_validator,
@@ -24,6 +25,7 @@ __all__ = [
     "ChatCompletionRequest",
     "ChatMessage",
     "CompletionRequest",
+    "ContentPart",
     "EmbeddingRequest",
     "FunctionTool",
     "JsonSchemaFormat",
@@ -31,7 +33,6 @@ __all__ = [
     "ResponseFormat",
     "ScoreRequest",
     "StreamOptions",
-    "TextPart",
 ]
 
 
@@ -60,6 +61,9 @@ def _has_lone_surrogate(value: Any) -> bool:
     return False
 
 
+_NOT_UTF8 = "is not UTF-8 text: it holds a lone UTF-16 surrogate (\\ud800-\\udfff)"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -69,15 +73,28 @@ class _Strict(BaseModel):
         # JSON escapes can spell lone surrogates ("\ud800"), which no tokenizer or gRPC
         # string takes; nested models check their own fields.
         if _has_lone_surrogate(value):
-            raise ValueError(
-                "is not UTF-8 text: it holds a lone UTF-16 surrogate (\\ud800-\\udfff)"
-            )
+            raise ValueError(_NOT_UTF8)
         return value
 
 
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: str
+class ContentPart(BaseModel):
+    """One part of a message's content. Only text parts are rendered; other kinds (images,
+    audio, files) are parsed so that the refusal names the part and its type."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
+
+    @field_validator("text", mode="after")
+    @classmethod
+    def _utf8(cls, value: str | None) -> str | None:
+        if value is not None and _has_lone_surrogate(value):
+            raise ValueError(_NOT_UTF8)
+        return value
+
+
+_CONTENT_PARTS = TypeAdapter(list[ContentPart])
 
 
 class CalledFunction(_Strict):
@@ -97,7 +114,7 @@ class ChatMessage(_Strict):
     """One conversation turn; only text content is accepted."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[AssistantToolCall] | None = None
     tool_call_id: str | None = None
@@ -109,12 +126,22 @@ class ChatMessage(_Strict):
     audio: Any = None
     function_call: Any = None
 
+    @field_validator("content", mode="wrap")
+    @classmethod
+    def _content(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        # Errors name the part (content.0.text), not each member of the union (content.str).
+        if isinstance(value, list):
+            return _CONTENT_PARTS.validate_python(value)
+        if value is None or isinstance(value, str):
+            return handler(value)
+        raise ValueError("send a string, a list of content parts, or null")
+
     def text(self) -> str:
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text or "" for part in self.content)
 
 
 class JsonSchemaFormat(_Strict):

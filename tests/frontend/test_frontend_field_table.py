@@ -119,6 +119,17 @@ def _(p: Probe) -> None:
     p.refused(
         "messages[0].refusal", messages=[{"role": "assistant", "content": "", "refusal": "x"}]
     )
+    parts = [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}]
+    p.ok(messages=[{"role": "system", "content": parts}, {"role": "user", "content": "yo"}])
+    assert p.last().text_input.startswith("<|im_start|>system\nbe brief<|im_end|>\n")
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    p.refused("messages[0].content[1]", messages=[{"role": "user", "content": [parts[0], image]}])
+    p.refused(
+        "messages[0].content[0].cache_control",
+        messages=[{"role": "user", "content": [{**parts[0], "cache_control": {}}]}],
+    )
+    p.refused("messages[0].content", messages=[{"role": "user"}])
+    p.refused("messages[1].content", messages=[{"role": "user", "content": "x"}, {"role": "tool"}])
     # An SDK response message replayed as message.model_dump() writes its empty fields as null.
     replayed = ChatCompletionMessage(role="assistant", content="hi").model_dump()
     p.ok(messages=[{"role": "user", "content": "yo"}, replayed])

@@ -202,6 +202,14 @@ def test_tool_parameters_are_checked_like_response_format(frontend: Served) -> N
             {**CHAT, "messages": [{"role": "user", "content": "\ud800"}]},
             "messages.0.content",
         ),
+        (
+            "/v1/chat/completions",
+            {
+                **CHAT,
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}],
+            },
+            "messages.0.content.0.text",
+        ),
         ("/v1/completions", {"model": MODEL, "prompt": "a \udfff", "max_tokens": 2}, "prompt"),
         ("/v1/embeddings", {"model": MODEL, "input": ["the", "\ud800"]}, "input"),
         ("/v1/score", {"model": MODEL, "prompt": "the", "candidates": [" \ud800"]}, "candidates"),
@@ -213,7 +221,16 @@ def test_tool_parameters_are_checked_like_response_format(frontend: Served) -> N
             "constraints",
         ),
     ],
-    ids=["chat", "completions", "embeddings", "score", "stop", "dict-key", "constraints"],
+    ids=[
+        "chat",
+        "chat-part",
+        "completions",
+        "embeddings",
+        "score",
+        "stop",
+        "dict-key",
+        "constraints",
+    ],
 )
 def test_lone_surrogates_are_400s_naming_the_field(
     frontend: Served, route: str, body: dict[str, Any], param: str

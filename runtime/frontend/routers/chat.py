@@ -74,6 +74,32 @@ _UNREPLAYABLE = (
 )
 
 
+def _check_content(m: ChatMessage, where: str) -> None:
+    """Refuse content the template would render as something else than was sent: none on a
+    turn that OpenAI requires it on (all but assistant turns), or a non-text part."""
+    if m.content is None and m.role != "assistant":
+        raise InvalidRequestError(
+            f"{where}.content is required on a {m.role} message; send its text",
+            param=f"{where}.content",
+            code="missing_required_parameter",
+        )
+    if isinstance(m.content, str) or m.content is None:
+        return
+    for j, part in enumerate(m.content):
+        at = f"{where}.content[{j}]"
+        if part.type != "text":
+            raise FieldRefusedError(
+                at,
+                f"content parts of type '{part.type}' are not supported: this model reads text "
+                'only; send {"type": "text", "text": ...} parts',
+            )
+        if part.text is None:
+            raise InvalidRequestError(f"{at} is a text part without text", param=f"{at}.text")
+        unknown = next(iter(part.model_extra or {}), None)
+        if unknown is not None:
+            raise FieldRefusedError(f"{at}.{unknown}", "not a field of a text part (unknown field)")
+
+
 def _template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     out = []
     for i, m in enumerate(messages):
@@ -98,6 +124,7 @@ def _template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                 'only tool messages carry tool_call_id; send it on the {"role": "tool"} '
                 "message that answers the call",
             )
+        _check_content(m, f"messages[{i}]")
         # Templates know system, user, assistant and tool; developer is the newer system.
         item: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role}
         item["content"] = m.text()
