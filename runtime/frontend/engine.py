@@ -19,11 +19,13 @@ __all__ = [
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """A generated token, its log-probability and the most likely alternatives (best first)."""
+    """A generated token as the backend decoded it, its log-probability, the most likely
+    alternatives (best first), and its id where the backend gives it."""
 
     token: str
     logprob: float
-    top: tuple[tuple[str, float], ...] = ()
+    top: tuple[TokenLogprob, ...] = ()
+    token_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -50,9 +52,13 @@ class ChoiceOutput:
 
 @dataclass(frozen=True)
 class EngineOutput:
+    """New outputs of every choice; the prompt's token count and, when the sampling
+    parameters ask for ``prompt_logprobs``, each prompt position's (the first has none)."""
+
     choices: tuple[ChoiceOutput, ...]
     prompt_tokens: int | None = None
     finished: bool = False
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -87,3 +93,8 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def score(self, prompt: str, candidates: list[str]) -> list[ScoredCandidate]:
         """Log-probability of each candidate continuing ``prompt``, from prefill only."""
+
+    async def returns_prompt_logprobs(self) -> str | None:
+        """``None`` when :meth:`generate` returns ``prompt_logprobs`` if asked; otherwise why
+        not, for the client."""
+        return "this engine returns no prompt log-probabilities"

@@ -142,7 +142,13 @@ CHAT_FIELDS: tuple[FieldRule, ...] = (
         "function_call", Policy.REFUSED, "", _always("deprecated; use tools and tool_choice")
     ),
     FieldRule("functions", Policy.REFUSED, "", _always("deprecated; use tools and tool_choice")),
-    FieldRule("logprobs", Policy.HONOURED, "sampling_parameters.logprobs; return_logprobs"),
+    FieldRule(
+        "logprobs",
+        Policy.HONOURED,
+        "sampling_parameters.logprobs; return_logprobs; each token's bytes are the tokenizer's, "
+        "and a token that is not UTF-8 on its own is named by them (bytes:\\xNN...), so "
+        "distinct tokens keep distinct names",
+    ),
     FieldRule(
         "top_logprobs",
         Policy.HONOURED,
@@ -251,7 +257,9 @@ COMPLETION_FIELDS: tuple[FieldRule, ...] = (
         "max_tokens",
         Policy.HONOURED,
         "sampling_parameters.max_tokens; default 16 (OpenAI's and vLLM's); a prompt that leaves "
-        "fewer than 16 tokens of context needs an explicit max_tokens, else a 400 as in vLLM",
+        "fewer than 16 tokens of context needs an explicit max_tokens, else a 400 as in vLLM; "
+        "0 with echo returns the prompt alone (the engine generates one token, counted in "
+        "usage as vLLM counts it), 0 without echo is a 400",
     ),
     FieldRule(
         "best_of",
@@ -259,11 +267,20 @@ COMPLETION_FIELDS: tuple[FieldRule, ...] = (
         "equal to n only (vLLM V1 has no best_of)",
         None,
     ),
-    FieldRule("echo", Policy.HONOURED, "the prompt is prepended to each choice's text"),
+    FieldRule(
+        "echo",
+        Policy.HONOURED,
+        "the prompt is prepended to each choice's text; with logprobs also its tokens, from "
+        "sampling_parameters.prompt_logprobs = logprobs (the first token's log-probability is "
+        "null, as in vLLM); echo with logprobs against the stock Triton backend, which returns "
+        "no prompt log-probabilities, is a 400",
+    ),
     FieldRule(
         "logprobs",
         Policy.HONOURED,
-        "sampling_parameters.logprobs; return_logprobs; above the engine's max_logprobs a 400",
+        "sampling_parameters.logprobs; return_logprobs; above the engine's max_logprobs a 400; "
+        "a token that is not UTF-8 on its own is named by its bytes (bytes:\\xNN...), so "
+        "distinct tokens keep distinct keys",
     ),
     FieldRule("suffix", Policy.REFUSED, "", _always("fill-in-the-middle is not supported")),
 )

@@ -18,6 +18,7 @@ from runtime.frontend.engine import Engine, EngineOutput, GenerateParams, TokenL
 __all__ = [
     "ChunkFrame",
     "Collected",
+    "Generation",
     "collect",
     "envelope",
     "merge_streams",
@@ -169,17 +170,28 @@ class Collected:
     logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
-async def collect(engine: Engine, params: GenerateParams, n: int) -> tuple[list[Collected], int]:
-    """All ``n`` choices of a non-streamed generation and the prompt's token count."""
-    choices = [Collected() for _ in range(n)]
-    prompt_tokens = 0
+@dataclass
+class Generation:
+    """A non-streamed generation: its choices, the prompt's token count and, when the
+    sampling parameters ask for them, the prompt's log-probabilities."""
+
+    choices: list[Collected]
+    prompt_tokens: int = 0
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+
+
+async def collect(engine: Engine, params: GenerateParams, n: int) -> Generation:
+    """All ``n`` choices of a non-streamed generation."""
+    result = Generation([Collected() for _ in range(n)])
     async for output in engine.generate(params):
         if output.prompt_tokens is not None:
-            prompt_tokens = output.prompt_tokens
+            result.prompt_tokens = output.prompt_tokens
+        if result.prompt_logprobs is None:
+            result.prompt_logprobs = output.prompt_logprobs
         for c in output.choices:
-            slot = choices[c.index]
+            slot = result.choices[c.index]
             slot.text += c.text
             slot.tokens += c.num_tokens
             slot.logprobs.extend(c.logprobs)
             slot.finish_reason = c.finish_reason or slot.finish_reason
-    return choices, prompt_tokens
+    return result

@@ -15,6 +15,7 @@ import asyncio
 import json
 import struct
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from dataclasses import replace
 from typing import Any, cast
 
 import grpc
@@ -59,6 +60,15 @@ _STOCK_BACKEND_FIELDS = (
         "streams every token on its own whatever stream_interval says",
         "honours it",
     ),
+)
+#: What a generation that echoes its prompt with log-probabilities asks for.
+_ECHO_OUTPUTS = (
+    "text_output",
+    "finish_reason",
+    "num_input_tokens",
+    "num_output_tokens",
+    "logprobs",
+    PROMPT_LOGPROBS_OUTPUT,
 )
 _STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
 
@@ -143,22 +153,27 @@ def _logprobs(raw: str | None) -> tuple[TokenLogprob, ...]:
     """Parse the backend's ``logprobs`` JSON: per token, sampled token first, then the top-k."""
     if raw is None or raw == "null":
         return ()
-    steps = json.loads(raw)
-    out = []
-    for step in steps:
-        entries = list(step.values())
-        if not entries:
-            continue
-        sampled = entries[0]
-        top = sorted(entries, key=lambda e: e.get("rank", 0))
-        out.append(
-            TokenLogprob(
-                token=sampled.get("decoded_token") or "",
-                logprob=float(sampled["logprob"]),
-                top=tuple((e.get("decoded_token") or "", float(e["logprob"])) for e in top),
-            )
-        )
-    return tuple(out)
+    return tuple(_step(step) for step in json.loads(raw) if step)
+
+
+def _prompt_logprobs(raw: str) -> tuple[TokenLogprob | None, ...]:
+    """Parse the ``prompt_logprobs`` output: per prompt position, the prompt's own token first,
+    then the top-k, or ``null`` where there is none (the first position)."""
+    return tuple(_step(step) if step else None for step in json.loads(raw))
+
+
+def _step(step: dict[str, Any]) -> TokenLogprob:
+    """One position's ``{token_id: {"logprob", "rank", "decoded_token"}}``, the token that is
+    there first, as vLLM's ``Logprob`` dicts are ordered."""
+    there = _entry(*next(iter(step.items())))
+    ranked = sorted(step.items(), key=lambda item: item[1].get("rank", 0))
+    return replace(there, top=tuple(_entry(key, entry) for key, entry in ranked))
+
+
+def _entry(key: str, entry: dict[str, Any]) -> TokenLogprob:
+    """One ``{token_id: {"logprob", "rank", "decoded_token"}}`` item (vLLM's ``Logprob``)."""
+    token_id = int(key) if key.isdigit() else None
+    return TokenLogprob(entry.get("decoded_token") or "", float(entry["logprob"]), (), token_id)
 
 
 def prompt_token_logprobs(text: str) -> list[float]:
@@ -249,6 +264,14 @@ class KServeEngine(Engine):
         declares the ``prompt_logprobs`` output), rather than NVIDIA's stock one."""
         return PROMPT_LOGPROBS_OUTPUT in await self._declared_outputs()
 
+    async def returns_prompt_logprobs(self) -> str | None:
+        if await self._extended():
+            return None
+        return (
+            f"model '{self.model_name}' runs the stock Triton vLLM backend, which returns no "
+            "prompt log-probabilities; the serving image's llm_serving_vllm backend does"
+        )
+
     async def generate(self, params: GenerateParams) -> AsyncGenerator[EngineOutput, None]:
         for field, stock, ours in _STOCK_BACKEND_FIELDS:
             if field in params.sampling and not await self._extended():
@@ -267,7 +290,9 @@ class KServeEngine(Engine):
             "return_num_output_tokens": True,
             "return_logprobs": params.logprobs,
         }
-        async for response in self._stream(values, params.request_id):
+        # The stand-ins and Triton alike return prompt_logprobs only when it is asked for.
+        wanted = _ECHO_OUTPUTS if "prompt_logprobs" in params.sampling else ()
+        async for response in self._stream(values, params.request_id, wanted):
             outputs = _outputs(response)
             texts = outputs.get("text_output", [])
             reasons = outputs.get("finish_reason") or [_NOT_FINISHED] * len(texts)
@@ -285,10 +310,12 @@ class KServeEngine(Engine):
                 for i, text in enumerate(texts)
             )
             finished = all(c.finish_reason is not None for c in choices)
+            prompt_logprobs = outputs.get(PROMPT_LOGPROBS_OUTPUT)
             yield EngineOutput(
                 choices=choices,
                 prompt_tokens=prompt_tokens[0] if prompt_tokens else None,
                 finished=finished,
+                prompt_logprobs=_prompt_logprobs(prompt_logprobs[0]) if prompt_logprobs else None,
             )
             if finished:
                 return

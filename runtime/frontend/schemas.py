@@ -256,6 +256,8 @@ class CompletionRequest(_Sampling):
     """``POST /v1/completions``."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
+    # 0 with echo returns the prompt alone (scoring it with logprobs), as in vLLM and OpenAI.
+    max_tokens: int | None = Field(default=None, ge=0)
     best_of: int | None = Field(default=None, ge=1, le=20)
     echo: bool | None = None
     logprobs: int | None = Field(default=None, ge=0, le=5)

@@ -13,6 +13,7 @@ from tokenizers import Tokenizer
 from runtime.frontend.chat_template import ChatTemplate, tokenizer_adds_bos
 from runtime.frontend.engine import Engine
 from runtime.frontend.settings import FrontendSettings
+from runtime.frontend.token_names import TokenNames
 
 __all__ = ["FrontendMetrics", "FrontendState", "Matryoshka", "hash_key", "load_key_hashes"]
 
@@ -95,9 +96,11 @@ class FrontendState:
     #: Whether the tokenizer adds the template's bos_token itself; chat prompts then drop the
     #: template's, or the engine would run on two.
     adds_bos: bool = field(init=False)
+    token_names: TokenNames = field(init=False)
 
     def __post_init__(self) -> None:
         self.adds_bos = tokenizer_adds_bos(self.tokenizer, self.template.bos_token)
+        self.token_names = TokenNames.from_tokenizer(self.tokenizer)
 
     def prompt_tokens(self, text: str) -> int:
         """Tokens the backend will count: it tokenizes text_input with special tokens added."""

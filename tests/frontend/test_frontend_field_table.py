@@ -96,6 +96,23 @@ def case(route: str | tuple[str, ...], field: str) -> Callable[[Case], Case]:
 
 
 GEN = (CHAT, COMPLETIONS)
+
+
+def _partial_utf8_token(p: Probe) -> int:
+    """A token of the served vocabulary that is not UTF-8 on its own (it decodes to U+FFFD)."""
+    tokenizer = p.served.state.tokenizer
+    for token_id in range(tokenizer.get_vocab_size()):
+        if tokenizer.decode([token_id]) == "\ufffd":
+            return token_id
+    raise AssertionError("the vocabulary has no partial UTF-8 token")
+
+
+def _named_bytes(name: str) -> bytes:
+    """The bytes an OpenAI ``bytes:\\xNN...`` token name spells (not such a name: an error)."""
+    assert name.startswith("bytes:\\x"), name
+    return bytes.fromhex(name.removeprefix("bytes:").replace("\\x", ""))
+
+
 ALL = (CHAT, COMPLETIONS, EMBEDDINGS, SCORE)
 
 
@@ -309,8 +326,22 @@ def _(p: Probe) -> None:
     assert p.last().sampling_parameters["logprobs"] == 0 and p.last().flags["return_logprobs"]
     content = reply["choices"][0]["logprobs"]["content"]
     assert len(content) == 3 and all(c["logprob"] <= 0 for c in content)
-    joined = ("" if p.real else " ").join(c["token"] for c in content)  # toy: a word a token
-    assert joined == reply["choices"][0]["message"]["content"]
+    text = reply["choices"][0]["message"]["content"]
+    if not p.real:  # toy: a word a token
+        assert " ".join(c["token"] for c in content) == text
+        return
+    # A token's bytes, not its name, put text back together: a name can be "bytes:\\xNN".
+    assert b"".join(bytes(c["bytes"]) for c in content).decode("utf-8", "replace") == text
+    # vLLM's text leaves out bytes that never complete a character; the tokenizer keeps them.
+    token_id = _partial_utf8_token(p)
+    reply = p.ok(logprobs=True, top_logprobs=2, logit_bias={str(token_id): 100}, temperature=0)
+    content = reply["choices"][0]["logprobs"]["content"]
+    raw = bytes(content[0]["bytes"])
+    joined = b"".join(bytes(c["bytes"]) for c in content).decode("utf-8", "replace")
+    assert joined == p.served.state.tokenizer.decode([token_id] * len(content))
+    for item in content:
+        assert _named_bytes(item["token"]) == bytes(item["bytes"]) == raw
+        assert len({t["token"] for t in item["top_logprobs"]}) == 2
 
 
 @case(CHAT, "top_logprobs")
@@ -477,7 +508,22 @@ def _(p: Probe) -> None:
     plain = p.ok(temperature=0)["choices"][0]["text"]
     reply = p.ok(echo=True, temperature=0)
     assert reply["choices"][0]["text"] == "the cat" + plain
-    p.refused("echo", echo=True, logprobs=1)
+    # With logprobs the prompt's tokens come first; the first has no log-probability.
+    prompt = p.served.state.tokenizer.encode("the cat", add_special_tokens=True).ids
+    for stream in (False, True):
+        response = p.post(echo=True, logprobs=1, temperature=0, stream=stream)
+        assert p.last().sampling_parameters["prompt_logprobs"] == 1
+        choice = (_sse(response) if stream else [response.json()])[0]["choices"][0]
+        lp = choice["logprobs"]
+        assert choice["text"].startswith("the cat") and len(lp["tokens"]) > len(prompt)
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        assert all(x <= 0 for x in lp["token_logprobs"][1:])
+        assert all(len(top) == 1 for top in lp["top_logprobs"][1:])
+    # max_tokens 0 (with echo only): the prompt and its log-probabilities, nothing generated.
+    only = p.ok(echo=True, logprobs=1, max_tokens=0)["choices"][0]
+    assert only["text"] == "the cat" and len(only["logprobs"]["tokens"]) == len(prompt)
+    assert only["logprobs"]["token_logprobs"][1:] == lp["token_logprobs"][1 : len(prompt)]
+    p.refused("max_tokens", max_tokens=0)
 
 
 @case(COMPLETIONS, "logprobs")
@@ -485,9 +531,14 @@ def _(p: Probe) -> None:
     reply = p.ok(logprobs=2)
     assert p.last().sampling_parameters["logprobs"] == 2
     lp = reply["choices"][0]["logprobs"]
-    # top_logprobs maps decoded text to logprob: two byte-fragment tokens can share a key.
-    assert len(lp["tokens"]) == 3 and all(1 <= len(t) <= 2 for t in lp["top_logprobs"])
-    assert all(len(t) == 2 for t in lp["top_logprobs"]) or p.real
+    # Tokens that are part of a UTF-8 sequence are named by their bytes, so keys stay distinct.
+    assert len(lp["tokens"]) == 3 and all(len(t) == 2 for t in lp["top_logprobs"])
+    if p.real:
+        token_id = _partial_utf8_token(p)
+        reply = p.ok(logprobs=1, logit_bias={str(token_id): 100}, temperature=0)
+        named = [_named_bytes(t) for t in reply["choices"][0]["logprobs"]["tokens"]]
+        joined = b"".join(named).decode("utf-8", "replace")
+        assert joined == p.served.state.tokenizer.decode([token_id] * len(named))
 
 
 @case(COMPLETIONS, "suffix")

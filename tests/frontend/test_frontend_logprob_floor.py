@@ -26,7 +26,9 @@ class MaskedEngine(InProcessEngine):
     """Stand-in engine: one token, "the", whose second-ranked alternative is masked (-inf)."""
 
     async def generate(self, params: GenerateParams) -> AsyncGenerator[EngineOutput, None]:
-        logprob = TokenLogprob("the", 0.0, (("the", 0.0), ("cat", float("-inf"))))
+        logprob = TokenLogprob(
+            "the", 0.0, (TokenLogprob("the", 0.0), TokenLogprob("cat", float("-inf")))
+        )
         yield EngineOutput(
             (ChoiceOutput(0, "the", "length", 1, (logprob,)),), prompt_tokens=1, finished=True
         )

@@ -342,23 +342,25 @@ def test_scoring_is_refused_against_a_backend_without_prompt_logprobs(
 
 
 @pytest.mark.parametrize(
-    ("field", "value"),
+    ("field", "value", "extra"),
     [
         # The stock backend fails every logit_bias request (real Triton shows it:
         # tests/serving_backend/test_real_triton_stock_backend.py); say so before sending one.
-        ("logit_bias", {"3": 5}),
+        ("logit_bias", {"3": 5}, {}),
         # It streams vLLM's cumulative outputs, which vLLM 0.27.1 never batches.
-        ("stream_interval", 4),
+        ("stream_interval", 4, {}),
+        # It has no prompt_logprobs output.
+        ("echo", True, {"logprobs": 1}),
     ],
 )
 def test_fields_the_stock_backend_cannot_honour_are_refused(
-    standin: KServeStandIn, tokenizer_dir: Path, field: str, value: Any
+    standin: KServeStandIn, tokenizer_dir: Path, field: str, value: Any, extra: dict[str, Any]
 ) -> None:
     served = serve(make_settings(standin, tokenizer_dir, model_name="llm-stock"), standin)
     try:
         sent = len(standin.requests)
         for stream in (False, True):
-            body = {"model": MODEL, "prompt": "the", field: value, "stream": stream}
+            body = {"model": MODEL, "prompt": "the", field: value, "stream": stream, **extra}
             response = httpx.post(served.url + "/v1/completions", json=body)
             assert response.status_code == 400, response.text
             error = response.json()["error"]
@@ -368,6 +370,17 @@ def test_fields_the_stock_backend_cannot_honour_are_refused(
         assert httpx.post(served.url + "/v1/completions", json=plain).status_code == 200
     finally:
         served.stop()
+
+
+def test_echo_logprobs_are_the_models_prompt_logprobs(frontend: Served) -> None:
+    body = {"model": MODEL, "prompt": "the cat", "echo": True, "logprobs": 1, "max_tokens": 0}
+    choice = httpx.post(frontend.url + "/v1/completions", json=body).json()["choices"][0]
+    rows = frontend.standin.models["llm"].toy.prompt_logprobs("the cat")
+    assert choice["text"] == "the cat"
+    assert choice["logprobs"]["token_logprobs"] == [
+        None,
+        *(pytest.approx(next(iter(r.values()))) for r in rows[1:]),
+    ]
 
 
 def test_scores_match_the_models_prompt_logprobs(frontend: Served) -> None:

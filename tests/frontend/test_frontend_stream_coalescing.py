@@ -99,7 +99,11 @@ class BurstEngine(InProcessEngine):
         for i in range(self.tokens):
             last = i == self.tokens - 1
             reason = "length" if last else None
-            lp = (TokenLogprob(f"w{i}", -0.25, ((f"w{i}", -0.25),)),) if params.logprobs else ()
+            lp = (
+                (TokenLogprob(f"w{i}", -0.25, (TokenLogprob(f"w{i}", -0.25),)),)
+                if params.logprobs
+                else ()
+            )
             yield EngineOutput(
                 (ChoiceOutput(0, f" w{i}", reason, 1, lp),), prompt_tokens=2, finished=last
             )

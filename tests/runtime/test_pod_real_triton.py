@@ -345,7 +345,10 @@ def test_n_choices_stop_sequences_and_logprobs(served: Served) -> None:
     )
     content = scored.choices[0].logprobs.content  # type: ignore[union-attr]
     assert content is not None and len(content) == 6
-    assert "".join(t.token for t in content) == scored.choices[0].message.content
+    # The tokens' bytes spell the text; vLLM's text leaves out bytes that complete no character,
+    # which here end the greedy output (their tokens are named bytes:\\xNN).
+    spelled = b"".join(bytes(t.bytes or []) for t in content).decode("utf-8", "ignore")
+    assert spelled == scored.choices[0].message.content
     for token in content:
         assert len(token.top_logprobs) == 3 and token.logprob <= 0
         # Greedy: the chosen token is the most likely one.
@@ -375,6 +378,36 @@ def test_score_is_vllms_prompt_logprobs(served: Served) -> None:
         assert row["num_tokens"] == len(expected)
         assert row["token_logprobs"] == pytest.approx(expected, abs=2e-3)
         assert row["logprob"] == pytest.approx(sum(expected), abs=5e-3)
+
+
+def test_echo_with_logprobs_is_the_prompts_logprobs(served: Served) -> None:
+    # Scoring a text as evaluation tools do over the completions API: echo, logprobs, max_tokens 0.
+    prompt = "def parse(text):"
+    tokenizer = AutoTokenizer.from_pretrained(served.tiny.path)
+    model = AutoModelForCausalLM.from_pretrained(served.tiny.path, torch_dtype=torch.float32)
+    ids = tokenizer(prompt)["input_ids"]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0]
+    expected = [torch.log_softmax(logits[i - 1], dim=-1)[ids[i]].item() for i in range(1, len(ids))]
+    client = served.openai()
+    echoed = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=0, echo=True, logprobs=2
+    ).choices[0]
+    assert echoed.text == prompt and echoed.logprobs is not None
+    assert echoed.logprobs.token_logprobs is not None and echoed.logprobs.top_logprobs is not None
+    assert echoed.logprobs.token_logprobs[0] is None
+    assert echoed.logprobs.token_logprobs[1:] == pytest.approx(expected, abs=2e-3)
+    assert all(len(top) == 2 for top in echoed.logprobs.top_logprobs[1:])
+    # Streamed, with tokens generated after the prompt: the same prompt entries first.
+    chunks = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=3, echo=True, logprobs=2, stream=True
+    )
+    first = next(iter(chunks)).choices[0]
+    assert first.text.startswith(prompt) and first.logprobs is not None
+    assert first.logprobs.token_logprobs is not None
+    streamed = first.logprobs.token_logprobs[: len(ids)]
+    assert streamed[0] is None and streamed[1:] == pytest.approx(expected, abs=2e-3)
+    assert len(first.logprobs.token_logprobs) > len(ids)
 
 
 def test_one_metrics_body_from_real_triton_and_the_real_engine(

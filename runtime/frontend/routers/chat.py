@@ -36,6 +36,7 @@ from runtime.frontend.schemas import AssistantToolCall, ChatCompletionRequest, C
 from runtime.frontend.state import FrontendState
 from runtime.frontend.streaming import run_until_disconnect, sse_response
 from runtime.frontend.structured import JsonRequirement, requirement_for, structured_outputs_value
+from runtime.frontend.token_names import TokenNames
 from runtime.frontend.tool_parsers import ToolDelta, ToolStream, tool_stream
 from runtime.frontend.tools import ToolPlan, plan_tools
 
@@ -142,18 +143,17 @@ def _template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
-def _logprobs(items: list[TokenLogprob] | tuple[TokenLogprob, ...], top: int) -> dict[str, Any]:
+def _logprob(names: TokenNames, entry: TokenLogprob) -> dict[str, Any]:
+    token, raw = names.name(entry.token_id, entry.token)
+    return {"token": token, "logprob": openai_logprob(entry.logprob), "bytes": list(raw)}
+
+
+def _logprobs(
+    items: list[TokenLogprob] | tuple[TokenLogprob, ...], top: int, names: TokenNames
+) -> dict[str, Any]:
     return {
         "content": [
-            {
-                "token": t.token,
-                "logprob": openai_logprob(t.logprob),
-                "bytes": list(t.token.encode()),
-                "top_logprobs": [
-                    {"token": tok, "logprob": openai_logprob(lp), "bytes": list(tok.encode())}
-                    for tok, lp in t.top[:top]
-                ],
-            }
+            {**_logprob(names, t), "top_logprobs": [_logprob(names, e) for e in t.top[:top]]}
             for t in items
         ],
         "refusal": None,
@@ -257,9 +257,10 @@ async def create_chat_completion(
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         events = _events(state, body, params, n, requirement, plan, include_usage, top)
         return await sse_response(state, events)
-    choices, prompt_tokens = await run_until_disconnect(
+    generation = await run_until_disconnect(
         request, collect(state.engine, params, n), state.settings.request_timeout_s
     )
+    choices, prompt_tokens = generation.choices, generation.prompt_tokens
     out = []
     for i, c in enumerate(choices):
         if requirement is not None:
@@ -269,7 +270,9 @@ async def create_chat_completion(
             {
                 "index": i,
                 "message": message,
-                "logprobs": _logprobs(c.logprobs, top) if logprobs is not None else None,
+                "logprobs": _logprobs(c.logprobs, top, state.token_names)
+                if logprobs is not None
+                else None,
                 "finish_reason": finish,
             }
         )
@@ -369,7 +372,9 @@ async def _events(
                     {
                         "index": c.index,
                         "delta": delta,
-                        "logprobs": _logprobs(c.logprobs, top) if params.logprobs else None,
+                        "logprobs": _logprobs(c.logprobs, top, state.token_names)
+                        if params.logprobs
+                        else None,
                         "finish_reason": finish,
                     }
                 )

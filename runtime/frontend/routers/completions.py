@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any, cast
 
 from fastapi import APIRouter, Request
@@ -11,7 +12,12 @@ from fastapi.responses import JSONResponse
 
 from runtime.frontend.dependencies import AuthDep, StateDep, check_model
 from runtime.frontend.engine import EngineOutput, GenerateParams, TokenLogprob
-from runtime.frontend.errors import FieldRefusedError, InvalidRequestError, error_responses
+from runtime.frontend.errors import (
+    BackendError,
+    FieldRefusedError,
+    InvalidRequestError,
+    error_responses,
+)
 from runtime.frontend.fields import check_fields
 from runtime.frontend.generation import (
     ChunkFrame,
@@ -28,6 +34,7 @@ from runtime.frontend.sampling import build_sampling, check_logprobs, resolve_ma
 from runtime.frontend.schemas import CompletionRequest
 from runtime.frontend.state import FrontendState
 from runtime.frontend.streaming import gather_or_cancel, run_until_disconnect, sse_response
+from runtime.frontend.token_names import TokenNames
 
 __all__ = ["DEFAULT_MAX_TOKENS", "ROUTE", "router"]
 
@@ -37,13 +44,33 @@ DEFAULT_MAX_TOKENS = 16
 router = APIRouter(tags=["completions"])
 
 
-def _logprobs(items: list[TokenLogprob] | tuple[TokenLogprob, ...], top: int, offset: int):
-    tokens, token_logprobs, tops, offsets = [], [], [], []
+@dataclass(frozen=True)
+class _Unscored:
+    """An echoed prompt's first token, which has no log-probability (nothing precedes it)."""
+
+    token: str
+    token_id: int | None
+
+
+def _logprobs(
+    items: Sequence[TokenLogprob | _Unscored], top: int, offset: int, names: TokenNames
+) -> dict[str, Any]:
+    tokens: list[str] = []
+    token_logprobs: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    offsets: list[int] = []
     for t in items:
-        tokens.append(t.token)
-        token_logprobs.append(openai_logprob(t.logprob))
-        tops.append({tok: openai_logprob(lp) for tok, lp in t.top[:top]})
+        tokens.append(names.name(t.token_id, t.token)[0])
+        if isinstance(t, TokenLogprob):
+            token_logprobs.append(openai_logprob(t.logprob))
+            tops.append(
+                {names.name(e.token_id, e.token)[0]: openai_logprob(e.logprob) for e in t.top[:top]}
+            )
+        else:
+            token_logprobs.append(None)
+            tops.append(None)
         offsets.append(offset)
+        # Offsets count characters of the text, in which a partial UTF-8 token has none yet.
         offset += len(t.token)
     return {
         "tokens": tokens,
@@ -51,6 +78,47 @@ def _logprobs(items: list[TokenLogprob] | tuple[TokenLogprob, ...], top: int, of
         "top_logprobs": tops,
         "text_offset": offsets,
     }
+
+
+@dataclass(frozen=True)
+class _Echo:
+    """How each choice of a prompt repeats it (``echo``): its text, whether nothing generated
+    follows (``max_tokens`` 0), and with logprobs the token that starts it."""
+
+    prompt: str
+    only: bool
+    first: _Unscored
+
+    @classmethod
+    def of(cls, state: FrontendState, prompt: str, only: bool) -> _Echo:
+        ids = state.tokenizer.encode(prompt, add_special_tokens=True).ids
+        token_id = ids[0] if ids else None
+        text = "" if token_id is None else state.tokenizer.decode([token_id], False)
+        return cls(prompt, only, _Unscored(text, token_id))
+
+    def apply(
+        self,
+        text: str,
+        logprobs: Sequence[TokenLogprob],
+        positions: tuple[TokenLogprob | None, ...] | None,
+        want_logprobs: bool,
+    ) -> tuple[str, list[TokenLogprob | _Unscored]]:
+        """A choice's first text and logprobs entries with the prompt's in front."""
+        generated: list[TokenLogprob | _Unscored] = [] if self.only else list(logprobs)
+        text = self.prompt + ("" if self.only else text)
+        if not want_logprobs:
+            return text, generated
+        if positions is None:
+            raise BackendError("Triton returned no prompt log-probabilities for echo")
+        return text, [*(self.first if p is None else p for p in positions), *generated]
+
+
+def _echoes(
+    state: FrontendState, body: CompletionRequest, prompts: list[str]
+) -> list[_Echo | None]:
+    if not body.echo:
+        return [None] * len(prompts)
+    return [_Echo.of(state, prompt, body.max_tokens == 0) for prompt in prompts]
 
 
 def _default_max_tokens(
@@ -86,9 +154,11 @@ def _prepare(
         raise FieldRefusedError(
             "best_of", f"vLLM V1 has no best_of; send best_of equal to n ({n}) or omit it"
         )
-    if body.echo and body.logprobs is not None:
-        raise FieldRefusedError(
-            "echo", "echo with logprobs needs prompt log-probabilities the backend does not return"
+    if body.max_tokens == 0 and not body.echo:
+        raise InvalidRequestError(
+            "max_tokens=0 generates nothing to return; send at least 1, or echo=true (with "
+            "logprobs, to score the prompt)",
+            param="max_tokens",
         )
     if body.stream_options is not None and not body.stream:
         raise InvalidRequestError("stream_options requires stream=true", param="stream_options")
@@ -112,23 +182,35 @@ def _prepare(
                 f"{name} is empty: it has no tokens for the model; send some text",
                 param="prompt",
             )
+        # max_tokens=0 echoes the prompt alone; vLLM's engine still generates one token.
+        requested = 1 if body.max_tokens == 0 else body.max_tokens
         max_tokens = resolve_max_tokens(
-            _default_max_tokens(state, body.max_tokens, prompt_tokens),
+            _default_max_tokens(state, requested, prompt_tokens),
             prompt_tokens,
             state.settings.max_model_len,
             "max_tokens",
             prompt_field="prompt",
         )
-        samplings.append(
-            build_sampling(
-                body,
-                max_tokens=max_tokens,
-                logprobs=body.logprobs,
-                structured=None,
-                vocab_size=state.tokenizer.get_vocab_size(),
-            )
+        sampling = build_sampling(
+            body,
+            max_tokens=max_tokens,
+            logprobs=body.logprobs,
+            structured=None,
+            vocab_size=state.tokenizer.get_vocab_size(),
         )
+        if body.echo and body.logprobs is not None:
+            sampling["prompt_logprobs"] = body.logprobs
+        samplings.append(sampling)
     return prompts, samplings
+
+
+async def _check_echo(state: FrontendState, body: CompletionRequest) -> None:
+    if body.echo and body.logprobs is not None:
+        reason = await state.engine.returns_prompt_logprobs()
+        if reason is not None:
+            raise FieldRefusedError(
+                "echo", f"echo with logprobs needs the prompt's log-probabilities: {reason}"
+            )
 
 
 @router.post(ROUTE, responses=error_responses(400, 401, 404, 413, 429, 502, 503, 504))
@@ -137,6 +219,7 @@ async def create_completion(
 ) -> Any:
     """Create a text completion; every field follows the field table (docs/frontend-fields.md)."""
     prompts, samplings = _prepare(state, body)
+    await _check_echo(state, body)
     n = body.n or 1
     rid = new_id("cmpl")
     want_logprobs = body.logprobs is not None
@@ -159,16 +242,24 @@ async def create_completion(
     )
     choices = []
     prompt_tokens = completion_tokens = 0
-    for p_index, (collected, p_tokens) in enumerate(results):
-        prompt_tokens += p_tokens
-        prefix = prompts[p_index] if body.echo else ""
-        for c_index, c in enumerate(collected):
+    echoes = _echoes(state, body, prompts)
+    for p_index, generation in enumerate(results):
+        prompt_tokens += generation.prompt_tokens
+        echo = echoes[p_index]
+        for c_index, c in enumerate(generation.choices):
             completion_tokens += c.tokens
+            text = c.text
+            entries: Sequence[TokenLogprob | _Unscored] = c.logprobs
+            if echo is not None:
+                positions = generation.prompt_logprobs
+                text, entries = echo.apply(c.text, c.logprobs, positions, want_logprobs)
             choices.append(
                 {
                     "index": p_index * n + c_index,
-                    "text": prefix + c.text,
-                    "logprobs": _logprobs(c.logprobs, top, len(prefix)) if want_logprobs else None,
+                    "text": text,
+                    "logprobs": _logprobs(entries, top, 0, state.token_names)
+                    if want_logprobs
+                    else None,
                     "finish_reason": c.finish_reason,
                 }
             )
@@ -184,36 +275,46 @@ async def create_completion(
 class _PromptChoices:
     """What a stream has sent of one prompt's ``n`` choices, to turn its outputs into deltas."""
 
-    def __init__(self, index: int, prompt: str, n: int, echo: bool, top: int | None) -> None:
+    def __init__(
+        self, index: int, n: int, echo: _Echo | None, top: int | None, names: TokenNames
+    ) -> None:
         self.index = index
-        self.prompt = prompt
         self.n = n
+        self.echo = echo
         self.top = top
-        self.echoed = [not echo] * n
+        self.names = names
+        self.echoed = [echo is None] * n
         self.done = [False] * n
         self.offsets = [0] * n
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.positions: tuple[TokenLogprob | None, ...] | None = None
 
     def deltas(self, output: EngineOutput) -> list[dict[str, Any]]:
         """The chunk choices for ``output``; each keeps its index ``prompt_index * n + index``."""
         self.prompt_tokens = output.prompt_tokens or self.prompt_tokens
+        self.positions = self.positions or output.prompt_logprobs
         deltas = []
         for c in output.choices:
             if self.done[c.index]:
                 continue
             self.completion_tokens += c.num_tokens
             text = c.text
-            if not self.echoed[c.index]:
-                self.echoed[c.index] = True
-                text = self.prompt + text
-                self.offsets[c.index] = len(self.prompt)
+            entries: Sequence[TokenLogprob | _Unscored] = c.logprobs
+            if self.echo is not None:
+                if not self.echoed[c.index]:
+                    self.echoed[c.index] = True
+                    text, entries = self.echo.apply(
+                        c.text, c.logprobs, self.positions, self.top is not None
+                    )
+                elif self.echo.only:
+                    text, entries = "", []
             self.done[c.index] = c.finish_reason is not None
             deltas.append(
                 {
                     "index": self.index * self.n + c.index,
                     "text": text,
-                    "logprobs": _logprobs(c.logprobs, self.top, self.offsets[c.index])
+                    "logprobs": _logprobs(entries, self.top, self.offsets[c.index], self.names)
                     if self.top is not None
                     else None,
                     "finish_reason": c.finish_reason,
@@ -236,8 +337,8 @@ async def _events(
     created = now()
     frame = ChunkFrame(rid, "text_completion", created, body.model, include_usage)
     sent = [
-        _PromptChoices(i, prompt, n, bool(body.echo), top if p.logprobs else None)
-        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True))
+        _PromptChoices(i, n, echo, top if p.logprobs else None, state.token_names)
+        for i, (echo, p) in enumerate(zip(_echoes(state, body, prompts), params, strict=True))
     ]
     # Prompts stream at once, their chunks interleaved as they come. Closed here, not left to
     # the garbage collector, so every prompt's backend request ends now.
