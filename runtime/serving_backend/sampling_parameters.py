@@ -43,6 +43,13 @@ def check_sampling_parameters(text: str) -> dict[str, Any]:
             f"sampling parameters must be a JSON object, got {type(parameters).__name__}"
         )
     fields = {k: v for k, v in parameters.items() if k not in _STOCK_FIELDS}
+    if not isinstance(fields.get("structured_outputs", ""), str):
+        # The stock code json.loads the value: an object fails with "the JSON object must be
+        # str, bytes or bytearray, not dict", which says nothing of the expected form.
+        raise InvalidSamplingParameters(
+            "structured_outputs must be a string holding the JSON object (the stock backend "
+            'parses it as text): send "structured_outputs": "{\\"json\\": ...}", not an object'
+        )
     annotations = SamplingParams.__annotations__
     try:
         for key, value in fields.items():

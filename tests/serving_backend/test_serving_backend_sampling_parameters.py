@@ -34,6 +34,7 @@ REFUSED = [
     ('{"n": 0}', "n must be at least 1"),
     ('{"n": 2, "temperature": 0}', "greedy"),
     ('{"structured_outputs": "not json"}', "invalid sampling parameters"),
+    ('{"structured_outputs": {"choice": ["a", "b"]}}', "must be a string holding the JSON"),
 ]
 
 
