@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from vllm.v1.engine.exceptions import EngineGenerateError
 
 from runtime.serving_backend import PROMPT_LOGPROBS_OUTPUT
 from runtime.serving_backend.choices import ChoiceMerger
@@ -87,14 +88,23 @@ class ScoringGenerateRequest(_stock.GenerateRequest):
         `IntervalGate` lets through."""
         merger = ChoiceMerger(_requested_n(self.triton_request))
         gate: IntervalGate | None = None
-        async for request_output in super().execute():
-            merged = merger.merge(request_output)
-            if self.stream:
-                # The stock execute reads the request (and calls vLLM) before its first output.
-                gate = gate or IntervalGate(self._interval)
-                if not gate.due(merged):
-                    continue
-            yield merged
+        try:
+            async for request_output in super().execute():
+                merged = merger.merge(request_output)
+                if self.stream:
+                    # The stock execute reads the request (and calls vLLM) before its first
+                    # output.
+                    gate = gate or IntervalGate(self._interval)
+                    if not gate.due(merged):
+                        continue
+                yield merged
+        except EngineGenerateError as exc:
+            # vLLM 0.27 wraps a plain ValueError from its input checks (a structured_outputs
+            # regex, JSON schema or grammar that does not compile) in an EngineGenerateError
+            # without a message, which the stock code sends on as "Error generating stream: ".
+            if isinstance(exc.__cause__, ValueError):
+                raise ValueError(str(exc.__cause__)) from exc
+            raise
 
     def create_response(
         self, request_output: Any, request_output_state: dict[str, Any], prepend_input: bool

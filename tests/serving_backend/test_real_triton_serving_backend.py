@@ -75,6 +75,9 @@ def test_n_in_the_request_parameters_answers_every_choice(real_triton: TritonSer
         ({"max_tokens": 4, "temperature": -1}, "temperature must be non-negative"),
         ({"max_token": 4}, "max_token"),
         ({"max_tokens": 2, "logit_bias": {"abc": 1.0}}, "integer token ids, got ['abc']"),
+        # vLLM's own checks of structured outputs, which it raised without a message.
+        ({"max_tokens": 2, "structured_outputs": json.dumps({"regex": "["})}, "regex"),
+        ({"max_tokens": 2, "structured_outputs": json.dumps({"grammar": "root ::= ("})}, "("),
     ],
 )
 def test_sampling_parameters_vllm_cannot_take_are_answered_with_the_reason(
@@ -85,3 +88,4 @@ def test_sampling_parameters_vllm_cannot_take_are_answered_with_the_reason(
     got, error = infer(real_triton, sampling)
     assert not got and error is not None
     assert reason in error and "NoneType" not in error
+    assert not error.rstrip().endswith("Error generating stream:")
