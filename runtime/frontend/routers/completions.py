@@ -87,10 +87,13 @@ class _Echo:
 
     prompt: str
     only: bool
-    first: _Unscored
+    first: _Unscored = _Unscored("", None)
 
     @classmethod
-    def of(cls, state: FrontendState, prompt: str, only: bool) -> _Echo:
+    def of(cls, state: FrontendState, prompt: str, only: bool, logprobs: bool) -> _Echo:
+        if not logprobs:
+            return cls(prompt, only)
+        # The backend's prompt_logprobs has no entry for the first position to name it by.
         ids = state.tokenizer.encode(prompt, add_special_tokens=True).ids
         token_id = ids[0] if ids else None
         text = "" if token_id is None else state.tokenizer.decode([token_id], False)
@@ -118,7 +121,8 @@ def _echoes(
 ) -> list[_Echo | None]:
     if not body.echo:
         return [None] * len(prompts)
-    return [_Echo.of(state, prompt, body.max_tokens == 0) for prompt in prompts]
+    logprobs = body.logprobs is not None
+    return [_Echo.of(state, prompt, body.max_tokens == 0, logprobs) for prompt in prompts]
 
 
 def _default_max_tokens(
