@@ -77,10 +77,11 @@ BANNED_TOKENS = 100
 CATALOGS = {"items100k": 100_000, "items10k": 10_000}
 #: The tiny tokenizer's special tokens are ids 0-4 (end of sequence is 0).
 FIRST_ORDINARY_TOKEN = 5
+EOS_TOKEN = 0
 PROCESSOR = "ConstraintLogitsProcessor"
 
 
-def _write_catalogs(folder: Path, model: TinyLlm) -> list[str]:
+def write_catalogs(folder: Path, model: TinyLlm) -> list[str]:
     """Three-word items from the tokenizer's whole words; the 10,000 are the first of the
     100,000, in a file of their own. Returns the 10,000 items' texts."""
     vocab = model.tokenizer().get_vocab()
@@ -112,7 +113,7 @@ class Request:
         return (self.params.get("extra_args") or {}).get("constraints")
 
 
-def _requests(
+def requests_of(
     batch: int, constrained: int, max_tokens: int, seed: int, extra: Callable[[int], dict[str, Any]]
 ) -> list[Request]:
     """``batch`` requests of ``max_tokens`` tokens each; ``extra(i)`` adds request i's fields."""
@@ -120,17 +121,19 @@ def _requests(
     requests = []
     for i in range(batch):
         params: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 1.0}
-        # End of sequence is never allowed to a constrained request within the run; the others
-        # ignore it, so that every request of every impl decodes the same number of tokens.
-        params["ignore_eos"] = True
         if i < constrained:
             params.update(extra(i))
+        # Every request of every impl decodes max_tokens: a constrained one is never allowed end
+        # of sequence within the run (an item list is not complete, banned tokens include it),
+        # the others ignore it (the processor refuses ignore_eos beside constraints).
+        if "extra_args" not in params:
+            params["ignore_eos"] = True
         prompt = [rng.randrange(FIRST_ORDINARY_TOKEN, VOCAB_SIZE) for _ in range(PROMPT_TOKENS)]
         requests.append(Request(prompt, params))
     return requests
 
 
-def _step_requests(batch: int, constrained: int, max_tokens: int, seed: int) -> list[Request]:
+def step_requests(batch: int, constrained: int, max_tokens: int, seed: int) -> list[Request]:
     rng = random.Random(seed + 1)
 
     def constraint(i: int) -> dict[str, Any]:
@@ -138,10 +141,21 @@ def _step_requests(batch: int, constrained: int, max_tokens: int, seed: int) -> 
             config = _item_list("items100k")
         else:
             banned = sorted(rng.sample(range(FIRST_ORDINARY_TOKEN, VOCAB_SIZE), BANNED_TOKENS))
-            config = {"version": 1, "banned_tokens": banned}
+            config = {"version": 1, "banned_tokens": [EOS_TOKEN, *banned]}
         return {"extra_args": {"constraints": config}}
 
-    return _requests(batch, constrained, max_tokens, seed, constraint)
+    return requests_of(batch, constrained, max_tokens, seed, constraint)
+
+
+def sampling_params(request: Request) -> Any:
+    """vLLM's ``SamplingParams`` for ``request`` (a ``grammar`` becomes structured outputs)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    fields = dict(request.params)
+    if "grammar" in fields:
+        fields["structured_outputs"] = StructuredOutputsParams(grammar=fields.pop("grammar"))
+    return SamplingParams(**fields)
 
 
 @dataclass
@@ -228,17 +242,7 @@ class Engine:
 
     def generate(self, requests: list[Request]) -> tuple[list[list[int]], float]:
         """Every request's generated tokens, and the wall seconds of the whole batch."""
-        from vllm import SamplingParams
-        from vllm.sampling_params import StructuredOutputsParams
-
-        params = []
-        for r in requests:
-            fields = dict(r.params)
-            if "grammar" in fields:
-                fields["structured_outputs"] = StructuredOutputsParams(
-                    grammar=fields.pop("grammar")
-                )
-            params.append(SamplingParams(**fields))
+        params = [sampling_params(r) for r in requests]
         prompts: Any = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
         start = time.perf_counter()
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
@@ -314,7 +318,7 @@ def bench_steps(engine: Engine, quick: bool) -> list[dict[str, Any]]:
             isolated: list[float] = []
             cold: list[float] = []
             for r in range(repeats):
-                requests = _step_requests(batch, constrained, max_tokens, seed=1000 * r + batch)
+                requests = step_requests(batch, constrained, max_tokens, seed=1000 * r + batch)
                 for impl in orders[r % 2]:
                     with engine.measuring(impl) as clock:
                         outputs, _ = engine.generate(requests)
@@ -347,13 +351,18 @@ def _grammar(texts: list[str]) -> str:
     return f'root ::= item (", " item){{{MIN_ITEMS - 1},}}\nitem ::= {alternation}\n'
 
 
-def bench_throughput(engine: Engine, texts: list[str], quick: bool) -> list[dict[str, Any]]:
+def throughput_impls(texts: list[str]) -> dict[str, Callable[[int], dict[str, Any]]]:
+    """Per impl of the throughput rows, the fields it adds to request i."""
     grammar = _grammar(texts)
-    impls: dict[str, Callable[[int], dict[str, Any]]] = {
+    return {
         "ours": lambda _i: {"extra_args": {"constraints": _item_list("items10k")}},
         "xgrammar": lambda _i: {"grammar": grammar},
         "unconstrained": lambda _i: {},
     }
+
+
+def bench_throughput(engine: Engine, texts: list[str], quick: bool) -> list[dict[str, Any]]:
+    impls = throughput_impls(texts)
     batches = [32, 256] if quick else [8, 32, 128, 256]
     rounds = 3 if quick else 5
     max_tokens = 64
@@ -365,7 +374,7 @@ def bench_throughput(engine: Engine, texts: list[str], quick: bool) -> list[dict
             # Each round starts with another impl, so that none always follows the same one.
             order = list(impls.items())
             for impl, extra in order[r % 3 :] + order[: r % 3]:
-                requests = _requests(batch, batch, max_tokens, 7 * r + batch, extra)
+                requests = requests_of(batch, batch, max_tokens, 7 * r + batch, extra)
                 with engine.measuring("processor_in_engine") as clock:
                     outputs, seconds = engine.generate(requests)
                 tokens = sum(map(len, outputs))
@@ -421,13 +430,13 @@ def _workspace() -> Iterator[tuple[TinyLlm, Path]]:
 
 def run(quick: bool, baseline: str | None = None) -> list[dict[str, Any]]:
     with _workspace() as (model, folder):
-        texts = _write_catalogs(folder, model)
+        texts = write_catalogs(folder, model)
         env = {**ENGINE_ENV, "LLM_SERVING_CATALOG_DIR": str(folder)}
         env["VLLM_LOGGING_LEVEL"] = os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")
         with _Env(env):
             engine = Engine(model, baseline)
             # Loads and compiles the 100,000-item catalog once, outside any measured step.
-            engine.generate(_step_requests(2, 2, 4, seed=0))
+            engine.generate(step_requests(2, 2, 4, seed=0))
             return bench_steps(engine, quick) + bench_throughput(engine, texts, quick)
 
 
