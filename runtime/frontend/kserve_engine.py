@@ -40,10 +40,12 @@ from runtime.frontend.errors import (
     BackendError,
     BackendUnavailableError,
     FieldRefusedError,
+    FrontendError,
+    InvalidRequestError,
     NotSupportedError,
 )
 from runtime.frontend.tensors import INPUT_SHAPE, input_tensor
-from runtime.serving_backend import PROMPT_LOGPROBS_OUTPUT
+from runtime.serving_backend import INVALID_PARAMETERS, PROMPT_LOGPROBS_OUTPUT
 
 __all__ = ["PROMPT_LOGPROBS_OUTPUT", "KServeEngine", "prompt_token_logprobs"]
 
@@ -149,6 +151,17 @@ _LENGTH = struct.Struct("<I")
 _NUMBER_CODES = {"UINT32": "I", "INT32": "i", "FP32": "f"}
 
 
+def _backend_error(message: str) -> FrontendError:
+    """A request the llm_serving_vllm backend says vLLM refused as given (a structured output
+    that its grammar engine cannot compile, say) is the client's to change: a 400, which the
+    openai client does not retry; anything else Triton answers is a 502."""
+    if f"{INVALID_PARAMETERS}: " in message:
+        return InvalidRequestError(
+            f"the engine refused the request: {message}", code="engine_refused"
+        )
+    return BackendError(f"Triton: {message}")
+
+
 def _logprobs(raw: str | None) -> tuple[TokenLogprob, ...]:
     """Parse the backend's ``logprobs`` JSON: per token, sampled token first, then the top-k."""
     if raw is None or raw == "null":
@@ -249,7 +262,7 @@ class KServeEngine(Engine):
                 if message is grpc.aio.EOF:
                     return
                 if message.error_message:
-                    raise BackendError(f"Triton: {message.error_message}")
+                    raise _backend_error(message.error_message)
                 yield message.infer_response
         except grpc.aio.AioRpcError as exc:
             raise BackendUnavailableError(

@@ -29,6 +29,7 @@ from pathlib import Path
 __all__ = [
     "BACKEND_NAME",
     "DEFAULT_STOCK_BACKEND_DIR",
+    "INVALID_PARAMETERS",
     "MODEL_FILE",
     "PROMPT_LOGPROBS_OUTPUT",
     "RESPONSE_HOOK",
@@ -46,6 +47,9 @@ DEFAULT_STOCK_BACKEND_DIR = Path("/opt/tritonserver/backends") / STOCK_BACKEND_N
 STOCK_BACKEND_DIR_ENV = "LLM_SERVING_STOCK_VLLM_BACKEND_DIR"
 #: The output this backend adds: per request, one JSON string of ``RequestOutput.prompt_logprobs``.
 PROMPT_LOGPROBS_OUTPUT = "prompt_logprobs"
+#: How the backend begins the reason for a request that vLLM refuses as given (its sampling
+#: parameters, or a structured output that does not compile); the frontend answers it as a 400.
+INVALID_PARAMETERS = "invalid sampling parameters"
 #: The stock backend's method that builds a generate response from one vLLM ``RequestOutput``,
 #: as ``module:Class.method`` relative to the stock backend's folder. ``images/compat.toml``
 #: records each pair's hook; ours is rendered only for pairs whose hook is this one.

@@ -18,6 +18,8 @@ from typing import Any
 
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams
 
+from runtime.serving_backend import INVALID_PARAMETERS
+
 __all__ = ["InvalidSamplingParameters", "check_sampling_parameters", "int_logit_bias"]
 
 # The stock from_dict's conversions, keyed by SamplingParams' annotations (int | None hashes
@@ -59,7 +61,7 @@ def check_sampling_parameters(text: str) -> dict[str, Any]:
                 fields[key] = _CONVERSIONS[annotations[key]](value)
         sampling_params = SamplingParams(**fields)
     except Exception as exc:  # everything the stock from_dict swallows
-        raise InvalidSamplingParameters(f"invalid sampling parameters: {exc}") from None
+        raise InvalidSamplingParameters(f"{INVALID_PARAMETERS}: {exc}") from None
     int_logit_bias(sampling_params)
     return parameters
 

@@ -33,7 +33,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from vllm.v1.engine.exceptions import EngineGenerateError
 
-from runtime.serving_backend import PROMPT_LOGPROBS_OUTPUT
+from runtime.serving_backend import INVALID_PARAMETERS, PROMPT_LOGPROBS_OUTPUT
 from runtime.serving_backend.choices import ChoiceMerger
 from runtime.serving_backend.prompt_logprobs import encode_prompt_logprobs
 from runtime.serving_backend.sampling_parameters import (
@@ -103,7 +103,7 @@ class ScoringGenerateRequest(_stock.GenerateRequest):
             # regex, JSON schema or grammar that does not compile) in an EngineGenerateError
             # without a message, which the stock code sends on as "Error generating stream: ".
             if isinstance(exc.__cause__, ValueError):
-                raise ValueError(str(exc.__cause__)) from exc
+                raise InvalidSamplingParameters(f"{INVALID_PARAMETERS}: {exc.__cause__}") from exc
             raise
 
     def create_response(

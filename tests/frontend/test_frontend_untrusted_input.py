@@ -112,6 +112,17 @@ def test_an_unresolvable_local_ref_is_a_400_streamed_or_not(frontend: Served) ->
         assert "'#/nope'" in error["message"]
 
 
+def test_a_pattern_the_engine_cannot_compile_is_a_400_streamed_or_not(frontend: Served) -> None:
+    # Python's re takes look-behind, so the schema passes the frontend's own check; vLLM's
+    # grammar engines refuse it, which reached the client as a 502 without a reason.
+    pattern = {"type": "string", "pattern": "(?<=a)b"}
+    schema = {"type": "object", "properties": {"a": pattern}, "required": ["a"]}
+    for stream in (False, True):
+        body = {**CHAT, "stream": stream, "response_format": _json_schema(schema)}
+        error = _refused(_post(frontend, "/v1/chat/completions", body), None)
+        assert error["code"] == "engine_refused" and "(?<=a)b" in error["message"], error
+
+
 def test_output_validation_fetches_nothing_either(internal_service: tuple[str, list[str]]) -> None:
     # The request-time check resolves every reference; the validator itself must still refuse
     # to fetch, with an error that ends a stream as other request errors do.
