@@ -61,9 +61,6 @@ def _has_lone_surrogate(value: Any) -> bool:
     return False
 
 
-_NOT_UTF8 = "is not UTF-8 text: it holds a lone UTF-16 surrogate (\\ud800-\\udfff)"
-
-
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -73,11 +70,13 @@ class _Strict(BaseModel):
         # JSON escapes can spell lone surrogates ("\ud800"), which no tokenizer or gRPC
         # string takes; nested models check their own fields.
         if _has_lone_surrogate(value):
-            raise ValueError(_NOT_UTF8)
+            raise ValueError(
+                "is not UTF-8 text: it holds a lone UTF-16 surrogate (\\ud800-\\udfff)"
+            )
         return value
 
 
-class ContentPart(BaseModel):
+class ContentPart(_Strict):
     """One part of a message's content. Only text parts are rendered; other kinds (images,
     audio, files) are parsed so that the refusal names the part and its type."""
 
@@ -85,13 +84,6 @@ class ContentPart(BaseModel):
 
     type: str
     text: str | None = None
-
-    @field_validator("text", mode="after")
-    @classmethod
-    def _utf8(cls, value: str | None) -> str | None:
-        if value is not None and _has_lone_surrogate(value):
-            raise ValueError(_NOT_UTF8)
-        return value
 
 
 _CONTENT_PARTS = TypeAdapter(list[ContentPart])
