@@ -349,13 +349,10 @@ class KServeEngine(Engine):
         raise BackendError("Triton returned no embedding")
 
     async def score(self, prompt: str, candidates: list[str]) -> list[ScoredCandidate]:
-        if not await self._extended():
+        reason = await self.returns_prompt_logprobs()
+        if reason is not None:
             raise NotSupportedError(
-                f"model '{self.model_name}' declares no '{PROMPT_LOGPROBS_OUTPUT}' output, so it "
-                "cannot be scored without decoding: its backend returns no prompt "
-                "log-probabilities (the stock Triton vLLM backend does not; the serving "
-                "image's llm_serving_vllm backend does)",
-                code="scoring_unsupported",
+                f"{reason}, so it cannot be scored without decoding", code="scoring_unsupported"
             )
         prefill = {"max_tokens": 1, "prompt_logprobs": 0, "temperature": 0.0}
 

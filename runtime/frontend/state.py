@@ -102,6 +102,10 @@ class FrontendState:
         self.adds_bos = tokenizer_adds_bos(self.tokenizer, self.template.bos_token)
         self.token_names = TokenNames.from_tokenizer(self.tokenizer)
 
+    def prompt_ids(self, text: str) -> list[int]:
+        """The tokens the backend will count: it tokenizes text_input with special tokens added."""
+        return self.tokenizer.encode(text, add_special_tokens=True).ids
+
     def prompt_tokens(self, text: str) -> int:
-        """Tokens the backend will count: it tokenizes text_input with special tokens added."""
-        return len(self.tokenizer.encode(text, add_special_tokens=True).ids)
+        """How many tokens the backend will count (:meth:`prompt_ids`)."""
+        return len(self.prompt_ids(text))

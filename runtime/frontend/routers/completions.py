@@ -90,14 +90,12 @@ class _Echo:
     first: _Unscored = _Unscored("", None)
 
     @classmethod
-    def of(cls, state: FrontendState, prompt: str, only: bool, logprobs: bool) -> _Echo:
-        if not logprobs:
+    def of(cls, state: FrontendState, prompt: str, only: bool, first_id: int | None) -> _Echo:
+        """``first_id``: the prompt's first token where logprobs are asked for (the backend's
+        prompt_logprobs has no entry at the first position to name it by)."""
+        if first_id is None:
             return cls(prompt, only)
-        # The backend's prompt_logprobs has no entry for the first position to name it by.
-        ids = state.tokenizer.encode(prompt, add_special_tokens=True).ids
-        token_id = ids[0] if ids else None
-        text = "" if token_id is None else state.tokenizer.decode([token_id], False)
-        return cls(prompt, only, _Unscored(text, token_id))
+        return cls(prompt, only, _Unscored(state.tokenizer.decode([first_id], False), first_id))
 
     def apply(
         self,
@@ -114,15 +112,6 @@ class _Echo:
         if positions is None:
             raise BackendError("Triton returned no prompt log-probabilities for echo")
         return text, [*(self.first if p is None else p for p in positions), *generated]
-
-
-def _echoes(
-    state: FrontendState, body: CompletionRequest, prompts: list[str]
-) -> list[_Echo | None]:
-    if not body.echo:
-        return [None] * len(prompts)
-    logprobs = body.logprobs is not None
-    return [_Echo.of(state, prompt, body.max_tokens == 0, logprobs) for prompt in prompts]
 
 
 def _default_max_tokens(
@@ -150,7 +139,7 @@ def _default_max_tokens(
 
 def _prepare(
     state: FrontendState, body: CompletionRequest
-) -> tuple[list[str], list[dict[str, Any]]]:
+) -> tuple[list[str], list[dict[str, Any]], list[_Echo | None]]:
     check_fields(ROUTE, body)
     check_model(state, body.model)
     n = body.n or 1
@@ -176,8 +165,10 @@ def _prepare(
             param="prompt",
         )
     samplings = []
+    echoes: list[_Echo | None] = []
     for i, prompt in enumerate(prompts):
-        prompt_tokens = state.prompt_tokens(prompt)
+        ids = state.prompt_ids(prompt)
+        prompt_tokens = len(ids)
         if prompt_tokens == 0:
             # vLLM refuses it ("The decoder prompt cannot be empty"); "" that the tokenizer
             # turns into a BOS token is a prompt, as vLLM takes it.
@@ -205,7 +196,11 @@ def _prepare(
         if body.echo and body.logprobs is not None:
             sampling["prompt_logprobs"] = body.logprobs
         samplings.append(sampling)
-    return prompts, samplings
+        first_id = ids[0] if body.logprobs is not None else None
+        echoes.append(
+            _Echo.of(state, prompt, body.max_tokens == 0, first_id) if body.echo else None
+        )
+    return prompts, samplings, echoes
 
 
 async def _check_echo(state: FrontendState, body: CompletionRequest) -> None:
@@ -222,7 +217,7 @@ async def create_completion(
     body: CompletionRequest, request: Request, _: AuthDep, state: StateDep
 ) -> Any:
     """Create a text completion; every field follows the field table (docs/frontend-fields.md)."""
-    prompts, samplings = _prepare(state, body)
+    prompts, samplings, echoes = _prepare(state, body)
     await _check_echo(state, body)
     n = body.n or 1
     rid = new_id("cmpl")
@@ -236,7 +231,7 @@ async def create_completion(
     if stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return await sse_response(
-            state, _events(state, body, rid, prompts, params, n, include_usage, top)
+            state, _events(state, body, rid, echoes, params, n, include_usage, top)
         )
 
     results = await run_until_disconnect(
@@ -246,7 +241,6 @@ async def create_completion(
     )
     choices = []
     prompt_tokens = completion_tokens = 0
-    echoes = _echoes(state, body, prompts)
     for p_index, generation in enumerate(results):
         prompt_tokens += generation.prompt_tokens
         echo = echoes[p_index]
@@ -332,7 +326,7 @@ async def _events(
     state: FrontendState,
     body: CompletionRequest,
     rid: str,
-    prompts: list[str],
+    echoes: list[_Echo | None],
     params: list[GenerateParams],
     n: int,
     include_usage: bool,
@@ -342,7 +336,7 @@ async def _events(
     frame = ChunkFrame(rid, "text_completion", created, body.model, include_usage)
     sent = [
         _PromptChoices(i, n, echo, top if p.logprobs else None, state.token_names)
-        for i, (echo, p) in enumerate(zip(_echoes(state, body, prompts), params, strict=True))
+        for i, (echo, p) in enumerate(zip(echoes, params, strict=True))
     ]
     # Prompts stream at once, their chunks interleaved as they come. Closed here, not left to
     # the garbage collector, so every prompt's backend request ends now.
