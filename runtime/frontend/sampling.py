@@ -26,18 +26,20 @@ def resolve_max_tokens(
     A prompt that fills the context is blamed on ``prompt_field``, the route's own input.
     """
     room = max_model_len - prompt_tokens
+    if room < 1:
+        # No budget fits: the prompt itself is what must change.
+        raise InvalidRequestError(
+            f"the prompt is {prompt_tokens} tokens and leaves no room for output in the "
+            f"model's context of {max_model_len} tokens; send a shorter prompt",
+            param=prompt_field,
+            code="context_length_exceeded",
+        )
     if requested is None:
-        if room < 1:
-            raise InvalidRequestError(
-                f"the prompt is {prompt_tokens} tokens; the model's context is {max_model_len}",
-                param=prompt_field,
-                code="context_length_exceeded",
-            )
         return room
     if requested > room:
         raise InvalidRequestError(
             f"{field}={requested} plus the {prompt_tokens}-token prompt exceeds the model's "
-            f"context of {max_model_len} tokens; send at most {max(room, 0)}",
+            f"context of {max_model_len} tokens; send at most {room}",
             param=field,
             code="context_length_exceeded",
         )

@@ -221,6 +221,21 @@ def test_a_prompt_leaving_less_than_16_tokens_needs_an_explicit_max_tokens(
     assert standin.requests[-1].sampling_parameters["max_tokens"] == 11
 
 
+@pytest.mark.parametrize("max_tokens", [None, 5])
+def test_a_prompt_that_fills_the_context_is_blamed_whatever_max_tokens(
+    frontend: Served, standin: KServeStandIn, max_tokens: int | None
+) -> None:
+    sent = len(standin.requests)
+    body = {"prompt": " ".join(["the"] * 300), "max_tokens": max_tokens}
+    refused = _post(frontend.url, "/v1/completions", body)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["param"], error["code"]) == ("prompt", "context_length_exceeded")
+    assert "send a shorter prompt" in error["message"]
+    assert "at most 0" not in error["message"]
+    assert len(standin.requests) == sent
+
+
 def test_chat_still_defaults_to_the_rest_of_the_context(
     frontend: Served, standin: KServeStandIn
 ) -> None:

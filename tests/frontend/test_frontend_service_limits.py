@@ -392,6 +392,15 @@ def test_scores_match_the_models_prompt_logprobs(frontend: Served) -> None:
         assert item["logprob"] == pytest.approx(sum(next(iter(r.values())) for r in rows))
 
 
+def test_a_candidate_that_overflows_the_context_is_named(frontend: Served) -> None:
+    body = {"model": MODEL, "prompt": "the cat", "candidates": [" sat", " the" * 300]}
+    response = httpx.post(frontend.url + "/v1/score", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == ("candidates[1]", "context_length_exceeded")
+    assert "send a shorter prompt" in error["message"]
+
+
 def test_frontend_text_equals_a_direct_tritonclient_call(
     real_frontend: Served, real_triton: TritonServer
 ) -> None:
