@@ -27,7 +27,10 @@ from runtime.constraints.catalog import (
 from runtime.constraints.device_mask import HOST_BITMASKS, DeviceMask
 from runtime.constraints.plan import check_catalog_fields
 from runtime.constraints.registry import CatalogRegistry
-from runtime.constraints.schema import ConstraintConfigError, parse_constraints
+from runtime.constraints.schema import (
+    check_sampling_combination,
+    parse_constraints,
+)
 from runtime.constraints.token_bytes import TokenBytes, token_bytes_table
 
 if TYPE_CHECKING:
@@ -135,56 +138,6 @@ def _config_of(params: SamplingParams) -> object | None:
     return (params.extra_args or {}).get(EXTRA_ARGS_KEY)
 
 
-def _check_combination(params: SamplingParams) -> None:
-    """Refuse sampling parameters that mask logits beside a constraint, or keep it running.
-
-    vLLM applies each mask on its own, so a step where they leave no token in common is an all
-    -inf row: the sampler then picks a token neither allowed (token 0 in practice), appended to
-    the output until another limit ends it. Which tokens a constraint needs (separator,
-    terminator, end of sequence) is known only with the tokenizer, so the combination is
-    refused whatever the values. ``ignore_eos`` would not stop at the end of sequence that a
-    complete constraint allows alone.
-    """
-    if params.min_tokens > 0:
-        raise ConstraintConfigError(
-            "min_tokens",
-            f"min_tokens={params.min_tokens} cannot be combined with constraints: a constraint "
-            "allows only end of sequence once its list or machine is complete, which min_tokens "
-            "forbids; set min_tokens to 0 (item_list.min_items bounds the list's length)",
-        )
-    if params.allowed_token_ids is not None:
-        raise ConstraintConfigError(
-            "allowed_token_ids",
-            "allowed_token_ids cannot be combined with constraints: a step whose constraint "
-            "needs a token outside them (a separator, the terminator, end of sequence) would "
-            "have none; remove allowed_token_ids and ban tokens with constraints.banned_tokens "
-            "or allow them with a token_machine",
-        )
-    if params.bad_words:
-        raise ConstraintConfigError(
-            "bad_words",
-            "bad_words cannot be combined with constraints: vLLM removes them beside the "
-            "constraint's mask, so a step whose allowed tokens are all bad words has none; "
-            "remove bad_words and put their token ids in constraints.banned_tokens, which the "
-            "constraint never allows and ends the output when nothing else is left",
-        )
-    if params.ignore_eos:
-        raise ConstraintConfigError(
-            "ignore_eos",
-            "ignore_eos cannot be combined with constraints: once its list or machine is "
-            "complete a constraint allows only end of sequence, and with ignore_eos the request "
-            "would emit it until max_tokens; remove ignore_eos (item_list.min_items bounds the "
-            "list's length)",
-        )
-    if getattr(params, "structured_outputs", None) is not None:
-        raise ConstraintConfigError(
-            "structured_outputs",
-            "structured outputs (response_format, JSON, regex, grammar) cannot be combined with "
-            "constraints: a step where the grammar and the constraint share no token ends the "
-            "request with an error; send one of them",
-        )
-
-
 class ConstraintLogitsProcessor(LogitsProcessor):
     """Batch-level processor: masks run on the engine's threads between update and apply."""
 
@@ -196,7 +149,13 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         if config is None:
             return
         check_catalog_fields(parse_constraints(config), catalog_dir_from_env())
-        _check_combination(sampling_params)
+        check_sampling_combination(
+            min_tokens=sampling_params.min_tokens,
+            allowed_token_ids=sampling_params.allowed_token_ids,
+            bad_words=sampling_params.bad_words,
+            ignore_eos=sampling_params.ignore_eos,
+            structured_outputs=getattr(sampling_params, "structured_outputs", None) is not None,
+        )
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
         model_config = vllm_config.model_config

@@ -9,6 +9,7 @@ validates the request, and raise the same :class:`ConstraintConfigError`.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -34,6 +35,7 @@ __all__ = [
     "ConstraintSpec",
     "ItemListSpec",
     "TokenMachineSpec",
+    "check_sampling_combination",
     "constraints_json_schema",
     "parse_constraints",
 ]
@@ -231,6 +233,63 @@ class ConstraintSpec(_Strict):
             if token < 0:
                 raise _FieldError(("banned_tokens", i), f"token id must be >= 0, got {token}")
         return self
+
+
+def check_sampling_combination(
+    *,
+    min_tokens: int,
+    allowed_token_ids: Sequence[int] | None,
+    bad_words: Sequence[str] | None,
+    ignore_eos: bool,
+    structured_outputs: bool,
+) -> None:
+    """Refuse sampling parameters that mask logits beside a constraint, or keep it running.
+
+    vLLM applies each mask on its own, so a step where they leave no token in common is an all
+    -inf row: the sampler then picks a token neither allowed (token 0 in practice), appended to
+    the output until another limit ends it. Which tokens a constraint needs (separator,
+    terminator, end of sequence) is known only with the tokenizer, so the combination is
+    refused whatever the values. ``ignore_eos`` would not stop at the end of sequence that a
+    complete constraint allows alone. Free of vLLM, so the frontend refuses the same pairs.
+    """
+    if min_tokens > 0:
+        raise ConstraintConfigError(
+            "min_tokens",
+            f"min_tokens={min_tokens} cannot be combined with constraints: a constraint "
+            "allows only end of sequence once its list or machine is complete, which min_tokens "
+            "forbids; set min_tokens to 0 (item_list.min_items bounds the list's length)",
+        )
+    if allowed_token_ids is not None:
+        raise ConstraintConfigError(
+            "allowed_token_ids",
+            "allowed_token_ids cannot be combined with constraints: a step whose constraint "
+            "needs a token outside them (a separator, the terminator, end of sequence) would "
+            "have none; remove allowed_token_ids and ban tokens with constraints.banned_tokens "
+            "or allow them with a token_machine",
+        )
+    if bad_words:
+        raise ConstraintConfigError(
+            "bad_words",
+            "bad_words cannot be combined with constraints: vLLM removes them beside the "
+            "constraint's mask, so a step whose allowed tokens are all bad words has none; "
+            "remove bad_words and put their token ids in constraints.banned_tokens, which the "
+            "constraint never allows and ends the output when nothing else is left",
+        )
+    if ignore_eos:
+        raise ConstraintConfigError(
+            "ignore_eos",
+            "ignore_eos cannot be combined with constraints: once its list or machine is "
+            "complete a constraint allows only end of sequence, and with ignore_eos the request "
+            "would emit it until max_tokens; remove ignore_eos (item_list.min_items bounds the "
+            "list's length)",
+        )
+    if structured_outputs:
+        raise ConstraintConfigError(
+            "structured_outputs",
+            "structured outputs (response_format, JSON, regex, grammar) cannot be combined with "
+            "constraints: a step where the grammar and the constraint share no token ends the "
+            "request with an error; send one of them",
+        )
 
 
 class _FieldError(ValueError):

@@ -119,6 +119,53 @@ _SAMPLING = (
         "sampling_parameters.extra_args.constraints; a 400 beside response_format json_object "
         "or json_schema, or a tool_choice that forces a call (the engine refuses the pair)",
     ),
+    FieldRule(
+        "top_k", Policy.HONOURED, "extension, as in vLLM's server: sampling_parameters.top_k"
+    ),
+    FieldRule(
+        "min_p", Policy.HONOURED, "extension, as in vLLM's server: sampling_parameters.min_p"
+    ),
+    FieldRule(
+        "repetition_penalty",
+        Policy.HONOURED,
+        "extension, as in vLLM's server: sampling_parameters.repetition_penalty; must be above 0",
+    ),
+    FieldRule(
+        "min_tokens",
+        Policy.HONOURED,
+        "extension, as in vLLM's server: sampling_parameters.min_tokens; more than the request's "
+        "max_tokens, or beside constraints or structured outputs, is a 400",
+    ),
+    FieldRule(
+        "stop_token_ids",
+        Policy.HONOURED,
+        "extension, as in vLLM's server: sampling_parameters.stop_token_ids; ids outside the "
+        "model's vocabulary are a 400",
+    ),
+    FieldRule(
+        "ignore_eos",
+        Policy.HONOURED,
+        "extension, as in vLLM's server: sampling_parameters.ignore_eos; a 400 beside "
+        "constraints or structured outputs",
+    ),
+    FieldRule(
+        "include_stop_str_in_output",
+        Policy.HONOURED,
+        "extension, as in vLLM's server: sampling_parameters.include_stop_str_in_output",
+    ),
+    FieldRule(
+        "allowed_token_ids",
+        Policy.HONOURED,
+        "extension, as in vLLM's server: sampling_parameters.allowed_token_ids; an empty list or "
+        "ids outside the model's vocabulary are a 400, and so is the field beside constraints or "
+        "structured outputs",
+    ),
+    FieldRule(
+        "bad_words",
+        Policy.HONOURED,
+        "extension, as in vLLM's server: sampling_parameters.bad_words; an empty word, or the "
+        "field beside constraints or structured outputs, is a 400",
+    ),
 )
 
 CHAT_FIELDS: tuple[FieldRule, ...] = (

@@ -6,7 +6,11 @@ from typing import Any
 
 from runtime.constraints.catalog import catalog_dir_from_env
 from runtime.constraints.plan import check_catalog_fields
-from runtime.constraints.schema import ConstraintConfigError, parse_constraints
+from runtime.constraints.schema import (
+    ConstraintConfigError,
+    check_sampling_combination,
+    parse_constraints,
+)
 from runtime.frontend.errors import InvalidRequestError
 from runtime.frontend.schemas import ChatCompletionRequest, CompletionRequest
 
@@ -78,6 +82,17 @@ def _logit_bias(bias: dict[str, float], vocab_size: int) -> dict[int, float]:
     return out
 
 
+def _token_ids(ids: list[int], vocab_size: int, field: str) -> list[int]:
+    for i, token in enumerate(ids):
+        if not 0 <= token < vocab_size:
+            raise InvalidRequestError(
+                f"{field}[{i}] is {token}, not a token id of the model's vocabulary "
+                f"(0 to {vocab_size - 1})",
+                param=field,
+            )
+    return ids
+
+
 def _greedy(temperature: float | None) -> bool:
     """Whether vLLM samples greedily at ``temperature`` (unset is vLLM's default, 1.0)."""
     if temperature is None:
@@ -109,6 +124,39 @@ def _check_engine_rules(request: ChatCompletionRequest | CompletionRequest) -> N
                 "leave it out or send a non-empty stop string",
                 param="stop",
             )
+    for i, word in enumerate(request.bad_words or ()):
+        if not word:
+            raise InvalidRequestError(
+                f"bad_words[{i}] is an empty string, which the engine refuses; leave it out",
+                param="bad_words",
+            )
+
+
+_STRUCTURED = (
+    "structured outputs (response_format json_object or json_schema, or a tool_choice that "
+    "forces a call)"
+)
+#: Why each field breaks a grammar's output: vLLM applies its mask beside the grammar's, and a
+#: step where they leave no token in common samples one neither allows.
+_AGAINST_GRAMMAR = {
+    "min_tokens": "once the output is complete the grammar allows only end of sequence, which "
+    "min_tokens forbids; set min_tokens to 0",
+    "ignore_eos": "once the output is complete the grammar allows only end of sequence, which "
+    "ignore_eos would repeat until max_tokens; remove ignore_eos",
+    "allowed_token_ids": "a step where the grammar needs a token outside them has none; remove "
+    "allowed_token_ids",
+    "bad_words": "a step where every token the grammar allows is a bad word has none; remove "
+    "bad_words",
+}
+
+
+def _check_beside_grammar(request: ChatCompletionRequest | CompletionRequest) -> None:
+    """Refuse the fields that would make a grammar's output invalid, which vLLM accepts."""
+    for field, reason in _AGAINST_GRAMMAR.items():
+        if getattr(request, field):
+            raise InvalidRequestError(
+                f"{field} cannot be combined with {_STRUCTURED}: {reason}", param=field
+            )
 
 
 def build_sampling(
@@ -121,6 +169,12 @@ def build_sampling(
 ) -> dict[str, Any]:
     """Map every honoured sampling field; keys the client did not send are left to vLLM."""
     _check_engine_rules(request)
+    if request.min_tokens is not None and request.min_tokens > max_tokens:
+        raise InvalidRequestError(
+            f"min_tokens={request.min_tokens} is more than the {max_tokens} tokens this request "
+            "may generate; send at most that",
+            param="min_tokens",
+        )
     params: dict[str, Any] = {"max_tokens": max_tokens}
     for name in (
         "n",
@@ -130,10 +184,20 @@ def build_sampling(
         "frequency_penalty",
         "presence_penalty",
         "stream_interval",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "min_tokens",
+        "ignore_eos",
+        "include_stop_str_in_output",
+        "bad_words",
     ):
         value = getattr(request, name)
         if value is not None:
             params[name] = value
+    for name in ("stop_token_ids", "allowed_token_ids"):
+        if (ids := getattr(request, name)) is not None:
+            params[name] = _token_ids(ids, vocab_size, name)
     if request.stop is not None:
         params["stop"] = [request.stop] if isinstance(request.stop, str) else request.stop
     if request.logit_bias:
@@ -141,6 +205,7 @@ def build_sampling(
     if logprobs is not None:
         params["logprobs"] = logprobs
     if structured is not None:
+        _check_beside_grammar(request)
         key, value = structured
         params[key] = value
     if request.constraints is not None:
@@ -148,13 +213,18 @@ def build_sampling(
             # The engine's constraint processor refuses the pair (a step where the grammar and
             # the constraint share no token would end the request): a 400 here, not a 502.
             raise InvalidRequestError(
-                "constraints cannot be combined with structured outputs (response_format "
-                "json_object or json_schema, or a tool_choice that forces a call): send one of "
-                "them",
+                f"constraints cannot be combined with {_STRUCTURED}: send one of them",
                 param="constraints",
                 code="invalid_constraints",
             )
         try:
+            check_sampling_combination(
+                min_tokens=request.min_tokens or 0,
+                allowed_token_ids=request.allowed_token_ids,
+                bad_words=request.bad_words,
+                ignore_eos=bool(request.ignore_eos),
+                structured_outputs=False,
+            )
             spec = parse_constraints(request.constraints)
             # Beside Triton in the pod, the catalogs are here too: an unknown catalog or item id
             # is a 400 now, not an error from inside the engine.

@@ -203,6 +203,40 @@ class _Sampling(_Strict):
         default=None,
         description="Extension: per-request decoding constraints (runtime.constraints.schema).",
     )
+    # vLLM's own sampling fields, as its OpenAI server takes them.
+    top_k: int | None = Field(
+        default=None, ge=-1, description="Extension (vLLM): sample from the k likeliest tokens."
+    )
+    min_p: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="Extension (vLLM): drop tokens below this share of the likeliest one's.",
+    )
+    repetition_penalty: float | None = Field(
+        default=None,
+        gt=0.0,
+        allow_inf_nan=False,
+        description="Extension (vLLM): above 1 discourages tokens of the prompt and output.",
+    )
+    min_tokens: int | None = Field(
+        default=None, ge=0, description="Extension (vLLM): no end of sequence before this many."
+    )
+    stop_token_ids: list[int] | None = Field(
+        default=None, description="Extension (vLLM): token ids that end the output."
+    )
+    ignore_eos: bool | None = Field(
+        default=None, description="Extension (vLLM): generate past end of sequence."
+    )
+    include_stop_str_in_output: bool | None = Field(
+        default=None, description="Extension (vLLM): keep the matched stop string."
+    )
+    allowed_token_ids: list[int] | None = Field(
+        default=None, min_length=1, description="Extension (vLLM): the only tokens sampled."
+    )
+    bad_words: list[str] | None = Field(
+        default=None, description="Extension (vLLM): words whose tokens are never sampled."
+    )
 
 
 class ChatCompletionRequest(_Sampling):

@@ -307,6 +307,127 @@ def _(p: Probe) -> None:
     assert response.json()["error"]["param"] == "constraints.item_list.max_items"
 
 
+# A plain token of each vocabulary ("at" of the tiny Llama, "cat" of the toy) and end of sequence
+# (token 0 of both), forced or banned with logit_bias.
+def _plain_token(p: Probe) -> int:
+    return 290 if p.real else 3
+
+
+EOS = "0"
+JSON_OBJECT = {"type": "json_object"}
+
+
+def _refused_beside_grammar(p: Probe, field: str, **fields: Any) -> None:
+    """``fields`` are a 400 naming ``field`` beside constraints, and beside structured outputs."""
+    p.refused(field, constraints={"version": 1, "banned_tokens": [5]}, **fields)
+    if p.route == CHAT:
+        p.refused(field, response_format=JSON_OBJECT, **fields)
+
+
+def _same_as_greedy(p: Probe, **narrowing: Any) -> None:
+    """Sampling narrowed by ``narrowing`` to the likeliest token gives the greedy text, where
+    plain sampling does not."""
+    greedy = _text(p, p.ok(max_tokens=6, temperature=0))
+    sampled = [_text(p, p.ok(max_tokens=6, temperature=1, seed=s)) for s in range(3)]
+    assert any(text != greedy for text in sampled), sampled
+    for s in range(3):
+        assert _text(p, p.ok(max_tokens=6, temperature=1, seed=s, **narrowing)) == greedy
+
+
+@case(GEN, "top_k")
+def _(p: Probe) -> None:
+    _same_as_greedy(p, top_k=1)
+    assert p.last().sampling_parameters["top_k"] == 1
+    p.refused("top_k", top_k=-2)
+
+
+@case(GEN, "min_p")
+def _(p: Probe) -> None:
+    if p.real:  # the toy's logits tie too often for min_p=1 to keep one token
+        _same_as_greedy(p, min_p=1.0)
+    assert p.sent(min_p=1.0)["min_p"] == 1.0
+    p.refused("min_p", min_p=1.5)
+
+
+@case(GEN, "repetition_penalty")
+def _(p: Probe) -> None:
+    def generated(**fields: Any) -> list[int]:
+        reply = p.ok(max_tokens=16, temperature=0, logit_bias={EOS: -100}, **fields)
+        return p.tokens(_text(p, reply))
+
+    repeats = generated()
+    assert len(set(repeats)) < len(repeats), repeats
+    penalized = generated(repetition_penalty=100.0)
+    assert p.last().sampling_parameters["repetition_penalty"] == 100.0
+    assert len(set(penalized)) == len(penalized), penalized
+    p.refused("repetition_penalty", repetition_penalty=0)
+
+
+@case(GEN, "min_tokens")
+def _(p: Probe) -> None:
+    assert p.ok(logit_bias={EOS: 100})["usage"]["completion_tokens"] == 1
+    reply = p.ok(logit_bias={EOS: 100}, min_tokens=2)
+    assert p.last().sampling_parameters["min_tokens"] == 2
+    assert reply["usage"]["completion_tokens"] == 3
+    assert reply["choices"][0]["finish_reason"] == "stop"
+    p.refused("min_tokens", min_tokens=4)  # above max_tokens
+    _refused_beside_grammar(p, "min_tokens", min_tokens=1)
+
+
+@case(GEN, "ignore_eos")
+def _(p: Probe) -> None:
+    reply = p.ok(logit_bias={EOS: 100}, ignore_eos=True)
+    assert p.last().sampling_parameters["ignore_eos"] is True
+    assert reply["usage"]["completion_tokens"] == 3
+    assert reply["choices"][0]["finish_reason"] == "length"
+    _refused_beside_grammar(p, "ignore_eos", ignore_eos=True)
+
+
+@case(GEN, "stop_token_ids")
+def _(p: Probe) -> None:
+    token = _plain_token(p)
+    forced = {"temperature": 0, "logit_bias": {str(token): 100}}
+    assert p.tokens(_text(p, p.ok(**forced))) == [token] * 3
+    reply = p.ok(stop_token_ids=[token], **forced)
+    assert p.last().sampling_parameters["stop_token_ids"] == [token]
+    assert _text(p, reply) == "" and reply["choices"][0]["finish_reason"] == "stop"
+    p.refused("stop_token_ids", stop_token_ids=[p.served.state.tokenizer.get_vocab_size()])
+
+
+@case(GEN, "include_stop_str_in_output")
+def _(p: Probe) -> None:
+    words = _text(p, p.ok(max_tokens=8, temperature=0)).split()
+    at = next(i for i in range(1, 8) if words[i] not in " ".join(words[:i]))
+    reply = p.ok(max_tokens=8, temperature=0, stop=[words[at]], include_stop_str_in_output=True)
+    assert p.last().sampling_parameters["include_stop_str_in_output"] is True
+    assert _text(p, reply).split() == words[: at + 1]
+    assert reply["choices"][0]["finish_reason"] == "stop"
+
+
+@case(GEN, "allowed_token_ids")
+def _(p: Probe) -> None:
+    token = _plain_token(p)
+    reply = p.ok(allowed_token_ids=[token], temperature=0)
+    assert p.last().sampling_parameters["allowed_token_ids"] == [token]
+    assert p.tokens(_text(p, reply)) == [token] * 3
+    p.refused("allowed_token_ids", allowed_token_ids=[])
+    p.refused("allowed_token_ids", allowed_token_ids=[-1])
+    _refused_beside_grammar(p, "allowed_token_ids", allowed_token_ids=[token])
+
+
+@case(GEN, "bad_words")
+def _(p: Probe) -> None:
+    token = _plain_token(p)
+    word = p.served.state.tokenizer.decode([token])
+    forced = {"temperature": 0, "logit_bias": {str(token): 100}}
+    assert p.tokens(_text(p, p.ok(**forced))) == [token] * 3
+    reply = p.ok(bad_words=[word], **forced)
+    assert p.last().sampling_parameters["bad_words"] == [word]
+    assert token not in p.tokens(_text(p, reply))
+    p.refused("bad_words", bad_words=[""])
+    _refused_beside_grammar(p, "bad_words", bad_words=[word])
+
+
 for _field in ("audio", "function_call", "functions", "prediction", "reasoning_effort"):
 
     @case(CHAT, _field)

@@ -5,9 +5,11 @@ words, logits derived from a hash of the context, so the same request always giv
 text, log-probabilities, prompt log-probabilities and embeddings. It honours the sampling
 parameters a test can observe (``max_tokens``, ``min_tokens``, ``stop``, ``n``, ``seed``,
 ``temperature``, ``logprobs``, ``prompt_logprobs``, ``logit_bias``, ``allowed_token_ids``,
-``ignore_eos``) and JSON structured outputs (a document that satisfies the schema). Scripted
-replies (``scripts``: a regular expression searched in the prompt, and the reply) stand in for
-what a real model writes in a given situation, such as tool calls, a few characters a token.
+``ignore_eos``, ``top_k``, ``repetition_penalty``, ``stop_token_ids``,
+``include_stop_str_in_output``, ``bad_words``) and JSON structured outputs (a document that
+satisfies the schema). Scripted replies (``scripts``: a regular expression searched in the
+prompt, and the reply) stand in for what a real model writes in a given situation, such as tool
+calls, a few characters a token.
 """
 
 from __future__ import annotations
@@ -76,6 +78,20 @@ def _logits(context: tuple[int, ...], salt: int) -> list[float]:
     digest = hashlib.blake2b(repr((context, salt)).encode(), digest_size=len(VOCAB)).digest()
     # EOS is made unlikely so generations run to max_tokens unless a test biases it.
     return [(-8.0 if i == EOS_ID else (b / 32.0)) for i, b in enumerate(digest)]
+
+
+def _shaped(
+    logits: list[float], model: list[float], context: tuple[int, ...], params: dict[str, Any]
+) -> list[float]:
+    """``logits`` after repetition_penalty, then top_k judged by the unsalted ``model`` logits
+    (the salt stands in for sampling noise, which top_k narrows)."""
+    penalty = float(params.get("repetition_penalty") or 1.0)
+    for tok in set(context):
+        logits[tok] = logits[tok] / penalty if logits[tok] > 0 else logits[tok] * penalty
+    ranked = sorted(range(len(VOCAB)), key=lambda i: -model[i])
+    top_k = int(params.get("top_k") or 0)
+    keep = set(ranked[:top_k] if top_k > 0 else ranked)
+    return [x if i in keep else -1e9 for i, x in enumerate(logits)]
 
 
 def _log_softmax(logits: list[float]) -> list[float]:
@@ -168,6 +184,9 @@ class ToyModel:
         top_k = int(params.get("logprobs") or 0)
         bias = {int(k): float(v) for k, v in (params.get("logit_bias") or {}).items()}
         allowed = params.get("allowed_token_ids")
+        banned = {token_id(w.strip()) for w in params.get("bad_words") or () if w.strip() in VOCAB}
+        stop_ids = set(params.get("stop_token_ids") or ())
+        keep_stop = bool(params.get("include_stop_str_in_output"))
         base = tuple(self.tokenize(prompt))
         limit = 16 if max_tokens is None else int(max_tokens)
         for step in range(limit):
@@ -176,7 +195,9 @@ class ToyModel:
                     continue
                 context = base + tuple(s.token_id for s in choice.steps)
                 salt = 0 if temperature == 0 else hash((seed, index)) if seed is not None else index
-                logits = _logits(context, salt)
+                logits = _shaped(_logits(context, salt), _logits(context, 0), context, params)
+                for tok in banned:
+                    logits[tok] = -1e9
                 for tok, b in bias.items():
                     if 0 <= tok < len(VOCAB):
                         logits[tok] += b
@@ -187,7 +208,7 @@ class ToyModel:
                 lp = _log_softmax(logits)
                 tok = max(range(len(VOCAB)), key=lambda i: (lp[i], -i))
                 ranked = sorted(range(len(VOCAB)), key=lambda i: (-lp[i], i))[:top_k]
-                if tok == EOS_ID:
+                if tok == EOS_ID or tok in stop_ids:
                     choice.steps.append(ToyStep(tok, "", lp[tok], {i: lp[i] for i in ranked}))
                     choice.finish_reason = "stop"
                     continue
@@ -199,7 +220,7 @@ class ToyModel:
                     # Like vLLM, only text that the new token completed is searched.
                     at = choice.text.find(s, max(0, before - len(s) + 1)) if s else -1
                     if at >= 0:
-                        choice.text = choice.text[:at]
+                        choice.text = choice.text[: at + len(s) if keep_stop else at]
                         choice.finish_reason = "stop"
                         break
                 if choice.finish_reason is None and step == limit - 1:
