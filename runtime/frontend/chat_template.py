@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-__all__ = ["ChatTemplate", "ChatTemplateError", "tokenizer_adds_bos"]
+__all__ = ["ChatTemplate", "ChatTemplateError", "continue_final_message", "tokenizer_adds_bos"]
 
 
 class ChatTemplateError(ValueError):
@@ -37,7 +39,12 @@ def tokenizer_adds_bos(tokenizer: Tokenizer, bos_token: str) -> bool:
     return bos_id is not None and tokenizer.encode("", add_special_tokens=True).ids[:1] == [bos_id]
 
 
-def _compile(source: str) -> jinja2.Template:
+#: What :meth:`ChatTemplate.render` itself passes; a client's template kwargs may not set them.
+_RENDER_NAMES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+
+
+def _compile(source: str) -> tuple[jinja2.Template, frozenset[str], frozenset[str]]:
+    """The compiled template, the names it reads, and the names it may not be given."""
     # The environment transformers' apply_chat_template gives templates.
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
@@ -48,7 +55,8 @@ def _compile(source: str) -> jinja2.Template:
         v, indent=indent, ensure_ascii=False
     )
     try:
-        return env.from_string(source)
+        read = jinja2.meta.find_undeclared_variables(env.parse(source))
+        return env.from_string(source), frozenset(read), _RENDER_NAMES | frozenset(env.globals)
     except jinja2.TemplateError as exc:
         raise ChatTemplateError(f"chat template does not compile: {exc}") from None
 
@@ -61,9 +69,15 @@ class ChatTemplate:
     bos_token: str
     eos_token: str
     compiled: jinja2.Template = field(init=False, repr=False, compare=False)
+    #: The names the template reads, and those a client's kwargs may not set.
+    reads: frozenset[str] = field(init=False, repr=False, compare=False)
+    reserved: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "compiled", _compile(self.source))
+        compiled, reads, reserved = _compile(self.source)
+        object.__setattr__(self, "compiled", compiled)
+        object.__setattr__(self, "reads", reads)
+        object.__setattr__(self, "reserved", reserved)
 
     @classmethod
     def from_tokenizer_dir(cls, directory: Path) -> ChatTemplate:
@@ -92,16 +106,20 @@ class ChatTemplate:
         tools: list[dict[str, Any]] | None = None,
         *,
         strip_bos: bool = False,
+        add_generation_prompt: bool = True,
+        kwargs: Mapping[str, Any] | None = None,
     ) -> str:
-        """The prompt text for ``messages``, ending with the assistant's generation prompt.
+        """The prompt text for ``messages``, by default ending with the assistant's generation
+        prompt; ``kwargs`` are further template variables, none of :attr:`reserved`.
 
         ``strip_bos`` leaves out one leading ``bos_token``, for a tokenizer that adds it itself.
         """
         try:
             text = self.compiled.render(
+                **(kwargs or {}),
                 messages=messages,
                 tools=tools,
-                add_generation_prompt=True,
+                add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
             )
@@ -116,3 +134,19 @@ class ChatTemplate:
         if strip_bos and self.bos_token and text.startswith(self.bos_token):
             return text[len(self.bos_token) :]
         return text
+
+
+def continue_final_message(text: str, final: str) -> str:
+    """``text`` cut just after the last message's own text ``final``, leaving that message open
+    for the model to continue (what follows it is the template's end of turn)."""
+    if not final.strip():
+        raise ChatTemplateError("the last message has no text to continue")
+    at = text.rfind(final.strip())
+    if at < 0:
+        raise ChatTemplateError(
+            "the chat template does not render the last message's text as sent, so it cannot "
+            "be continued"
+        )
+    # Keep the message's trailing whitespace where the template kept it.
+    kept = final.lstrip()
+    return text[: at + (len(kept) if text.startswith(kept, at) else len(final.strip()))]

@@ -287,6 +287,27 @@ CHAT_FIELDS: tuple[FieldRule, ...] = (
         _unless(("medium",), "the model has no verbosity control; send medium or omit it"),
     ),
     FieldRule("web_search_options", Policy.REFUSED, "", _always("web search is not available")),
+    FieldRule(
+        "add_generation_prompt",
+        Policy.HONOURED,
+        "extension, as in vLLM's server: the chat template's add_generation_prompt (default true; "
+        "false when continue_final_message is true)",
+    ),
+    FieldRule(
+        "continue_final_message",
+        Policy.HONOURED,
+        "extension, as in vLLM's server: the prompt ends inside the last message, cut after its "
+        "text, for the model to continue; with add_generation_prompt true, or a last message "
+        "with no text or one the template does not render as sent, a 400",
+    ),
+    FieldRule(
+        "chat_template_kwargs",
+        Policy.HONOURED,
+        "extension, as in vLLM's server: further variables of the model's chat template (such as "
+        "enable_thinking); a name the template does not read, where vLLM drops it, or one the "
+        "frontend sets itself (messages, tools, add_generation_prompt, special tokens, jinja "
+        "globals) is a 400",
+    ),
 )
 
 COMPLETION_FIELDS: tuple[FieldRule, ...] = (

@@ -264,6 +264,19 @@ class ChatCompletionRequest(_Sampling):
     tools: list[FunctionTool] | None = None
     verbosity: str | None = None
     web_search_options: Any | None = None
+    # vLLM's own chat-template fields, as its OpenAI server takes them.
+    add_generation_prompt: bool | None = Field(
+        default=None,
+        description="Extension (vLLM): end the prompt with the assistant's turn (default true).",
+    )
+    continue_final_message: bool | None = Field(
+        default=None,
+        description="Extension (vLLM): leave the last message open for the model to continue.",
+    )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None,
+        description="Extension (vLLM): further variables the model's chat template reads.",
+    )
 
     @field_validator("tool_choice", mode="wrap")
     @classmethod

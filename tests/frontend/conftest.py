@@ -33,11 +33,13 @@ from tests.support.recording_engine import RecordingKServeEngine
 from tests.support.tiny_llm import TinyLlm
 from tests.support.toy_model import VOCAB, ToyModel
 
-# ChatML-like, with the tools block Hermes-style templates render.
+# ChatML-like, with the tools block Hermes-style templates render and Qwen3's enable_thinking.
 CHAT_TEMPLATE = (
     "{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+    "{% endif %}{% endif %}"
 )
 API_KEY = "sk-test-frontend-key"
 # A tool whose calls a random model can finish: its one argument is bounded within max_tokens.

@@ -19,6 +19,11 @@ from tokenizers import Tokenizer, processors
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
+from runtime.frontend.chat_template import (
+    ChatTemplate,
+    ChatTemplateError,
+    continue_final_message,
+)
 from tests.frontend.conftest import (
     LOOKUP_TOOL,
     Served,
@@ -218,3 +223,36 @@ def test_an_empty_tool_call_list_takes_the_plain_assistant_path(tool_frontend: S
     response = _chat(tool_frontend, max_tokens=2, messages=_replayed([]))
     assert response.status_code == 200, response.text
     assert "<assistant><tool>18C" in _text_input(tool_frontend)
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        TINY_TEMPLATE,
+        # Trims each message, so the text to continue loses its trailing space.
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] | trim }}</s>{% endfor %}",
+    ],
+)
+@pytest.mark.parametrize("final", ["It is ", "  It is", "{"])
+def test_continue_final_message_cuts_where_transformers_does(template: str, final: str) -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    messages = [*HI, {"role": "assistant", "content": final}]
+    reference = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    ).apply_chat_template(
+        messages,
+        chat_template=template,
+        tokenize=False,
+        add_generation_prompt=False,
+        continue_final_message=True,
+    )
+    ours = ChatTemplate(template, "", "").render(messages, add_generation_prompt=False)
+    assert continue_final_message(ours, final) == reference
+
+
+def test_a_last_message_the_template_does_not_render_cannot_be_continued() -> None:
+    template = ChatTemplate("{% for m in messages %}{{ m['role'] }}{% endfor %}", "", "")
+    messages = [*HI, {"role": "assistant", "content": "It is"}]
+    with pytest.raises(ChatTemplateError, match="does not render the last message"):
+        continue_final_message(template.render(messages, add_generation_prompt=False), "It is")

@@ -441,6 +441,36 @@ def _(p: Probe) -> None:
     p.refused("web_search_options", web_search_options={})
 
 
+@case(CHAT, "add_generation_prompt")
+def _(p: Probe) -> None:
+    p.ok()
+    assert p.last().text_input.endswith("hi<|im_end|>\n<|im_start|>assistant\n")
+    p.ok(add_generation_prompt=False)
+    assert p.last().text_input.endswith("hi<|im_end|>\n")
+
+
+@case(CHAT, "continue_final_message")
+def _(p: Probe) -> None:
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "It is "}]
+    reply = p.ok(messages=turns, continue_final_message=True)
+    assert p.last().text_input.endswith("hi<|im_end|>\n<|im_start|>assistant\nIt is ")
+    assert reply["usage"]["completion_tokens"] == 3
+    both = {"continue_final_message": True, "add_generation_prompt": True}
+    p.refused("continue_final_message", messages=turns, **both)
+    empty = [turns[0], {"role": "assistant", "content": " "}]
+    p.refused("continue_final_message", messages=empty, continue_final_message=True)
+
+
+@case(CHAT, "chat_template_kwargs")
+def _(p: Probe) -> None:
+    p.ok(chat_template_kwargs={"enable_thinking": False})
+    assert p.last().text_input.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    p.ok(chat_template_kwargs={"enable_thinking": True})
+    assert p.last().text_input.endswith("<|im_start|>assistant\n")
+    for name in ("thinking", "add_generation_prompt", "raise_exception"):
+        p.refused("chat_template_kwargs", chat_template_kwargs={name: False})
+
+
 @case(CHAT, "logprobs")
 def _(p: Probe) -> None:
     reply = p.ok(logprobs=True)

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from runtime.frontend.chat_template import ChatTemplateError
+from runtime.frontend.chat_template import ChatTemplate, ChatTemplateError, continue_final_message
 from runtime.frontend.dependencies import AuthDep, StateDep, check_model
 from runtime.frontend.engine import GenerateParams, TokenLogprob
 from runtime.frontend.errors import (
@@ -196,6 +196,25 @@ _INVALID = (
 )
 
 
+def _template_kwargs(template: ChatTemplate, kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """The client's template variables, each one the template reads and none it is given."""
+    for key in kwargs or {}:
+        if key in template.reserved:
+            raise InvalidRequestError(
+                f"chat_template_kwargs.{key} is set by the frontend itself (send the request's "
+                "own field, or leave it out)",
+                param="chat_template_kwargs",
+            )
+        if key not in template.reads:
+            readable = sorted(template.reads - template.reserved)
+            raise InvalidRequestError(
+                f"chat_template_kwargs.{key} is not read by the model's chat template, so it "
+                f"would change nothing; the template reads {readable or 'no other variables'}",
+                param="chat_template_kwargs",
+            )
+    return kwargs or {}
+
+
 @router.post(
     ROUTE,
     responses=error_responses(
@@ -221,12 +240,31 @@ async def create_chat_completion(
             "response_format and a required tool_choice both constrain the output; send one",
             param="response_format",
         )
+    continuing = bool(body.continue_final_message)
+    if continuing and body.add_generation_prompt:
+        raise InvalidRequestError(
+            "continue_final_message continues the last message and add_generation_prompt starts "
+            "a new one; send add_generation_prompt false, or leave it out",
+            param="continue_final_message",
+        )
+    messages = _template_messages(body.messages)
     try:
         prompt = state.template.render(
-            _template_messages(body.messages), plan.template_tools, strip_bos=state.adds_bos
+            messages,
+            plan.template_tools,
+            strip_bos=state.adds_bos,
+            add_generation_prompt=not continuing and body.add_generation_prompt is not False,
+            kwargs=_template_kwargs(state.template, body.chat_template_kwargs),
         )
     except ChatTemplateError as exc:
         raise InvalidRequestError(str(exc), param="messages") from None
+    if continuing:
+        try:
+            prompt = continue_final_message(prompt, messages[-1].get("content") or "")
+        except ChatTemplateError as exc:
+            raise InvalidRequestError(
+                f"continue_final_message: {exc}", param="continue_final_message"
+            ) from None
     max_tokens = resolve_max_tokens(
         body.max_completion_tokens or body.max_tokens,
         state.prompt_tokens(prompt),
