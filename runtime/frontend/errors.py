@@ -163,6 +163,10 @@ def error_body(exc: FrontendError) -> dict:
     return ErrorResponse(error=detail).model_dump()
 
 
+#: The 501 of a route the served model's task cannot answer.
+NOT_GENERATING = "The model is a pooling model: it serves /v1/embeddings only"
+NOT_POOLING = "The model is not a pooling model: it generates, and serves no embeddings"
+
 # What each documented status means, and the errors that answer it (their headers).
 _STATUSES: dict[int, tuple[str, tuple[type[FrontendError], ...]]] = {
     400: (

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import struct
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import replace
@@ -151,13 +152,29 @@ _LENGTH = struct.Struct("<I")
 _NUMBER_CODES = {"UINT32": "I", "INT32": "i", "FP32": "f"}
 
 
+#: How the vLLM backend (stock and ours) refuses a request of a task its engine does not run.
+_UNSUPPORTED_TASK = re.compile(r"does not support '(generate|embed)' request")
+_TASK_ROUTES = {
+    "embed": ("/v1/embeddings", "only a pooling model (engine_args runner: pooling) does"),
+    "generate": ("chat and text completions", "this one is a pooling model"),
+}
+
+
 def _backend_error(message: str) -> FrontendError:
     """A request the llm_serving_vllm backend says vLLM refused as given (a structured output
     that its grammar engine cannot compile, say) is the client's to change: a 400, which the
-    openai client does not retry; anything else Triton answers is a 502."""
+    openai client does not retry; a route the model's task cannot answer is a 501; anything
+    else Triton answers is a 502."""
     if f"{INVALID_PARAMETERS}: " in message:
         return InvalidRequestError(
             f"the engine refused the request: {message}", code="engine_refused"
+        )
+    if match := _UNSUPPORTED_TASK.search(message):
+        route, who = _TASK_ROUTES[match[1]]
+        return NotSupportedError(
+            f"this model does not serve {route}: {who} (Triton: {message})",
+            param="model",
+            code="model_not_supported",
         )
     return BackendError(f"Triton: {message}")
 

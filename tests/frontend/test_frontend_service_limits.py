@@ -508,3 +508,22 @@ def test_logprobs_above_the_engines_max_logprobs_are_refused_by_name(
     allowed = httpx.post(capped.url + route, json={**fields, param: 2, "max_tokens": 2})
     assert allowed.status_code == 200, allowed.text
     assert capped.requests[-1].sampling_parameters["logprobs"] == 2
+
+
+@pytest.mark.parametrize(
+    ("fixture", "route", "body", "named"),
+    [
+        ("real_frontend", "/v1/embeddings", {"input": "the cat"}, "/v1/embeddings"),
+        ("real_embed_frontend", "/v1/completions", {"prompt": "the cat"}, "chat and text"),
+    ],
+)
+def test_a_route_the_models_task_cannot_answer_is_a_501(
+    request: pytest.FixtureRequest, fixture: str, route: str, body: dict[str, Any], named: str
+) -> None:
+    served: Served = request.getfixturevalue(fixture)
+    response = httpx.post(served.url + route, json={"model": MODEL, **body}, timeout=60)
+    assert response.status_code == 501, response.text
+    assert response.headers["x-should-retry"] == "false"
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == ("model", "model_not_supported")
+    assert f"does not serve {named}" in error["message"]

@@ -14,6 +14,7 @@ from runtime.frontend.chat_template import ChatTemplate, ChatTemplateError, cont
 from runtime.frontend.dependencies import AuthDep, StateDep, check_model
 from runtime.frontend.engine import GenerateParams, TokenLogprob
 from runtime.frontend.errors import (
+    NOT_GENERATING,
     FieldRefusedError,
     InvalidOutputError,
     InvalidRequestError,
@@ -218,8 +219,8 @@ def _template_kwargs(template: ChatTemplate, kwargs: dict[str, Any] | None) -> d
 @router.post(
     ROUTE,
     responses=error_responses(
-        *(400, 401, 404, 413, 429, 502, 503, 504),
-        descriptions={400: _INVALID},
+        *(400, 401, 404, 413, 429, 501, 502, 503, 504),
+        descriptions={400: _INVALID, 501: NOT_GENERATING},
     ),
 )
 async def create_chat_completion(

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from runtime.frontend.dependencies import AuthDep, StateDep, check_model
 from runtime.frontend.engine import EngineOutput, GenerateParams, TokenLogprob
 from runtime.frontend.errors import (
+    NOT_GENERATING,
     BackendError,
     FieldRefusedError,
     InvalidRequestError,
@@ -212,7 +213,12 @@ async def _check_echo(state: FrontendState, body: CompletionRequest) -> None:
             )
 
 
-@router.post(ROUTE, responses=error_responses(400, 401, 404, 413, 429, 502, 503, 504))
+@router.post(
+    ROUTE,
+    responses=error_responses(
+        *(400, 401, 404, 413, 429, 501, 502, 503, 504), descriptions={501: NOT_GENERATING}
+    ),
+)
 async def create_completion(
     body: CompletionRequest, request: Request, _: AuthDep, state: StateDep
 ) -> Any:

@@ -10,7 +10,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from runtime.frontend.dependencies import AuthDep, StateDep, check_model
-from runtime.frontend.errors import FieldRefusedError, InvalidRequestError, error_responses
+from runtime.frontend.errors import (
+    NOT_POOLING,
+    FieldRefusedError,
+    InvalidRequestError,
+    error_responses,
+)
 from runtime.frontend.fields import check_fields
 from runtime.frontend.schemas import EmbeddingRequest
 from runtime.frontend.state import FrontendState
@@ -31,7 +36,12 @@ def _no_tokens(state: FrontendState, text: str) -> bool:
     return state.prompt_tokens(text[:_HEAD_CHARS]) == 0 and state.prompt_tokens(text) == 0
 
 
-@router.post(ROUTE, responses=error_responses(400, 401, 404, 413, 502, 503, 504))
+@router.post(
+    ROUTE,
+    responses=error_responses(
+        *(400, 401, 404, 413, 501, 502, 503, 504), descriptions={501: NOT_POOLING}
+    ),
+)
 async def create_embeddings(
     body: EmbeddingRequest, request: Request, _: AuthDep, state: StateDep
 ) -> Any:
