@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import uuid
 from typing import Any
@@ -77,8 +78,22 @@ class BodyLimitMiddleware:
         await send({"type": "http.response.body", "body": body})
 
 
+#: An ``X-Request-Id`` taken as sent (a gateway's UUID, a client's trace id); any other value
+#: is replaced, so a log line cannot be forged or bloated through it.
+_CLIENT_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+
+
+def _request_id(scope: Scope) -> str:
+    """The request's ``X-Request-Id`` if it has a plain one, else a new id."""
+    for name, value in scope.get("headers", ()):
+        if name == b"x-request-id" and _CLIENT_REQUEST_ID.fullmatch(value):
+            return value.decode("ascii")
+    return uuid.uuid4().hex
+
+
 class AccessLogMiddleware:
-    """One JSON line per request: method, path, status, duration, sizes, request id."""
+    """One JSON line per request: method, path, status, duration, sizes, and the request id,
+    the caller's ``X-Request-Id`` (as Envoy and other gateways set it) or a new one, echoed."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -89,7 +104,7 @@ class AccessLogMiddleware:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        request_id = uuid.uuid4().hex
+        request_id = _request_id(scope)
         record: dict[str, Any] = {
             "event": "access",
             "request_id": request_id,

@@ -299,6 +299,29 @@ def test_access_log_is_structured_and_has_no_prompt(
     assert all("secret" not in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.parametrize(
+    ("sent", "kept"),
+    [
+        ("3f6c1a9e-0b7d-4e21-9a55-2c1d8e7f0a11", True),
+        ("trace.42:a_b", True),
+        ("a b", False),
+        ("x" * 129, False),
+    ],
+)
+def test_a_plain_request_id_from_the_caller_is_kept(
+    frontend: Served, caplog: pytest.LogCaptureFixture, sent: str, kept: bool
+) -> None:
+    def records() -> list[dict]:
+        return [json.loads(r.getMessage()) for r in caplog.records if r.name == ACCESS_LOGGER]
+
+    with caplog.at_level(logging.INFO, logger=ACCESS_LOGGER):
+        response = httpx.get(frontend.url + "/v1/models", headers={"x-request-id": sent})
+        _wait_for(lambda: bool(records()))
+    echoed = response.headers["x-request-id"]
+    assert (echoed == sent) is kept
+    assert records()[-1]["request_id"] == echoed
+
+
 def test_readiness_follows_triton(tokenizer_dir: Path) -> None:
     # Loading until the test says otherwise: a fixed load time raced the frontend's start.
     loading = KServeStandIn([StandInModel("llm")], load_seconds=float("inf")).start()
