@@ -63,8 +63,6 @@ def _stream_options(value: Any) -> str | None:
 
 
 def _prompt(value: Any) -> str | None:
-    if isinstance(value, list) and value and not isinstance(value[0], str):
-        return "token-id prompts are not supported: the backend takes text_input only"
     if isinstance(value, list) and not value:
         return "the list is empty; send at least one text"
     return None
@@ -317,7 +315,8 @@ COMPLETION_FIELDS: tuple[FieldRule, ...] = (
         "text_input; a list is one request per prompt, all run at once (streamed too: chunks "
         "interleave, each choice's index is prompt_index * n + its index); a failed prompt "
         'cancels the others; a prompt with no tokens ("" unless the tokenizer adds a BOS) is '
-        "a 400",
+        "a 400; a token-id list goes as the text the tokenizer turns back into exactly those "
+        "ids, and ids no text gives (or outside the vocabulary) are a 400",
         _prompt,
     ),
     *(rule for rule in _SAMPLING if rule.field != "max_tokens"),
@@ -359,7 +358,8 @@ EMBEDDING_FIELDS: tuple[FieldRule, ...] = (
         "input",
         Policy.HONOURED,
         "embedding_request.input, one per string, all at once; a failed one cancels the "
-        "others; an input with no tokens is a 400",
+        "others; an input with no tokens is a 400; token-id lists go as text, as the prompt "
+        "of text completions",
         _prompt,
     ),
     FieldRule(

@@ -7,7 +7,7 @@ parser, decides and says why; every declared field has exactly one row in
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import orjson
 from pydantic import (
@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 __all__ = [
+    "MAX_EMBEDDING_INPUTS",
     "AssistantToolCall",
     "ChatCompletionRequest",
     "ChatMessage",
@@ -291,6 +292,22 @@ class ChatCompletionRequest(_Sampling):
             ) from None
 
 
+#: The most inputs one embeddings request takes (OpenAI's limit).
+MAX_EMBEDDING_INPUTS = 2048
+
+
+def _one_prompt_error(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    # One error naming the field, not one per member of the union (prompt.str, ...).
+    try:
+        return handler(value)
+    except ValidationError as exc:
+        if exc.error_count() == 1:  # the value took a shape, and failed a check of it
+            raise
+        raise ValueError(
+            "send a string, a list of strings, a list of token ids, or a list of token-id lists"
+        ) from None
+
+
 class CompletionRequest(_Sampling):
     """``POST /v1/completions``."""
 
@@ -302,15 +319,26 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = Field(default=None, ge=0, le=5)
     suffix: str | None = None
 
+    _prompt = field_validator("prompt", mode="wrap")(_one_prompt_error)
+
 
 class EmbeddingRequest(_Strict):
     """``POST /v1/embeddings``."""
 
     model: str
-    input: str | Annotated[list[str], Field(max_length=2048)] | list[int] | list[list[int]]
+    input: str | list[str] | list[int] | list[list[int]]
     dimensions: int | None = Field(default=None, ge=1)
     encoding_format: Literal["float", "base64"] | None = None
     user: str | None = None
+
+    @field_validator("input", mode="wrap")
+    @classmethod
+    def _input(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        # A list of ints is one input; a list of texts or of token lists is several.
+        many = isinstance(value, list) and value and not isinstance(value[0], int)
+        if many and len(value) > MAX_EMBEDDING_INPUTS:
+            raise ValueError(f"at most {MAX_EMBEDDING_INPUTS} inputs, as OpenAI takes; split them")
+        return _one_prompt_error(value, handler)
 
 
 class ScoreRequest(_Strict):

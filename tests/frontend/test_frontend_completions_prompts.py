@@ -308,6 +308,23 @@ def test_empty_text_that_gets_a_bos_token_is_a_prompt(
     assert standin.requests[-1].text_input == ""
 
 
+def test_token_ids_with_the_tokenizers_own_bos_go_as_text(
+    bos_frontend: Served, standin: KServeStandIn
+) -> None:
+    ids = bos_frontend.state.prompt_ids("the cat")
+    bos = ids[0]
+    response = _post(bos_frontend.url, "/v1/completions", {"prompt": ids, "max_tokens": 2})
+    assert response.status_code == 200, response.text
+    assert standin.requests[-1].text_input == "the cat"
+    # Without it the backend would add one the client did not send.
+    sent = len(standin.requests)
+    refused = _post(bos_frontend.url, "/v1/completions", {"prompt": ids[1:], "max_tokens": 2})
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == "prompt" and f"starting with [{bos}]" in error["message"]
+    assert len(standin.requests) == sent
+
+
 # --- real Triton and the real engine ----------------------------------------------------------
 
 
@@ -342,3 +359,21 @@ def test_real_embedding_model_input_must_have_tokens(real_embed_frontend: Served
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == "input"
     assert len(real_embed_frontend.requests) == sent
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "param", "says"),
+    [
+        ("/v1/completions", {"prompt": [1, "a"], "max_tokens": 2}, "prompt", "a list of token ids"),
+        ("/v1/embeddings", {"input": [[1], "a"]}, "input", "a list of token-id lists"),
+        ("/v1/embeddings", {"input": ["a"] * 2049}, "input", "at most 2048 inputs"),
+        ("/v1/embeddings", {"input": [[1]] * 2049}, "input", "at most 2048 inputs"),
+    ],
+)
+def test_a_prompt_of_no_accepted_shape_is_one_error_naming_the_field(
+    frontend: Served, route: str, body: dict[str, Any], param: str, says: str
+) -> None:
+    response = _post(frontend.url, route, body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and says in error["message"]

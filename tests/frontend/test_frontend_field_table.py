@@ -644,7 +644,19 @@ def _(p: Probe) -> None:
     reply = p.ok(prompt=["the cat", "a dog"], n=2)
     assert [c["index"] for c in reply["choices"]] == [0, 1, 2, 3]
     assert [r.text_input for r in p.served.requests[-2:]] == ["the cat", "a dog"]
-    p.refused("prompt", prompt=[1, 2, 3])
+    # Token ids go as the text they tokenize back from.
+    ids = p.served.state.prompt_ids("the cat")
+    as_text = p.ok(temperature=0)
+    as_ids = p.ok(prompt=ids, temperature=0)
+    assert p.last().text_input == "the cat"
+    assert as_ids["choices"][0]["text"] == as_text["choices"][0]["text"]
+    assert as_ids["usage"]["prompt_tokens"] == len(ids)
+    p.ok(prompt=[ids, p.served.state.prompt_ids("a dog")])
+    assert [r.text_input for r in p.served.requests[-2:]] == ["the cat", "a dog"]
+    p.refused("prompt", prompt=[p.served.state.tokenizer.get_vocab_size()])
+    p.refused("prompt", prompt=[[]])
+    if p.real:  # a byte of a UTF-8 sequence alone: no text tokenizes to it
+        p.refused("prompt", prompt=[_partial_utf8_token(p)])
     p.refused("prompt", prompt=["a", "b", "c"], n=128)  # 384 choices > max_choices (256)
 
 
@@ -702,7 +714,10 @@ def _(p: Probe) -> None:
     reply = p.ok(input=["the cat", "a dog"])
     assert [d["index"] for d in reply["data"]] == [0, 1]
     assert reply["data"][0]["embedding"] != reply["data"][1]["embedding"]
-    p.refused("input", input=[[1, 2]])
+    as_ids = p.ok(input=[p.served.state.prompt_ids("the cat")])
+    assert p.last().embedding_request["input"] == "the cat"
+    assert as_ids["data"][0]["embedding"] == reply["data"][0]["embedding"]
+    p.refused("input", input=[[p.served.state.tokenizer.get_vocab_size()]])
 
 
 @case(EMBEDDINGS, "dimensions")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -36,6 +36,7 @@ from runtime.frontend.schemas import CompletionRequest
 from runtime.frontend.state import FrontendState
 from runtime.frontend.streaming import gather_or_cancel, run_until_disconnect, sse_response
 from runtime.frontend.token_names import TokenNames
+from runtime.frontend.token_prompts import prompt_texts
 
 __all__ = ["DEFAULT_MAX_TOKENS", "ROUTE", "router"]
 
@@ -157,8 +158,7 @@ def _prepare(
     if body.stream_options is not None and not body.stream:
         raise InvalidRequestError("stream_options requires stream=true", param="stream_options")
     check_logprobs(body.logprobs, state.settings.max_logprobs, "logprobs")
-    # check_fields refused token-id prompts: what is left is text.
-    prompts = cast(list[str], [body.prompt] if isinstance(body.prompt, str) else list(body.prompt))
+    prompts = prompt_texts(state.tokenizer, body.prompt, "prompt")
     if len(prompts) * n > state.settings.max_choices:
         raise InvalidRequestError(
             f"{len(prompts)} prompts x n={n} is more than {state.settings.max_choices} choices "

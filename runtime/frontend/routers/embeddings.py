@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -20,6 +20,7 @@ from runtime.frontend.fields import check_fields
 from runtime.frontend.schemas import EmbeddingRequest
 from runtime.frontend.state import FrontendState
 from runtime.frontend.streaming import gather_or_cancel, run_until_disconnect
+from runtime.frontend.token_prompts import prompt_texts
 
 __all__ = ["ROUTE", "router"]
 
@@ -48,8 +49,7 @@ async def create_embeddings(
     """Embed each input; ``encoding_format=base64`` packs little-endian float32."""
     check_fields(ROUTE, body)
     check_model(state, body.model)
-    # check_fields refused token-id inputs: what is left is text.
-    texts = cast(list[str], [body.input] if isinstance(body.input, str) else list(body.input))
+    texts = prompt_texts(state.tokenizer, body.input, "input")
     for i, text in enumerate(texts):
         if _no_tokens(state, text):
             name = "input" if isinstance(body.input, str) else f"input[{i}]"
