@@ -58,11 +58,11 @@ async def _authenticate(
 AuthDep = Annotated[None, Depends(_authenticate)]
 
 
-def check_model(state: FrontendState, model: str) -> None:
+def check_model(settings: FrontendSettings, model: str) -> None:
     """Refuse a request for a model this frontend does not serve."""
-    if model != state.settings.model_id:
+    if model != settings.model_id:
         raise ModelNotFoundError(
-            f"model '{model}' does not exist; this endpoint serves '{state.settings.model_id}'",
+            f"model '{model}' does not exist; this endpoint serves '{settings.model_id}'",
             param="model",
             code="model_not_found",
         )

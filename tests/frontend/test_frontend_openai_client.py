@@ -27,7 +27,16 @@ def _tokens(frontend: Served, text: str) -> int:
 
 
 def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
-    assert [m.id for m in client.models.list().data] == [MODEL]
+    [card] = client.models.list().data
+    assert card.id == MODEL and card.model_extra["max_model_len"] == REAL_MAX_MODEL_LEN
+
+
+def test_models_retrieve_answers_the_served_model_and_404s_others(client: openai.OpenAI) -> None:
+    card = client.models.retrieve(MODEL)
+    assert card.id == MODEL and card.model_extra["max_model_len"] == REAL_MAX_MODEL_LEN
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("gpt-4o")
+    assert (info.value.body["param"], info.value.body["code"]) == ("model", "model_not_found")
 
 
 def test_chat_completion_renders_the_template_and_maps_sampling(

@@ -17,6 +17,7 @@ def test_no_server_error_and_no_hang(frontend: Served) -> None:
         "/v1/embeddings",
         "/v1/score",
         "/v1/models",
+        "/v1/models/{model}",
         "/health/ready",
     }
     for operation in operations:

@@ -163,7 +163,7 @@ def _logprobs(
 
 def _check(state: FrontendState, body: ChatCompletionRequest) -> None:
     check_fields(ROUTE, body)
-    check_model(state, body.model)
+    check_model(state.settings, body.model)
     if (
         body.max_tokens is not None
         and body.max_completion_tokens is not None

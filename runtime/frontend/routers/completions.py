@@ -143,7 +143,7 @@ def _prepare(
     state: FrontendState, body: CompletionRequest
 ) -> tuple[list[str], list[dict[str, Any]], list[_Echo | None]]:
     check_fields(ROUTE, body)
-    check_model(state, body.model)
+    check_model(state.settings, body.model)
     n = body.n or 1
     if body.best_of is not None and body.best_of != n:
         raise FieldRefusedError(

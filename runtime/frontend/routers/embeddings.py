@@ -48,7 +48,7 @@ async def create_embeddings(
 ) -> Any:
     """Embed each input; ``encoding_format=base64`` packs little-endian float32."""
     check_fields(ROUTE, body)
-    check_model(state, body.model)
+    check_model(state.settings, body.model)
     texts = prompt_texts(state.tokenizer, body.input, "input")
     for i, text in enumerate(texts):
         if _no_tokens(state, text):

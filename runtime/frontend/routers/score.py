@@ -30,7 +30,7 @@ router = APIRouter(tags=["score"])
 async def score(body: ScoreRequest, request: Request, _: AuthDep, state: StateDep) -> Any:
     """Rank candidates by log p(candidate | prompt); no token is decoded for the result."""
     check_fields(ROUTE, body)
-    check_model(state, body.model)
+    check_model(state.settings, body.model)
     prompt_ids = state.tokenizer.encode(body.prompt, add_special_tokens=True).ids
     for i, candidate in enumerate(body.candidates):
         ids = state.tokenizer.encode(body.prompt + candidate, add_special_tokens=True).ids
