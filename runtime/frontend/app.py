@@ -22,6 +22,7 @@ from runtime.frontend.routers import (
     metrics,
     models,
     score,
+    tokenize,
 )
 from runtime.frontend.settings import FrontendSettings
 from runtime.frontend.state import FrontendState, Matryoshka, load_key_hashes
@@ -97,7 +98,7 @@ def create_app(settings: FrontendSettings, engine: Engine | None = None) -> Fast
         lifespan=lifespan,
     )
     install_error_handlers(app)
-    for router in (health, models, chat, completions, embeddings, score, metrics):
+    for router in (health, models, chat, completions, embeddings, score, tokenize, metrics):
         app.include_router(router.router)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_bytes)
     app.add_middleware(AccessLogMiddleware)

@@ -14,7 +14,7 @@ import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-__all__ = ["ChatTemplate", "ChatTemplateError", "continue_final_message", "tokenizer_adds_bos"]
+__all__ = ["ChatTemplate", "ChatTemplateError", "cut_after_final_message", "tokenizer_adds_bos"]
 
 
 class ChatTemplateError(ValueError):
@@ -136,7 +136,7 @@ class ChatTemplate:
         return text
 
 
-def continue_final_message(text: str, final: str) -> str:
+def cut_after_final_message(text: str, final: str) -> str:
     """``text`` cut just after the last message's own text ``final``, leaving that message open
     for the model to continue (what follows it is the template's end of turn)."""
     if not final.strip():

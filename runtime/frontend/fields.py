@@ -385,11 +385,50 @@ SCORE_FIELDS: tuple[FieldRule, ...] = (
     FieldRule("user", Policy.INERT, "no effect on output; never logged"),
 )
 
+_CHAT_FORM = "with messages only; rendered as chat completions render it"
+TOKENIZE_FIELDS: tuple[FieldRule, ...] = (
+    FieldRule("model", Policy.HONOURED, "must name the served model; otherwise 404"),
+    FieldRule(
+        "prompt",
+        Policy.HONOURED,
+        "tokenized as text completions count it; exactly one of prompt and messages",
+    ),
+    FieldRule(
+        "messages",
+        Policy.HONOURED,
+        "rendered and tokenized as chat completions send them to the engine (the count their "
+        "usage reports)",
+    ),
+    FieldRule(
+        "add_special_tokens",
+        Policy.HONOURED,
+        "with prompt only (default true); beside messages a 400, whose count is fixed by what "
+        "chat completions send",
+    ),
+    FieldRule("add_generation_prompt", Policy.HONOURED, _CHAT_FORM),
+    FieldRule("continue_final_message", Policy.HONOURED, _CHAT_FORM),
+    FieldRule("chat_template_kwargs", Policy.HONOURED, _CHAT_FORM),
+    FieldRule("tools", Policy.HONOURED, _CHAT_FORM),
+    FieldRule(
+        "return_token_strs", Policy.HONOURED, "adds token_strs, each token's vocabulary string"
+    ),
+)
+DETOKENIZE_FIELDS: tuple[FieldRule, ...] = (
+    FieldRule("model", Policy.HONOURED, "must name the served model; otherwise 404"),
+    FieldRule(
+        "tokens",
+        Policy.HONOURED,
+        "decoded with special tokens written out; an id outside the vocabulary is a 400",
+    ),
+)
+
 TABLES: Mapping[str, tuple[FieldRule, ...]] = {
     "/v1/chat/completions": CHAT_FIELDS,
     "/v1/completions": COMPLETION_FIELDS,
     "/v1/embeddings": EMBEDDING_FIELDS,
     "/v1/score": SCORE_FIELDS,
+    "/tokenize": TOKENIZE_FIELDS,
+    "/detokenize": DETOKENIZE_FIELDS,
 }
 
 

@@ -13,6 +13,7 @@ from runtime.constraints.schema import (
 )
 from runtime.frontend.errors import InvalidRequestError
 from runtime.frontend.schemas import ChatCompletionRequest, CompletionRequest
+from runtime.frontend.token_prompts import check_token_ids
 
 __all__ = ["build_sampling", "check_logprobs", "resolve_max_tokens"]
 
@@ -80,17 +81,6 @@ def _logit_bias(bias: dict[str, float], vocab_size: int) -> dict[int, float]:
             )
         out[int(key)] = value
     return out
-
-
-def _token_ids(ids: list[int], vocab_size: int, field: str) -> list[int]:
-    for i, token in enumerate(ids):
-        if not 0 <= token < vocab_size:
-            raise InvalidRequestError(
-                f"{field}[{i}] is {token}, not a token id of the model's vocabulary "
-                f"(0 to {vocab_size - 1})",
-                param=field,
-            )
-    return ids
 
 
 def _greedy(temperature: float | None) -> bool:
@@ -197,7 +187,8 @@ def build_sampling(
             params[name] = value
     for name in ("stop_token_ids", "allowed_token_ids"):
         if (ids := getattr(request, name)) is not None:
-            params[name] = _token_ids(ids, vocab_size, name)
+            check_token_ids(vocab_size, ids, name, name)
+            params[name] = ids
     if request.stop is not None:
         params["stop"] = [request.stop] if isinstance(request.stop, str) else request.stop
     if request.logit_bias:

@@ -27,6 +27,7 @@ __all__ = [
     "ChatMessage",
     "CompletionRequest",
     "ContentPart",
+    "DetokenizeRequest",
     "EmbeddingRequest",
     "FunctionTool",
     "JsonSchemaFormat",
@@ -34,6 +35,7 @@ __all__ = [
     "ResponseFormat",
     "ScoreRequest",
     "StreamOptions",
+    "TokenizeRequest",
 ]
 
 
@@ -350,3 +352,25 @@ class ScoreRequest(_Strict):
         min_length=1, max_length=256, description="Continuations to score, appended to prompt."
     )
     user: str | None = None
+
+
+class TokenizeRequest(_Strict):
+    """``POST /tokenize`` (vLLM's route): a ``prompt``, or chat ``messages`` rendered as chat
+    completions render them."""
+
+    model: str
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[FunctionTool] | None = None
+    return_token_strs: bool | None = None
+
+
+class DetokenizeRequest(_Strict):
+    """``POST /detokenize`` (vLLM's route): token ids back to text."""
+
+    model: str
+    tokens: list[int]

@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 
 from runtime.frontend.errors import InvalidRequestError
 
-__all__ = ["prompt_texts"]
+__all__ = ["check_token_ids", "prompt_texts"]
 
 
 def _added(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
@@ -22,10 +22,8 @@ def _added(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
     return full[:start], full[start + len(plain) :]
 
 
-def _text_of(tokenizer: Tokenizer, ids: list[int], where: str, param: str) -> str:
-    vocab = tokenizer.get_vocab_size()
-    if not ids:
-        raise InvalidRequestError(f"{where} is an empty token list; send some tokens", param=param)
+def check_token_ids(vocab: int, ids: Sequence[int], where: str, param: str) -> None:
+    """Refuse an id outside the model's vocabulary (``vocab`` ids), naming its position."""
     for i, token in enumerate(ids):
         if not 0 <= token < vocab:
             raise InvalidRequestError(
@@ -33,6 +31,12 @@ def _text_of(tokenizer: Tokenizer, ids: list[int], where: str, param: str) -> st
                 f"(0 to {vocab - 1})",
                 param=param,
             )
+
+
+def _text_of(tokenizer: Tokenizer, ids: list[int], where: str, param: str) -> str:
+    if not ids:
+        raise InvalidRequestError(f"{where} is an empty token list; send some tokens", param=param)
+    check_token_ids(tokenizer.get_vocab_size(), ids, where, param)
     prefix, suffix = _added(tokenizer)
     core = ids
     if ids[: len(prefix)] == prefix and (not suffix or ids[-len(suffix) :] == suffix):

@@ -22,7 +22,7 @@ from tokenizers.pre_tokenizers import WhitespaceSplit
 from runtime.frontend.chat_template import (
     ChatTemplate,
     ChatTemplateError,
-    continue_final_message,
+    cut_after_final_message,
 )
 from tests.frontend.conftest import (
     LOOKUP_TOOL,
@@ -248,11 +248,11 @@ def test_continue_final_message_cuts_where_transformers_does(template: str, fina
         continue_final_message=True,
     )
     ours = ChatTemplate(template, "", "").render(messages, add_generation_prompt=False)
-    assert continue_final_message(ours, final) == reference
+    assert cut_after_final_message(ours, final) == reference
 
 
 def test_a_last_message_the_template_does_not_render_cannot_be_continued() -> None:
     template = ChatTemplate("{% for m in messages %}{{ m['role'] }}{% endfor %}", "", "")
     messages = [*HI, {"role": "assistant", "content": "It is"}]
     with pytest.raises(ChatTemplateError, match="does not render the last message"):
-        continue_final_message(template.render(messages, add_generation_prompt=False), "It is")
+        cut_after_final_message(template.render(messages, add_generation_prompt=False), "It is")

@@ -20,18 +20,23 @@ from runtime.frontend.fields import TABLES, Policy, render_markdown
 from runtime.frontend.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
     EmbeddingRequest,
     ScoreRequest,
+    TokenizeRequest,
 )
 from tests.frontend.conftest import LOOKUP_TOOL, Served
 
 MODEL = "toy-llm"
-CHAT, COMPLETIONS, EMBEDDINGS, SCORE = TABLES
+CHAT, COMPLETIONS, EMBEDDINGS, SCORE, TOKENIZE, DETOKENIZE = TABLES
+HI = [{"role": "user", "content": "hi"}]
 BASE: dict[str, dict[str, Any]] = {
-    CHAT: {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+    CHAT: {"model": MODEL, "messages": HI, "max_tokens": 3},
     COMPLETIONS: {"model": MODEL, "prompt": "the cat", "max_tokens": 3},
     EMBEDDINGS: {"model": MODEL, "input": "the cat"},
     SCORE: {"model": MODEL, "prompt": "the cat", "candidates": [" sat", " ran far"]},
+    TOKENIZE: {"model": MODEL, "prompt": "the cat"},
+    DETOKENIZE: {"model": MODEL, "tokens": [1, 2]},
 }
 
 
@@ -164,7 +169,7 @@ def _(p: Probe) -> None:
     )
 
 
-@case(ALL, "model")
+@case((*ALL, TOKENIZE, DETOKENIZE), "model")
 def _(p: Probe) -> None:
     p.ok()
     response = p.post(model="other")
@@ -766,6 +771,79 @@ def _(p: Probe) -> None:
     assert response.status_code == 400 and response.json()["error"]["param"] == "candidates[1]"
 
 
+def _count(p: Probe, **fields: Any) -> int:
+    """``/tokenize``'s count for a conversation (``messages`` HI unless given)."""
+    return p.ok(prompt=None, **{"messages": HI, **fields})["count"]
+
+
+@case(TOKENIZE, "prompt")
+def _(p: Probe) -> None:
+    reply = p.ok()
+    ids = p.served.state.prompt_ids("the cat")
+    assert (reply["tokens"], reply["count"]) == (ids, len(ids))
+    assert reply["max_model_len"] == p.served.state.settings.max_model_len
+    completion = httpx.post(p.served.url + COMPLETIONS, json=BASE[COMPLETIONS], timeout=30)
+    assert completion.json()["usage"]["prompt_tokens"] == reply["count"]
+    p.refused("prompt", prompt=None)
+    p.refused("prompt", messages=HI)
+
+
+@case(TOKENIZE, "messages")
+def _(p: Probe) -> None:
+    chat = httpx.post(p.served.url + CHAT, json=BASE[CHAT], timeout=30).json()
+    reply = p.ok(prompt=None, messages=HI)
+    assert reply["count"] == chat["usage"]["prompt_tokens"]
+    assert reply["tokens"] == p.served.state.prompt_ids(p.served.requests[-1].text_input)
+
+
+@case(TOKENIZE, "add_special_tokens")
+def _(p: Probe) -> None:
+    plain = p.served.state.tokenizer.encode("the cat", add_special_tokens=False).ids
+    assert p.ok(add_special_tokens=False)["tokens"] == plain
+    p.refused("add_special_tokens", prompt=None, messages=HI, add_special_tokens=True)
+
+
+@case(TOKENIZE, "add_generation_prompt")
+def _(p: Probe) -> None:
+    assert _count(p, add_generation_prompt=False) < _count(p)
+    p.refused("add_generation_prompt", add_generation_prompt=False)
+
+
+@case(TOKENIZE, "continue_final_message")
+def _(p: Probe) -> None:
+    turns = [*HI, {"role": "assistant", "content": "It is"}]
+    reply = p.ok(prompt=None, messages=turns, continue_final_message=True)
+    open_turn = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nIt is"
+    assert reply["tokens"] == p.served.state.prompt_ids(open_turn)
+    p.refused("continue_final_message", continue_final_message=True)
+
+
+@case(TOKENIZE, "chat_template_kwargs")
+def _(p: Probe) -> None:
+    assert _count(p, chat_template_kwargs={"enable_thinking": False}) > _count(p)
+    p.refused("chat_template_kwargs", prompt=None, messages=HI, chat_template_kwargs={"x": 1})
+
+
+@case(TOKENIZE, "tools")
+def _(p: Probe) -> None:
+    assert _count(p, tools=[LOOKUP_TOOL]) > _count(p)
+    p.refused("tools", tools=[LOOKUP_TOOL])
+
+
+@case(TOKENIZE, "return_token_strs")
+def _(p: Probe) -> None:
+    reply = p.ok(return_token_strs=True)
+    tokenizer = p.served.state.tokenizer
+    assert reply["token_strs"] == [tokenizer.id_to_token(i) for i in reply["tokens"]]
+    assert p.ok()["token_strs"] is None
+
+
+@case(DETOKENIZE, "tokens")
+def _(p: Probe) -> None:
+    assert p.ok(tokens=p.served.state.prompt_ids("the cat"))["prompt"] == "the cat"
+    p.refused("tokens", tokens=[p.served.state.tokenizer.get_vocab_size()])
+
+
 ROWS = [(route, rule.field, rule.policy) for route, rules in TABLES.items() for rule in rules]
 
 
@@ -790,6 +868,8 @@ def test_every_request_field_has_exactly_one_row() -> None:
         COMPLETIONS: CompletionRequest,
         EMBEDDINGS: EmbeddingRequest,
         SCORE: ScoreRequest,
+        TOKENIZE: TokenizeRequest,
+        DETOKENIZE: DetokenizeRequest,
     }
     for route, model in models.items():
         rows = [rule.field for rule in TABLES[route]]

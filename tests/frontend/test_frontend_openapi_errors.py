@@ -19,6 +19,8 @@ VALID: dict[str, dict[str, Any]] = {
     "/v1/completions": {"model": MODEL, "prompt": "hi"},
     "/v1/embeddings": {"model": MODEL, "input": "hi"},
     "/v1/score": {"model": MODEL, "prompt": "hi", "candidates": [" there"]},
+    "/tokenize": {"model": MODEL, "prompt": "hi"},
+    "/detokenize": {"model": MODEL, "tokens": [1]},
 }
 # (case, how to break the body, the status the frontend answers).
 CASES = [

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from runtime.frontend.chat_template import ChatTemplate, ChatTemplateError, continue_final_message
+from runtime.frontend.chat_template import ChatTemplate, ChatTemplateError, cut_after_final_message
 from runtime.frontend.dependencies import AuthDep, StateDep, check_model
 from runtime.frontend.engine import GenerateParams, TokenLogprob
 from runtime.frontend.errors import (
@@ -41,7 +41,7 @@ from runtime.frontend.token_names import TokenNames
 from runtime.frontend.tool_parsers import ToolDelta, ToolStream, tool_stream
 from runtime.frontend.tools import ToolPlan, plan_tools
 
-__all__ = ["ROUTE", "router"]
+__all__ = ["ROUTE", "render_prompt", "router"]
 
 ROUTE = "/v1/chat/completions"
 router = APIRouter(tags=["chat"])
@@ -197,6 +197,44 @@ _INVALID = (
 )
 
 
+def render_prompt(
+    state: FrontendState,
+    messages: list[ChatMessage],
+    tools: list[dict[str, Any]] | None,
+    *,
+    add_generation_prompt: bool | None,
+    continue_final_message: bool | None,
+    chat_template_kwargs: dict[str, Any] | None,
+) -> str:
+    """The prompt text the engine gets for a conversation (``/tokenize`` counts it too)."""
+    continuing = bool(continue_final_message)
+    if continuing and add_generation_prompt:
+        raise InvalidRequestError(
+            "continue_final_message continues the last message and add_generation_prompt starts "
+            "a new one; send add_generation_prompt false, or leave it out",
+            param="continue_final_message",
+        )
+    rendered = _template_messages(messages)
+    try:
+        prompt = state.template.render(
+            rendered,
+            tools,
+            strip_bos=state.adds_bos,
+            add_generation_prompt=not continuing and add_generation_prompt is not False,
+            kwargs=_template_kwargs(state.template, chat_template_kwargs),
+        )
+    except ChatTemplateError as exc:
+        raise InvalidRequestError(str(exc), param="messages") from None
+    if not continuing:
+        return prompt
+    try:
+        return cut_after_final_message(prompt, rendered[-1].get("content") or "")
+    except ChatTemplateError as exc:
+        raise InvalidRequestError(
+            f"continue_final_message: {exc}", param="continue_final_message"
+        ) from None
+
+
 def _template_kwargs(template: ChatTemplate, kwargs: dict[str, Any] | None) -> dict[str, Any]:
     """The client's template variables, each one the template reads and none it is given."""
     for key in kwargs or {}:
@@ -241,31 +279,14 @@ async def create_chat_completion(
             "response_format and a required tool_choice both constrain the output; send one",
             param="response_format",
         )
-    continuing = bool(body.continue_final_message)
-    if continuing and body.add_generation_prompt:
-        raise InvalidRequestError(
-            "continue_final_message continues the last message and add_generation_prompt starts "
-            "a new one; send add_generation_prompt false, or leave it out",
-            param="continue_final_message",
-        )
-    messages = _template_messages(body.messages)
-    try:
-        prompt = state.template.render(
-            messages,
-            plan.template_tools,
-            strip_bos=state.adds_bos,
-            add_generation_prompt=not continuing and body.add_generation_prompt is not False,
-            kwargs=_template_kwargs(state.template, body.chat_template_kwargs),
-        )
-    except ChatTemplateError as exc:
-        raise InvalidRequestError(str(exc), param="messages") from None
-    if continuing:
-        try:
-            prompt = continue_final_message(prompt, messages[-1].get("content") or "")
-        except ChatTemplateError as exc:
-            raise InvalidRequestError(
-                f"continue_final_message: {exc}", param="continue_final_message"
-            ) from None
+    prompt = render_prompt(
+        state,
+        body.messages,
+        plan.template_tools,
+        add_generation_prompt=body.add_generation_prompt,
+        continue_final_message=body.continue_final_message,
+        chat_template_kwargs=body.chat_template_kwargs,
+    )
     max_tokens = resolve_max_tokens(
         body.max_completion_tokens or body.max_tokens,
         state.prompt_tokens(prompt),
