@@ -33,7 +33,12 @@ from runtime.frontend.generation import (
     usage,
 )
 from runtime.frontend.sampling import build_sampling, check_logprobs, resolve_max_tokens
-from runtime.frontend.schemas import AssistantToolCall, ChatCompletionRequest, ChatMessage
+from runtime.frontend.schemas import (
+    AssistantToolCall,
+    ChatCompletionRequest,
+    ChatMessage,
+    TokenizeRequest,
+)
 from runtime.frontend.state import FrontendState
 from runtime.frontend.streaming import run_until_disconnect, sse_response
 from runtime.frontend.structured import JsonRequirement, requirement_for, structured_outputs_value
@@ -199,29 +204,25 @@ _INVALID = (
 
 def render_prompt(
     state: FrontendState,
-    messages: list[ChatMessage],
+    body: ChatCompletionRequest | TokenizeRequest,
     tools: list[dict[str, Any]] | None,
-    *,
-    add_generation_prompt: bool | None,
-    continue_final_message: bool | None,
-    chat_template_kwargs: dict[str, Any] | None,
 ) -> str:
-    """The prompt text the engine gets for a conversation (``/tokenize`` counts it too)."""
-    continuing = bool(continue_final_message)
-    if continuing and add_generation_prompt:
+    """The prompt text the engine gets for ``body``'s conversation (``/tokenize`` counts it)."""
+    continuing = bool(body.continue_final_message)
+    if continuing and body.add_generation_prompt:
         raise InvalidRequestError(
             "continue_final_message continues the last message and add_generation_prompt starts "
             "a new one; send add_generation_prompt false, or leave it out",
             param="continue_final_message",
         )
-    rendered = _template_messages(messages)
+    rendered = _template_messages(body.messages or [])
     try:
         prompt = state.template.render(
             rendered,
             tools,
             strip_bos=state.adds_bos,
-            add_generation_prompt=not continuing and add_generation_prompt is not False,
-            kwargs=_template_kwargs(state.template, chat_template_kwargs),
+            add_generation_prompt=not continuing and body.add_generation_prompt is not False,
+            kwargs=_template_kwargs(state.template, body.chat_template_kwargs),
         )
     except ChatTemplateError as exc:
         raise InvalidRequestError(str(exc), param="messages") from None
@@ -279,14 +280,7 @@ async def create_chat_completion(
             "response_format and a required tool_choice both constrain the output; send one",
             param="response_format",
         )
-    prompt = render_prompt(
-        state,
-        body.messages,
-        plan.template_tools,
-        add_generation_prompt=body.add_generation_prompt,
-        continue_final_message=body.continue_final_message,
-        chat_template_kwargs=body.chat_template_kwargs,
-    )
+    prompt = render_prompt(state, body, plan.template_tools)
     max_tokens = resolve_max_tokens(
         body.max_completion_tokens or body.max_tokens,
         state.prompt_tokens(prompt),

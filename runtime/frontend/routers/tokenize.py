@@ -52,15 +52,7 @@ async def tokenize(body: TokenizeRequest, _: AuthDep, state: StateDep) -> dict[s
                 param="add_special_tokens",
             )
         plan = plan_tools(body.tools, None, state.settings.tool_call_parser)
-        prompt = render_prompt(
-            state,
-            body.messages,
-            plan.template_tools,
-            add_generation_prompt=body.add_generation_prompt,
-            continue_final_message=body.continue_final_message,
-            chat_template_kwargs=body.chat_template_kwargs,
-        )
-        ids = state.prompt_ids(prompt)
+        ids = state.prompt_ids(render_prompt(state, body, plan.template_tools))
     strs = [state.tokenizer.id_to_token(i) for i in ids] if body.return_token_strs else None
     return {
         "count": len(ids),
