@@ -80,17 +80,17 @@ def _logits(context: tuple[int, ...], salt: int) -> list[float]:
     return [(-8.0 if i == EOS_ID else (b / 32.0)) for i, b in enumerate(digest)]
 
 
-def _shaped(
-    logits: list[float], model: list[float], context: tuple[int, ...], params: dict[str, Any]
-) -> list[float]:
-    """``logits`` after repetition_penalty, then top_k judged by the unsalted ``model`` logits
-    (the salt stands in for sampling noise, which top_k narrows)."""
+def _shaped(logits: list[float], context: tuple[int, ...], params: dict[str, Any]) -> list[float]:
+    """``logits`` after repetition_penalty, then top_k judged by the unsalted logits (the salt
+    stands in for sampling noise, which top_k narrows)."""
     penalty = float(params.get("repetition_penalty") or 1.0)
     for tok in set(context):
         logits[tok] = logits[tok] / penalty if logits[tok] > 0 else logits[tok] * penalty
-    ranked = sorted(range(len(VOCAB)), key=lambda i: -model[i])
     top_k = int(params.get("top_k") or 0)
-    keep = set(ranked[:top_k] if top_k > 0 else ranked)
+    if top_k <= 0:
+        return logits
+    model = _logits(context, 0)
+    keep = set(sorted(range(len(VOCAB)), key=lambda i: -model[i])[:top_k])
     return [x if i in keep else -1e9 for i, x in enumerate(logits)]
 
 
@@ -195,7 +195,7 @@ class ToyModel:
                     continue
                 context = base + tuple(s.token_id for s in choice.steps)
                 salt = 0 if temperature == 0 else hash((seed, index)) if seed is not None else index
-                logits = _shaped(_logits(context, salt), _logits(context, 0), context, params)
+                logits = _shaped(_logits(context, salt), context, params)
                 for tok in banned:
                     logits[tok] = -1e9
                 for tok, b in bias.items():
