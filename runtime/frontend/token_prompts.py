@@ -10,6 +10,7 @@ from typing import cast
 from tokenizers import Tokenizer
 
 from runtime.frontend.errors import InvalidRequestError
+from runtime.frontend.state import FrontendState
 
 __all__ = ["check_token_ids", "prompt_texts"]
 
@@ -33,16 +34,18 @@ def check_token_ids(vocab: int, ids: Sequence[int], where: str, param: str) -> N
             )
 
 
-def _text_of(tokenizer: Tokenizer, ids: list[int], where: str, param: str) -> str:
+def _text_of(
+    state: FrontendState, added: tuple[list[int], list[int]], ids: list[int], where: str, param: str
+) -> str:
     if not ids:
         raise InvalidRequestError(f"{where} is an empty token list; send some tokens", param=param)
-    check_token_ids(tokenizer.get_vocab_size(), ids, where, param)
-    prefix, suffix = _added(tokenizer)
+    check_token_ids(state.tokenizer.get_vocab_size(), ids, where, param)
+    prefix, suffix = added
     core = ids
     if ids[: len(prefix)] == prefix and (not suffix or ids[-len(suffix) :] == suffix):
         core = ids[len(prefix) : len(ids) - len(suffix)]
-    text = tokenizer.decode(core, skip_special_tokens=False)
-    if tokenizer.encode(text, add_special_tokens=True).ids != ids:
+    text = state.tokenizer.decode(core, skip_special_tokens=False)
+    if state.prompt_ids(text) != ids:
         adds = [f"starting with {prefix}"] if prefix else []
         adds += [f"ending with {suffix}"] if suffix else []
         own = f" ({' and '.join(adds)}, which it adds itself)" if adds else ""
@@ -56,7 +59,7 @@ def _text_of(tokenizer: Tokenizer, ids: list[int], where: str, param: str) -> st
 
 
 def prompt_texts(
-    tokenizer: Tokenizer,
+    state: FrontendState,
     value: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]],
     param: str,
 ) -> list[str]:
@@ -64,12 +67,11 @@ def prompt_texts(
     if isinstance(value, str):
         return [value]
     if value and isinstance(value[0], int):
-        return [_text_of(tokenizer, cast(list[int], list(value)), param, param)]
-    texts = []
-    for i, item in enumerate(value):
-        if isinstance(item, str):
-            texts.append(item)
-        else:
-            ids = list(cast(Sequence[int], item))
-            texts.append(_text_of(tokenizer, ids, f"{param}[{i}]", param))
-    return texts
+        lists: list[tuple[str, object]] = [(param, value)]
+    else:
+        lists = [(f"{param}[{i}]", item) for i, item in enumerate(value)]
+    added = _added(state.tokenizer) if any(not isinstance(v, str) for _, v in lists) else ([], [])
+    return [
+        v if isinstance(v, str) else _text_of(state, added, list(cast(Sequence[int], v)), w, param)
+        for w, v in lists
+    ]

@@ -158,7 +158,7 @@ def _prepare(
     if body.stream_options is not None and not body.stream:
         raise InvalidRequestError("stream_options requires stream=true", param="stream_options")
     check_logprobs(body.logprobs, state.settings.max_logprobs, "logprobs")
-    prompts = prompt_texts(state.tokenizer, body.prompt, "prompt")
+    prompts = prompt_texts(state, body.prompt, "prompt")
     if len(prompts) * n > state.settings.max_choices:
         raise InvalidRequestError(
             f"{len(prompts)} prompts x n={n} is more than {state.settings.max_choices} choices "

@@ -49,7 +49,7 @@ async def create_embeddings(
     """Embed each input; ``encoding_format=base64`` packs little-endian float32."""
     check_fields(ROUTE, body)
     check_model(state.settings, body.model)
-    texts = prompt_texts(state.tokenizer, body.input, "input")
+    texts = prompt_texts(state, body.input, "input")
     for i, text in enumerate(texts):
         if _no_tokens(state, text):
             name = "input" if isinstance(body.input, str) else f"input[{i}]"
