@@ -68,8 +68,10 @@ def _prompt(value: Any) -> str | None:
     return None
 
 
+_MODEL = FieldRule("model", Policy.HONOURED, "must name the served model; otherwise 404")
+
 _SAMPLING = (
-    FieldRule("model", Policy.HONOURED, "must name the served model; otherwise 404"),
+    _MODEL,
     FieldRule("frequency_penalty", Policy.HONOURED, "sampling_parameters.frequency_penalty"),
     FieldRule("presence_penalty", Policy.HONOURED, "sampling_parameters.presence_penalty"),
     FieldRule(
@@ -353,7 +355,7 @@ COMPLETION_FIELDS: tuple[FieldRule, ...] = (
 )
 
 EMBEDDING_FIELDS: tuple[FieldRule, ...] = (
-    FieldRule("model", Policy.HONOURED, "must name the served model; otherwise 404"),
+    _MODEL,
     FieldRule(
         "input",
         Policy.HONOURED,
@@ -374,7 +376,7 @@ EMBEDDING_FIELDS: tuple[FieldRule, ...] = (
 )
 
 SCORE_FIELDS: tuple[FieldRule, ...] = (
-    FieldRule("model", Policy.HONOURED, "must name the served model; otherwise 404"),
+    _MODEL,
     FieldRule("prompt", Policy.HONOURED, "text_input prefix shared by every candidate"),
     FieldRule(
         "candidates",
@@ -387,7 +389,7 @@ SCORE_FIELDS: tuple[FieldRule, ...] = (
 
 _CHAT_FORM = "with messages only; rendered as chat completions render it"
 TOKENIZE_FIELDS: tuple[FieldRule, ...] = (
-    FieldRule("model", Policy.HONOURED, "must name the served model; otherwise 404"),
+    _MODEL,
     FieldRule(
         "prompt",
         Policy.HONOURED,
@@ -414,7 +416,7 @@ TOKENIZE_FIELDS: tuple[FieldRule, ...] = (
     ),
 )
 DETOKENIZE_FIELDS: tuple[FieldRule, ...] = (
-    FieldRule("model", Policy.HONOURED, "must name the served model; otherwise 404"),
+    _MODEL,
     FieldRule(
         "tokens",
         Policy.HONOURED,
