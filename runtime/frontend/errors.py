@@ -18,6 +18,7 @@ __all__ = [
     "BackendUnavailableError",
     "ClientDisconnectedError",
     "DeadlineExceededError",
+    "EngineFailedError",
     "ErrorDetail",
     "ErrorResponse",
     "FieldRefusedError",
@@ -122,6 +123,13 @@ class BackendError(FrontendError):
 
     status_code = 502
     error_type = "server_error"
+
+
+class EngineFailedError(BackendError):
+    """The engine ended the request with vLLM's finish_reason ``error``, mostly a grammar that
+    does not compile: the same request would fail again."""
+
+    retryable = False
 
 
 class BackendUnavailableError(FrontendError):

@@ -116,8 +116,9 @@ _SAMPLING = (
         Policy.HONOURED,
         "extension: validated by runtime.constraints.schema (catalog names and item ids "
         "against LLM_SERVING_CATALOG_DIR when set), sent as "
-        "sampling_parameters.extra_args.constraints; a 400 beside response_format json_object "
-        "or json_schema, or a tool_choice that forces a call (the engine refuses the pair)",
+        "sampling_parameters.extra_args.constraints; a 400 beside structured_outputs, "
+        "response_format json_object or json_schema, or a tool_choice that forces a call (the "
+        "engine refuses the pair)",
     ),
     FieldRule(
         "top_k", Policy.HONOURED, "extension, as in vLLM's server: sampling_parameters.top_k"
@@ -165,6 +166,20 @@ _SAMPLING = (
         Policy.HONOURED,
         "extension, as in vLLM's server: sampling_parameters.bad_words; an empty word, or the "
         "field beside constraints or structured outputs, is a 400",
+    ),
+    FieldRule(
+        "structured_outputs",
+        Policy.HONOURED,
+        "extension, as in vLLM's server: exactly one of json (a JSON Schema, as an object or as "
+        "JSON text), json_object (true), regex, choice (non-empty strings) or grammar, sent as "
+        "the structured_outputs sampling parameter under the pinned key; json and json_object "
+        "output is validated as chat's response_format is, choice output must be one of the "
+        "choices (else a 502 invalid_choice_output; cut by max_tokens, a 400 output_truncated), "
+        "with the same streamed error event; regex and grammar are compiled and enforced by the "
+        "engine alone (one it cannot compile is a 400 engine_refused from the llm_serving_vllm "
+        "backend) and returned as it ends them; vLLM's other keys (whitespace, "
+        "additionalProperties, structural_tag) are refused; a 400 beside response_format, a "
+        "tool_choice that forces a call, or constraints",
     ),
 )
 

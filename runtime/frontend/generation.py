@@ -14,6 +14,9 @@ import orjson
 
 from runtime.frontend.coalesce import coalesced
 from runtime.frontend.engine import Engine, EngineOutput, GenerateParams, TokenLogprob
+from runtime.frontend.errors import InvalidOutputError, TruncatedOutputError
+from runtime.frontend.state import FrontendState
+from runtime.frontend.structured import OutputRequirement
 
 __all__ = [
     "ChunkFrame",
@@ -27,12 +30,30 @@ __all__ = [
     "openai_logprob",
     "stream_outputs",
     "usage",
+    "validated_output",
 ]
 
 T = TypeVar("T")
 
 #: What vLLM's server and OpenAI send for a token that cannot be sampled (JSON has no -inf).
 _LOGPROB_FLOOR = -9999.0
+
+
+def validated_output(
+    state: FrontendState,
+    route: str,
+    requirement: OutputRequirement,
+    text: str,
+    index: int,
+    finish_reason: str | None,
+) -> None:
+    """Check a finished choice's text against the request's requirement; output that fails it
+    is counted on ``llm_serving_frontend_invalid_output``, then raised."""
+    try:
+        requirement.validate(text, index=index, finish_reason=finish_reason)
+    except (InvalidOutputError, TruncatedOutputError):
+        state.metrics.invalid_output.labels(state.settings.model_id, route).inc()
+        raise
 
 
 def new_id(prefix: str) -> str:

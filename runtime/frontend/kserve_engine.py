@@ -40,6 +40,7 @@ from runtime.frontend.engine import (
 from runtime.frontend.errors import (
     BackendError,
     BackendUnavailableError,
+    EngineFailedError,
     FieldRefusedError,
     FrontendError,
     InvalidRequestError,
@@ -158,6 +159,11 @@ _TASK_ROUTES = {
     "embed": ("/v1/embeddings", "only a pooling model (engine_args runner: pooling) does"),
     "generate": ("chat and text completions", "this one is a pooling model"),
 }
+
+
+#: vLLM's ``FinishReason.ERROR``: a grammar that failed to compile (which vLLM learns only after
+#: the request is accepted) or that rejected a sampled token. vLLM's server answers it with a 500.
+_ENGINE_ERROR = "error"
 
 
 def _backend_error(message: str) -> FrontendError:
@@ -326,6 +332,13 @@ class KServeEngine(Engine):
             outputs = _outputs(response)
             texts = outputs.get("text_output", [])
             reasons = outputs.get("finish_reason") or [_NOT_FINISHED] * len(texts)
+            if _ENGINE_ERROR in reasons:
+                raise EngineFailedError(
+                    "the engine ended the request with finish_reason 'error': vLLM could not "
+                    "compile its structured-output grammar, or the grammar rejected a token "
+                    "(the engine's log says which)",
+                    code="engine_error",
+                )
             counts = outputs.get("num_output_tokens")
             logprobs = outputs.get("logprobs") if params.logprobs else None
             prompt_tokens = outputs.get("num_input_tokens")

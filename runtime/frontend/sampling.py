@@ -123,8 +123,8 @@ def _check_engine_rules(request: ChatCompletionRequest | CompletionRequest) -> N
 
 
 _STRUCTURED = (
-    "structured outputs (response_format json_object or json_schema, or a tool_choice that "
-    "forces a call)"
+    "structured outputs (structured_outputs, response_format json_object or json_schema, or a "
+    "tool_choice that forces a call)"
 )
 #: Why each field breaks a grammar's output: vLLM applies its mask beside the grammar's, and a
 #: step where they leave no token in common samples one neither allows.

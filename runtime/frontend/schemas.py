@@ -35,6 +35,7 @@ __all__ = [
     "ResponseFormat",
     "ScoreRequest",
     "StreamOptions",
+    "StructuredOutputs",
     "TokenizeRequest",
 ]
 
@@ -153,6 +154,18 @@ class ResponseFormat(_Strict):
     json_schema: JsonSchemaFormat | None = None
 
 
+class StructuredOutputs(_Strict):
+    """vLLM's ``structured_outputs`` request field: one kind of output the engine enforces."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    json_object: bool | None = None
+    regex: str | None = Field(default=None, min_length=1)
+    choice: list[str] | None = Field(default=None, min_length=1)
+    grammar: str | None = Field(default=None, min_length=1)
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
 class StreamOptions(_Strict):
     include_usage: bool | None = None
     include_obfuscation: bool | None = None
@@ -239,6 +252,11 @@ class _Sampling(_Strict):
     )
     bad_words: list[str] | None = Field(
         default=None, description="Extension (vLLM): words whose tokens are never sampled."
+    )
+    structured_outputs: StructuredOutputs | None = Field(
+        default=None,
+        description="Extension (vLLM): output the engine constrains to a JSON Schema, a JSON "
+        "object, a regex, one of a list of choices, or a grammar.",
     )
 
 

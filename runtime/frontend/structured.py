@@ -1,10 +1,11 @@
-"""``response_format`` → vLLM structured outputs, and validation of what the engine returned."""
+"""``response_format`` and ``structured_outputs`` → vLLM structured outputs, and validation of
+what the engine returned."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import jsonschema
 import referencing
@@ -13,7 +14,7 @@ import referencing.jsonschema
 from jsonschema_specifications import REGISTRY as METASCHEMAS
 
 from runtime.frontend.errors import InvalidOutputError, InvalidRequestError, TruncatedOutputError
-from runtime.frontend.schemas import ResponseFormat
+from runtime.frontend.schemas import ResponseFormat, StructuredOutputs
 
 if TYPE_CHECKING:
     # Not exported; referencing's own annotations import it the same way.
@@ -22,7 +23,10 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_JSON_DEPTH",
     "MAX_SCHEMA_DEPTH",
+    "ChoiceRequirement",
+    "GrammarRequirement",
     "JsonRequirement",
+    "OutputRequirement",
     "check_json_schema",
     "requirement_for",
     "schema_violation",
@@ -196,45 +200,59 @@ def schema_violation(schema: dict[str, Any], value: Any) -> str | None:
     return f"at {where}: {error.message}"
 
 
-@dataclass(frozen=True)
-class JsonRequirement:
-    """What a response must satisfy: any JSON object (``schema`` None) or a JSON Schema."""
-
-    schema: dict[str, Any] | None
+class OutputRequirement(Protocol):
+    """What a response must satisfy, as the engine is asked to enforce it and as it is checked."""
 
     def spec(self) -> dict[str, Any]:
         """The ``StructuredOutputsParams`` fields vLLM takes for this requirement."""
+        ...
+
+    def validate(self, text: str, *, index: int, finish_reason: str | None = None) -> None:
+        """Raise :class:`InvalidOutputError` unless ``text`` satisfies the requirement, and
+        :class:`TruncatedOutputError` (a 400: the budget was the client's) where output that
+        stopped at ``max_tokens`` does not."""
+        ...
+
+
+def _truncated(index: int, what: str) -> TruncatedOutputError:
+    return TruncatedOutputError(
+        f"choice {index} reached max_tokens before {what} was complete; the response was "
+        "withheld: raise max_tokens",
+        param="max_tokens",
+        code="output_truncated",
+    )
+
+
+@dataclass(frozen=True)
+class JsonRequirement:
+    """Any JSON object (``schema`` None) or a document that satisfies a JSON Schema."""
+
+    schema: dict[str, Any] | None
+    param: str = "response_format"
+    schema_param: str = _SCHEMA_PARAM
+
+    def spec(self) -> dict[str, Any]:
         return {"json": self.schema} if self.schema is not None else {"json_object": True}
 
     def validate(self, text: str, *, index: int, finish_reason: str | None = None) -> None:
-        """Raise :class:`InvalidOutputError` unless ``text`` is JSON satisfying the requirement.
-
-        Output that stopped at ``max_tokens`` raises :class:`TruncatedOutputError` (a 400: the
-        budget was the client's) instead.
-        """
         try:
             value = json.loads(text)
         except RecursionError:
             raise self._too_deep(index) from None
         except json.JSONDecodeError as exc:
             if finish_reason == "length":
-                raise TruncatedOutputError(
-                    f"choice {index} reached max_tokens before its JSON was complete; the "
-                    "response was withheld: raise max_tokens",
-                    param="max_tokens",
-                    code="output_truncated",
-                ) from None
+                raise _truncated(index, "its JSON") from None
             raise InvalidOutputError(
                 f"the engine returned invalid JSON for choice {index} ({exc.msg} at "
                 f"position {exc.pos}); the response was withheld",
-                param="response_format",
+                param=self.param,
                 code="invalid_json_output",
             ) from None
         if self.schema is None:
             if not isinstance(value, dict):
                 raise InvalidOutputError(
                     f"choice {index} is JSON but not an object, as json_object requires",
-                    param="response_format",
+                    param=self.param,
                     code="invalid_json_output",
                 )
             return
@@ -243,28 +261,78 @@ class JsonRequirement:
         except referencing.exceptions.Unresolvable as exc:
             # check_json_schema resolved every reference already; this is its safety net.
             raise InvalidRequestError(
-                _unresolvable(_SCHEMA_PARAM, exc.ref, exc), param=_SCHEMA_PARAM
+                _unresolvable(self.schema_param, exc.ref, exc), param=self.schema_param
             ) from None
         except RecursionError:
             raise self._too_deep(index) from None
         if violation is not None:
             raise InvalidOutputError(
-                f"choice {index} does not satisfy the response_format schema {violation}",
-                param="response_format",
+                f"choice {index} does not satisfy the {self.param} schema {violation}",
+                param=self.param,
                 code="invalid_json_output",
             )
 
-    @staticmethod
-    def _too_deep(index: int) -> InvalidOutputError:
+    def _too_deep(self, index: int) -> InvalidOutputError:
         return InvalidOutputError(
             f"choice {index} nests too deeply to be validated; the response was withheld",
-            param="response_format",
+            param=self.param,
             code="invalid_json_output",
         )
 
 
-def requirement_for(response_format: ResponseFormat | None) -> JsonRequirement | None:
-    """The JSON requirement of a request, after checking the schema it sent."""
+@dataclass(frozen=True)
+class ChoiceRequirement:
+    """Exactly one of ``choices`` (``structured_outputs.choice``)."""
+
+    choices: tuple[str, ...]
+    _set: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_set", frozenset(self.choices))
+
+    def spec(self) -> dict[str, Any]:
+        return {"choice": list(self.choices)}
+
+    def validate(self, text: str, *, index: int, finish_reason: str | None = None) -> None:
+        if text in self._set:
+            return
+        if finish_reason == "length":
+            raise _truncated(index, "its choice")
+        raise InvalidOutputError(
+            f"choice {index} is not one of structured_outputs.choice (the engine returned "
+            f"{text[:80]!r}); the response was withheld",
+            param="structured_outputs",
+            code="invalid_choice_output",
+        )
+
+
+@dataclass(frozen=True)
+class GrammarRequirement:
+    """A regex or a grammar (``structured_outputs.regex``, ``.grammar``), which the engine
+    compiles and enforces; there is no second implementation of its dialect here to check the
+    output against, so the text is returned as the engine ends it (``length`` included)."""
+
+    kind: Literal["regex", "grammar"]
+    source: str
+
+    def spec(self) -> dict[str, Any]:
+        return {self.kind: self.source}
+
+    def validate(self, text: str, *, index: int, finish_reason: str | None = None) -> None:
+        return None
+
+
+def requirement_for(
+    response_format: ResponseFormat | None, structured_outputs: StructuredOutputs | None = None
+) -> OutputRequirement | None:
+    """The output requirement of a request, after checking what it sent."""
+    if structured_outputs is not None:
+        if response_format is not None and response_format.type != "text":
+            raise InvalidRequestError(
+                "response_format and structured_outputs both constrain the output; send one",
+                param="structured_outputs",
+            )
+        return _structured_requirement(structured_outputs)
     if response_format is None or response_format.type == "text":
         return None
     if response_format.type == "json_object":
@@ -276,6 +344,64 @@ def requirement_for(response_format: ResponseFormat | None) -> JsonRequirement |
         )
     check_json_schema(spec.schema_, _SCHEMA_PARAM)
     return JsonRequirement(spec.schema_)
+
+
+def _structured_requirement(value: StructuredOutputs) -> OutputRequirement:
+    kinds = {
+        "json": value.json_,
+        "json_object": value.json_object,
+        "regex": value.regex,
+        "choice": value.choice,
+        "grammar": value.grammar,
+    }
+    sent = [kind for kind, given in kinds.items() if given is not None]
+    if len(sent) != 1:
+        raise InvalidRequestError(
+            f"structured_outputs takes exactly one of {', '.join(kinds)}; "
+            f"got {', '.join(sent) or 'none'}",
+            param="structured_outputs",
+        )
+    if value.json_ is not None:
+        return JsonRequirement(
+            _json_schema(value.json_), "structured_outputs", "structured_outputs.json"
+        )
+    if value.json_object is not None:
+        if not value.json_object:
+            raise InvalidRequestError(
+                "structured_outputs.json_object=false asks for nothing; send true, or leave "
+                "structured_outputs out",
+                param="structured_outputs.json_object",
+            )
+        return JsonRequirement(None, "structured_outputs", "structured_outputs.json")
+    if value.choice is not None:
+        for i, choice in enumerate(value.choice):
+            if not choice:
+                raise InvalidRequestError(
+                    f"structured_outputs.choice[{i}] is empty; every choice needs some text",
+                    param="structured_outputs.choice",
+                )
+        return ChoiceRequirement(tuple(value.choice))
+    if value.regex is not None:
+        return GrammarRequirement("regex", value.regex)
+    assert value.grammar is not None
+    return GrammarRequirement("grammar", value.grammar)
+
+
+def _json_schema(schema: dict[str, Any] | str) -> dict[str, Any]:
+    """``structured_outputs.json``: a schema object, or JSON text of one (as vLLM takes it)."""
+    param = "structured_outputs.json"
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except (json.JSONDecodeError, RecursionError):
+            raise InvalidRequestError(
+                f"{param} is text that is not JSON; send the JSON Schema as an object",
+                param=param,
+            ) from None
+        if not isinstance(schema, dict):
+            raise InvalidRequestError(f"{param} must be a JSON Schema object", param=param)
+    check_json_schema(schema, param)
+    return schema
 
 
 def structured_outputs_value(spec: dict[str, Any]) -> str:

@@ -325,6 +325,7 @@ JSON_OBJECT = {"type": "json_object"}
 def _refused_beside_grammar(p: Probe, field: str, **fields: Any) -> None:
     """``fields`` are a 400 naming ``field`` beside constraints, and beside structured outputs."""
     p.refused(field, constraints={"version": 1, "banned_tokens": [5]}, **fields)
+    p.refused(field, structured_outputs={"choice": ["yes"]}, **fields)
     if p.route == CHAT:
         p.refused(field, response_format=JSON_OBJECT, **fields)
 
@@ -575,6 +576,57 @@ def _(p: Probe) -> None:
             "json_schema": {"name": "x", "schema": {"type": 5}},
         },
     )
+
+
+@case(GEN, "structured_outputs")
+def _(p: Probe) -> None:
+    # A random model writes none of these unless the engine enforces them.
+    choices = ["yes", "no", "maybe"]
+    assert _text(p, p.ok(structured_outputs={"choice": choices}, max_tokens=8)) in choices
+    assert json.loads(p.last().sampling_parameters["structured_outputs"]) == {"choice": choices}
+    assert _text(p, p.ok(structured_outputs={"regex": "abc 123"}, max_tokens=12)) == "abc 123"
+    grammar = 'root ::= "abc"'
+    assert _text(p, p.ok(structured_outputs={"grammar": grammar}, max_tokens=12)) == "abc"
+    schema = {
+        "type": "object",
+        "properties": {"a": {"enum": ["x", "y"]}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    for spec in (schema, json.dumps(schema)):  # vLLM takes the schema as JSON text too
+        document = json.loads(_text(p, p.ok(structured_outputs={"json": spec}, max_tokens=16)))
+        assert document["a"] in ("x", "y")
+        assert json.loads(p.last().sampling_parameters["structured_outputs"]) == {"json": schema}
+
+    long = {"choice": ["yes yes yes yes yes yes"]}
+    response = p.post(structured_outputs=long, max_tokens=2)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "output_truncated"
+    events = p.post(structured_outputs=long, max_tokens=2, stream=True).text.split("\n\n")
+    assert json.loads(events[-2].removeprefix("data: "))["error"]["code"] == "output_truncated"
+
+    # vLLM learns that some grammars do not compile only inside the engine.
+    response = p.post(structured_outputs={"grammar": "root ::= foo"})
+    error = response.json()["error"]
+    if p.real:  # our backend has vLLM's front check it first
+        assert response.status_code == 400 and error["code"] == "engine_refused"
+    else:  # the engine core's compile fails: vLLM's finish_reason "error"
+        assert response.status_code == 502 and error["code"] == "engine_error"
+        assert response.headers["x-should-retry"] == "false"
+
+    p.refused("structured_outputs", structured_outputs={"choice": ["a"], "regex": "a"})
+    p.refused("structured_outputs", structured_outputs={})
+    p.refused("structured_outputs.choice", structured_outputs={"choice": ["a", ""]})
+    p.refused("structured_outputs.json", structured_outputs={"json": "[1"})
+    p.refused("structured_outputs.json", structured_outputs={"json": {"type": 5}})
+    p.refused("structured_outputs.json_object", structured_outputs={"json_object": False})
+    p.refused(
+        "structured_outputs.whitespace_pattern",
+        structured_outputs={"json_object": True, "whitespace_pattern": " "},
+    )
+    if p.route == CHAT:
+        p.refused(
+            "structured_outputs", structured_outputs={"choice": ["a"]}, response_format=JSON_OBJECT
+        )
 
 
 @case(CHAT, "safety_identifier")

@@ -6,8 +6,10 @@ text, log-probabilities, prompt log-probabilities and embeddings. It honours the
 parameters a test can observe (``max_tokens``, ``min_tokens``, ``stop``, ``n``, ``seed``,
 ``temperature``, ``logprobs``, ``prompt_logprobs``, ``logit_bias``, ``allowed_token_ids``,
 ``ignore_eos``, ``top_k``, ``repetition_penalty``, ``stop_token_ids``,
-``include_stop_str_in_output``, ``bad_words``) and JSON structured outputs (a document that
-satisfies the schema). Scripted replies (``scripts``: a regular expression searched in the
+``include_stop_str_in_output``, ``bad_words``) and structured outputs (a document that
+satisfies the JSON schema, the first choice, a regex or grammar that is one literal string; a
+grammar of any other form ends the request with vLLM's finish_reason ``error``, as a grammar the
+engine cannot compile does). Scripted replies (``scripts``: a regular expression searched in the
 prompt, and the reply) stand in for what a real model writes in a given situation, such as tool
 calls, a few characters a token.
 """
@@ -168,6 +170,11 @@ class ToyModel:
         n = int(params.get("n", 1))
         choices = [ToyChoice() for _ in range(n)]
         fixed = self._structured_text(params)
+        if fixed is _UNCOMPILABLE:
+            for choice in choices:
+                choice.finish_reason = "error"
+            yield choices
+            return
         if fixed is not None:
             yield from self._emit_fixed(choices, fixed, params)
             return
@@ -275,11 +282,27 @@ class ToyModel:
             text = json.dumps({"answer": "yes"})
         elif "choice" in spec:
             text = spec["choice"][0]
+        elif "regex" in spec and _LITERAL.fullmatch(spec["regex"]):
+            text = spec["regex"]
+        elif "grammar" in spec:
+            literal = _LITERAL_GRAMMAR.fullmatch(spec["grammar"])
+            if literal is None:
+                return _UNCOMPILABLE
+            text = literal[1]
         else:
-            raise ValueError(f"toy model supports json, json_object and choice, got {sorted(spec)}")
+            raise ValueError(
+                "toy model supports json, json_object, choice, and literal regex and grammar, "
+                f"got {spec}"
+            )
         if self.invalid_json and text.startswith("{"):
             text = text[:-1]
         return text
+
+
+_LITERAL = re.compile(r"[A-Za-z0-9 ]+")
+_LITERAL_GRAMMAR = re.compile(r'root ::= "([A-Za-z0-9 ]+)"')
+#: What ``_structured_text`` returns for a grammar the toy cannot "compile".
+_UNCOMPILABLE = "\x00uncompilable"
 
 
 def _instance(schema: dict[str, Any]) -> Any:

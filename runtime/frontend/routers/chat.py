@@ -31,6 +31,7 @@ from runtime.frontend.generation import (
     openai_logprob,
     stream_outputs,
     usage,
+    validated_output,
 )
 from runtime.frontend.sampling import build_sampling, check_logprobs, resolve_max_tokens
 from runtime.frontend.schemas import (
@@ -41,7 +42,11 @@ from runtime.frontend.schemas import (
 )
 from runtime.frontend.state import FrontendState
 from runtime.frontend.streaming import run_until_disconnect, sse_response
-from runtime.frontend.structured import JsonRequirement, requirement_for, structured_outputs_value
+from runtime.frontend.structured import (
+    OutputRequirement,
+    requirement_for,
+    structured_outputs_value,
+)
 from runtime.frontend.token_names import TokenNames
 from runtime.frontend.tool_parsers import ToolDelta, ToolStream, tool_stream
 from runtime.frontend.tools import ToolPlan, plan_tools
@@ -185,16 +190,6 @@ def _check(state: FrontendState, body: ChatCompletionRequest) -> None:
         raise InvalidRequestError("stream_options requires stream=true", param="stream_options")
 
 
-def _validated(
-    state: FrontendState, requirement: JsonRequirement, text: str, index: int, reason: str | None
-) -> None:
-    try:
-        requirement.validate(text, index=index, finish_reason=reason)
-    except (InvalidOutputError, TruncatedOutputError):
-        state.metrics.invalid_output.labels(state.settings.model_id, ROUTE).inc()
-        raise
-
-
 # TruncatedOutputError is a 400 too: the client's max_tokens broke the format it asked for.
 _INVALID = (
     "Invalid request: a refused field or value (param names it), a body that is not JSON, or "
@@ -274,11 +269,12 @@ async def create_chat_completion(
         state.settings.tool_call_parser,
         parallel=body.parallel_tool_calls is not False,
     )
-    requirement = requirement_for(body.response_format)
+    requirement = requirement_for(body.response_format, body.structured_outputs)
     if plan.forced is not None and requirement is not None:
+        field = "response_format" if body.structured_outputs is None else "structured_outputs"
         raise InvalidRequestError(
-            "response_format and a required tool_choice both constrain the output; send one",
-            param="response_format",
+            f"{field} and a required tool_choice both constrain the output; send one",
+            param=field,
         )
     prompt = render_prompt(state, body, plan.template_tools)
     max_tokens = resolve_max_tokens(
@@ -318,7 +314,7 @@ async def create_chat_completion(
     out = []
     for i, c in enumerate(choices):
         if requirement is not None:
-            _validated(state, requirement, c.text, i, c.finish_reason)
+            validated_output(state, ROUTE, requirement, c.text, i, c.finish_reason)
         message, finish = _message(state, plan, c.text, c.finish_reason)
         out.append(
             {
@@ -374,7 +370,7 @@ async def _events(
     body: ChatCompletionRequest,
     params: GenerateParams,
     n: int,
-    requirement: JsonRequirement | None,
+    requirement: OutputRequirement | None,
     plan: ToolPlan,
     include_usage: bool,
     top: int,
@@ -402,7 +398,7 @@ async def _events(
                 if finish is not None:
                     done[c.index] = True
                     if requirement is not None:
-                        _validated(state, requirement, texts[c.index], c.index, finish)
+                        validated_output(state, ROUTE, requirement, texts[c.index], c.index, finish)
                 parser = parsers[c.index]
                 if parser is None:
                     delta: dict[str, Any] = {"content": c.text}

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -30,11 +31,17 @@ from runtime.frontend.generation import (
     openai_logprob,
     stream_outputs,
     usage,
+    validated_output,
 )
 from runtime.frontend.sampling import build_sampling, check_logprobs, resolve_max_tokens
 from runtime.frontend.schemas import CompletionRequest
 from runtime.frontend.state import FrontendState
 from runtime.frontend.streaming import gather_or_cancel, run_until_disconnect, sse_response
+from runtime.frontend.structured import (
+    OutputRequirement,
+    requirement_for,
+    structured_outputs_value,
+)
 from runtime.frontend.token_names import TokenNames
 from runtime.frontend.token_prompts import prompt_texts
 
@@ -139,9 +146,18 @@ def _default_max_tokens(
     return DEFAULT_MAX_TOKENS
 
 
-def _prepare(
-    state: FrontendState, body: CompletionRequest
-) -> tuple[list[str], list[dict[str, Any]], list[_Echo | None]]:
+@dataclass(frozen=True)
+class _Prepared:
+    """A request's prompts, each one's sampling parameters and echo, and the output
+    requirement every choice is checked against."""
+
+    prompts: list[str]
+    samplings: list[dict[str, Any]]
+    echoes: list[_Echo | None]
+    requirement: OutputRequirement | None
+
+
+def _prepare(state: FrontendState, body: CompletionRequest) -> _Prepared:
     check_fields(ROUTE, body)
     check_model(state.settings, body.model)
     n = body.n or 1
@@ -158,6 +174,18 @@ def _prepare(
     if body.stream_options is not None and not body.stream:
         raise InvalidRequestError("stream_options requires stream=true", param="stream_options")
     check_logprobs(body.logprobs, state.settings.max_logprobs, "logprobs")
+    requirement = requirement_for(None, body.structured_outputs)
+    if requirement is not None and body.max_tokens == 0:
+        raise InvalidRequestError(
+            "structured_outputs constrains generated text, and max_tokens=0 generates none; "
+            "send max_tokens of at least 1",
+            param="structured_outputs",
+        )
+    structured = (
+        (state.structured_key, structured_outputs_value(requirement.spec()))
+        if requirement is not None
+        else None
+    )
     prompts = prompt_texts(state, body.prompt, "prompt")
     if len(prompts) * n > state.settings.max_choices:
         raise InvalidRequestError(
@@ -191,7 +219,7 @@ def _prepare(
             body,
             max_tokens=max_tokens,
             logprobs=body.logprobs,
-            structured=None,
+            structured=structured,
             vocab_size=state.tokenizer.get_vocab_size(),
         )
         if body.echo and body.logprobs is not None:
@@ -201,7 +229,7 @@ def _prepare(
         echoes.append(
             _Echo.of(state, prompt, body.max_tokens == 0, first_id) if body.echo else None
         )
-    return prompts, samplings, echoes
+    return _Prepared(prompts, samplings, echoes, requirement)
 
 
 async def _check_echo(state: FrontendState, body: CompletionRequest) -> None:
@@ -223,7 +251,7 @@ async def create_completion(
     body: CompletionRequest, request: Request, _: AuthDep, state: StateDep
 ) -> Any:
     """Create a text completion; every field follows the field table (docs/frontend-fields.md)."""
-    prompts, samplings, echoes = _prepare(state, body)
+    prepared = _prepare(state, body)
     await _check_echo(state, body)
     n = body.n or 1
     rid = new_id("cmpl")
@@ -232,12 +260,12 @@ async def create_completion(
     stream = bool(body.stream)
     params = [
         GenerateParams(p, s, stream, want_logprobs, f"{rid}-{i}")
-        for i, (p, s) in enumerate(zip(prompts, samplings, strict=True))
+        for i, (p, s) in enumerate(zip(prepared.prompts, prepared.samplings, strict=True))
     ]
     if stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return await sse_response(
-            state, _events(state, body, rid, echoes, params, n, include_usage, top)
+            state, _events(state, body, rid, prepared, params, n, include_usage, top)
         )
 
     results = await run_until_disconnect(
@@ -249,8 +277,11 @@ async def create_completion(
     prompt_tokens = completion_tokens = 0
     for p_index, generation in enumerate(results):
         prompt_tokens += generation.prompt_tokens
-        echo = echoes[p_index]
+        echo = prepared.echoes[p_index]
         for c_index, c in enumerate(generation.choices):
+            index = p_index * n + c_index
+            if prepared.requirement is not None:
+                validated_output(state, ROUTE, prepared.requirement, c.text, index, c.finish_reason)
             completion_tokens += c.tokens
             text = c.text
             entries: Sequence[TokenLogprob | _Unscored] = c.logprobs
@@ -259,7 +290,7 @@ async def create_completion(
                 text, entries = echo.apply(c.text, c.logprobs, positions, want_logprobs)
             choices.append(
                 {
-                    "index": p_index * n + c_index,
+                    "index": index,
                     "text": text,
                     "logprobs": _logprobs(entries, top, 0, state.token_names)
                     if want_logprobs
@@ -280,13 +311,22 @@ class _PromptChoices:
     """What a stream has sent of one prompt's ``n`` choices, to turn its outputs into deltas."""
 
     def __init__(
-        self, index: int, n: int, echo: _Echo | None, top: int | None, names: TokenNames
+        self,
+        index: int,
+        n: int,
+        echo: _Echo | None,
+        top: int | None,
+        names: TokenNames,
+        validate: Callable[[str, int, str | None], None] | None,
     ) -> None:
         self.index = index
         self.n = n
         self.echo = echo
         self.top = top
         self.names = names
+        self.validate = validate
+        # Each choice's generated text so far, for ``validate`` when it ends.
+        self.texts = [""] * n if validate is not None else []
         self.echoed = [echo is None] * n
         self.done = [False] * n
         self.offsets = [0] * n
@@ -303,6 +343,13 @@ class _PromptChoices:
             if self.done[c.index]:
                 continue
             self.completion_tokens += c.num_tokens
+            index = self.index * self.n + c.index
+            if self.validate is not None:
+                self.texts[c.index] += c.text
+                if c.finish_reason is not None:
+                    # Before the chunk that carries the finish_reason: failed output ends the
+                    # stream with an error event instead, as on chat completions.
+                    self.validate(self.texts[c.index], index, c.finish_reason)
             text = c.text
             entries: Sequence[TokenLogprob | _Unscored] = c.logprobs
             if self.echo is not None:
@@ -316,7 +363,7 @@ class _PromptChoices:
             self.done[c.index] = c.finish_reason is not None
             deltas.append(
                 {
-                    "index": self.index * self.n + c.index,
+                    "index": index,
                     "text": text,
                     "logprobs": _logprobs(entries, self.top, self.offsets[c.index], self.names)
                     if self.top is not None
@@ -332,7 +379,7 @@ async def _events(
     state: FrontendState,
     body: CompletionRequest,
     rid: str,
-    echoes: list[_Echo | None],
+    prepared: _Prepared,
     params: list[GenerateParams],
     n: int,
     include_usage: bool,
@@ -340,9 +387,13 @@ async def _events(
 ) -> AsyncGenerator[bytes | dict[str, Any], None]:
     created = now()
     frame = ChunkFrame(rid, "text_completion", created, body.model, include_usage)
+    requirement = prepared.requirement
+    validate = (
+        partial(validated_output, state, ROUTE, requirement) if requirement is not None else None
+    )
     sent = [
-        _PromptChoices(i, n, echo, top if p.logprobs else None, state.token_names)
-        for i, (echo, p) in enumerate(zip(echoes, params, strict=True))
+        _PromptChoices(i, n, echo, top if p.logprobs else None, state.token_names, validate)
+        for i, (echo, p) in enumerate(zip(prepared.echoes, params, strict=True))
     ]
     # Prompts stream at once, their chunks interleaved as they come. Closed here, not left to
     # the garbage collector, so every prompt's backend request ends now.
