@@ -59,6 +59,11 @@ def _modalities(value: list[str]) -> str | None:
 def _stream_options(value: Any) -> str | None:
     if value.include_obfuscation:
         return "stream_options.include_obfuscation is not implemented; send false"
+    if value.continuous_usage_stats and not value.include_usage:
+        return (
+            "stream_options.continuous_usage_stats adds usage to every chunk of a stream that "
+            "reports usage; send include_usage true with it"
+        )
     return None
 
 
@@ -97,7 +102,9 @@ _SAMPLING = (
     FieldRule(
         "stream_options",
         Policy.HONOURED,
-        "include_usage adds the usage chunk; include_obfuscation=true is refused",
+        "include_usage adds the usage chunk; with it, continuous_usage_stats (an extension, as in "
+        "vLLM's server) adds the request's usage so far to every chunk (over all its choices "
+        "and prompts; vLLM counts the chunk's choice); include_obfuscation=true is refused",
         _stream_options,
     ),
     FieldRule(
@@ -166,6 +173,27 @@ _SAMPLING = (
         Policy.HONOURED,
         "extension, as in vLLM's server: sampling_parameters.bad_words; an empty word, or the "
         "field beside constraints or structured outputs, is a 400",
+    ),
+    FieldRule(
+        "skip_special_tokens",
+        Policy.HONOURED,
+        "extension, as in vLLM's server: sampling_parameters.skip_special_tokens (default true: "
+        "special tokens are left out of the text); on chat completions with tools, unless "
+        "tool_choice is none, true is a 400 (the tool-call parser needs the markers)",
+    ),
+    FieldRule(
+        "spaces_between_special_tokens",
+        Policy.HONOURED,
+        "extension, as in vLLM's server: sampling_parameters.spaces_between_special_tokens; as "
+        "in vLLM it changes only the text of slow (Python) tokenizers",
+    ),
+    FieldRule(
+        "priority",
+        Policy.INERT,
+        "extension, as in vLLM's server: 0 only, as vLLM's default first-come-first-served "
+        "scheduling takes it (Triton's vLLM backend passes no priority); other values are "
+        "refused",
+        _unless((0,), "the engine schedules first come, first served; send 0 or leave it out"),
     ),
     FieldRule(
         "structured_outputs",

@@ -15,6 +15,7 @@ import orjson
 from runtime.frontend.coalesce import coalesced
 from runtime.frontend.engine import Engine, EngineOutput, GenerateParams, TokenLogprob
 from runtime.frontend.errors import InvalidOutputError, TruncatedOutputError
+from runtime.frontend.schemas import StreamOptions
 from runtime.frontend.state import FrontendState
 from runtime.frontend.structured import OutputRequirement
 
@@ -22,6 +23,7 @@ __all__ = [
     "ChunkFrame",
     "Collected",
     "Generation",
+    "UsageReport",
     "collect",
     "envelope",
     "merge_streams",
@@ -108,8 +110,30 @@ class ChunkFrame:
         self._head = b"data: " + empty[: -len(b"]}")]
         self._tail = b'],"usage":null}\n\n' if include_usage else b"]}\n\n"
 
-    def encode(self, choices: list[dict[str, Any]]) -> bytes:
-        return self._head + orjson.dumps(choices)[1:-1] + self._tail
+    def encode(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+        if usage is None:
+            return self._head + orjson.dumps(choices)[1:-1] + self._tail
+        return (
+            self._head
+            + orjson.dumps(choices)[1:-1]
+            + b'],"usage":'
+            + orjson.dumps(usage)
+            + b"}\n\n"
+        )
+
+
+@dataclass(frozen=True)
+class UsageReport:
+    """What a stream reports of usage: a last chunk with the totals (``include_usage``), and
+    with vLLM's ``continuous_usage_stats`` the request's totals so far on every chunk."""
+
+    final: bool
+    continuous: bool
+
+    @classmethod
+    def of(cls, options: StreamOptions | None) -> UsageReport:
+        final = bool(options and options.include_usage)
+        return cls(final, final and bool(options and options.continuous_usage_stats))
 
 
 def stream_outputs(engine: Engine, params: GenerateParams) -> AsyncGenerator[EngineOutput, None]:

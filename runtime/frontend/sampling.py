@@ -181,6 +181,8 @@ def build_sampling(
         "ignore_eos",
         "include_stop_str_in_output",
         "bad_words",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
     ):
         value = getattr(request, name)
         if value is not None:

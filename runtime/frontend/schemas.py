@@ -169,6 +169,9 @@ class StructuredOutputs(_Strict):
 class StreamOptions(_Strict):
     include_usage: bool | None = None
     include_obfuscation: bool | None = None
+    continuous_usage_stats: bool | None = Field(
+        default=None, description="Extension (vLLM): usage so far on every chunk."
+    )
 
 
 class FunctionDefinition(_Strict):
@@ -252,6 +255,17 @@ class _Sampling(_Strict):
     )
     bad_words: list[str] | None = Field(
         default=None, description="Extension (vLLM): words whose tokens are never sampled."
+    )
+    skip_special_tokens: bool | None = Field(
+        default=None, description="Extension (vLLM): leave special tokens out of the text."
+    )
+    spaces_between_special_tokens: bool | None = Field(
+        default=None,
+        description="Extension (vLLM): a space between special tokens in the text (slow "
+        "tokenizers only).",
+    )
+    priority: int | None = Field(
+        default=None, description="Extension (vLLM): scheduling priority; 0 only here."
     )
     structured_outputs: StructuredOutputs | None = Field(
         default=None,

@@ -255,6 +255,18 @@ def _(p: Probe) -> None:
     p.refused("stream_options", stream=True, stream_options={"include_obfuscation": True})
     assert p.post(stream_options={"include_usage": True}).status_code == 400
 
+    # continuous_usage_stats: each chunk's usage counts the tokens streamed up to it.
+    no_eos = {"logit_bias": {"0": -100}} if p.real else {}
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    body = {"stream": True, "max_tokens": 6, "temperature": 0, "stream_options": options}
+    events = _sse(p.post(**body, **no_eos))
+    assert all(e["usage"] is not None for e in events)
+    counts = [e["usage"]["completion_tokens"] for e in events[:-1]]
+    assert counts == sorted(counts) and counts[0] >= 1 and counts[-1] == 6, counts
+    assert events[-1]["usage"] == events[-2]["usage"]
+    assert {e["usage"]["prompt_tokens"] for e in events} == {usage["prompt_tokens"]}
+    p.refused("stream_options", stream=True, stream_options={"continuous_usage_stats": True})
+
 
 @case(GEN, "stream_interval")
 def _(p: Probe) -> None:
@@ -576,6 +588,30 @@ def _(p: Probe) -> None:
             "json_schema": {"name": "x", "schema": {"type": 5}},
         },
     )
+
+
+@case(GEN, "skip_special_tokens")
+def _(p: Probe) -> None:
+    assert p.sent(skip_special_tokens=False)["skip_special_tokens"] is False
+    if p.real:  # the tiny Llama's <|user|> is a special token; the toy has none
+        user = {"3": 100}
+        assert _text(p, p.ok(logit_bias=user, temperature=0)) == ""
+        shown = p.ok(logit_bias=user, temperature=0, skip_special_tokens=False)
+        assert _text(p, shown) == "<|user|>" * 3
+    if p.route == CHAT:
+        p.refused("skip_special_tokens", skip_special_tokens=True, tools=[LOOKUP_TOOL])
+
+
+@case(GEN, "spaces_between_special_tokens")
+def _(p: Probe) -> None:
+    sent = p.sent(spaces_between_special_tokens=False, skip_special_tokens=False)
+    assert sent["spaces_between_special_tokens"] is False
+
+
+@case(GEN, "priority")
+def _(p: Probe) -> None:
+    p.inert(priority=0)
+    p.refused("priority", priority=1)
 
 
 @case(GEN, "structured_outputs")

@@ -24,6 +24,7 @@ from runtime.frontend.errors import (
 from runtime.frontend.fields import check_fields
 from runtime.frontend.generation import (
     ChunkFrame,
+    UsageReport,
     collect,
     envelope,
     new_id,
@@ -300,12 +301,19 @@ async def create_chat_completion(
     if plan.template_tools is not None:
         # As vLLM's tool parsers ask (hermes' adjust_request): some tokenizers mark the
         # tool-call markers special, and detokenizing would drop them before the parser runs.
+        if body.skip_special_tokens:
+            raise InvalidRequestError(
+                "skip_special_tokens=true would drop the tool-call markers that a tokenizer "
+                "marks special before the tool-call parser reads them; leave it out beside "
+                "tools, or send tool_choice none",
+                param="skip_special_tokens",
+            )
         sampling["skip_special_tokens"] = False
     params = GenerateParams(prompt, sampling, stream, logprobs is not None, new_id("chatcmpl"))
     n = body.n or 1
     if stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        events = _events(state, body, params, n, requirement, plan, include_usage, top)
+        report = UsageReport.of(body.stream_options)
+        events = _events(state, body, params, n, requirement, plan, report, top)
         return await sse_response(state, events)
     generation = await run_until_disconnect(
         request, collect(state.engine, params, n), state.settings.request_timeout_s
@@ -372,7 +380,7 @@ async def _events(
     n: int,
     requirement: OutputRequirement | None,
     plan: ToolPlan,
-    include_usage: bool,
+    report: UsageReport,
     top: int,
 ) -> AsyncGenerator[bytes | dict[str, Any], None]:
     created = now()
@@ -382,7 +390,7 @@ async def _events(
     parsers = [tool_stream(plan) for _ in range(n)]
     prompt_tokens = completion_tokens = 0
     kind = "chat.completion.chunk"
-    frame = ChunkFrame(params.request_id, kind, created, body.model, include_usage)
+    frame = ChunkFrame(params.request_id, kind, created, body.model, report.final)
 
     # Closed here, not left to the garbage collector, so the backend request ends now.
     async with aclosing(stream_outputs(state.engine, params)) as outputs:
@@ -429,8 +437,9 @@ async def _events(
                     }
                 )
             if deltas:
-                yield frame.encode(deltas)
-    if include_usage:
+                so_far = usage(prompt_tokens, completion_tokens) if report.continuous else None
+                yield frame.encode(deltas, so_far)
+    if report.final:
         final = envelope(params.request_id, kind, created, body.model, [])
         final["usage"] = usage(prompt_tokens, completion_tokens)
         yield final

@@ -23,6 +23,7 @@ from runtime.frontend.errors import (
 from runtime.frontend.fields import check_fields
 from runtime.frontend.generation import (
     ChunkFrame,
+    UsageReport,
     collect,
     envelope,
     merge_streams,
@@ -263,9 +264,9 @@ async def create_completion(
         for i, (p, s) in enumerate(zip(prepared.prompts, prepared.samplings, strict=True))
     ]
     if stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        report = UsageReport.of(body.stream_options)
         return await sse_response(
-            state, _events(state, body, rid, prepared, params, n, include_usage, top)
+            state, _events(state, body, rid, prepared, params, n, report, top)
         )
 
     results = await run_until_disconnect(
@@ -382,11 +383,11 @@ async def _events(
     prepared: _Prepared,
     params: list[GenerateParams],
     n: int,
-    include_usage: bool,
+    report: UsageReport,
     top: int,
 ) -> AsyncGenerator[bytes | dict[str, Any], None]:
     created = now()
-    frame = ChunkFrame(rid, "text_completion", created, body.model, include_usage)
+    frame = ChunkFrame(rid, "text_completion", created, body.model, report.final)
     requirement = prepared.requirement
     validate = (
         partial(validated_output, state, ROUTE, requirement) if requirement is not None else None
@@ -402,10 +403,13 @@ async def _events(
         async for p_index, output in outputs:
             deltas = sent[p_index].deltas(output)
             if deltas:
-                yield frame.encode(deltas)
-    if include_usage:
+                yield frame.encode(deltas, _usage(sent) if report.continuous else None)
+    if report.final:
         final = envelope(rid, "text_completion", created, body.model, [])
-        final["usage"] = usage(
-            sum(s.prompt_tokens for s in sent), sum(s.completion_tokens for s in sent)
-        )
+        final["usage"] = _usage(sent)
         yield final
+
+
+def _usage(sent: list[_PromptChoices]) -> dict[str, int]:
+    """The request's usage so far, over every prompt."""
+    return usage(sum(s.prompt_tokens for s in sent), sum(s.completion_tokens for s in sent))
