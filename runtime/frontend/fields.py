@@ -188,6 +188,12 @@ _SAMPLING = (
         "in vLLM it changes only the text of slow (Python) tokenizers",
     ),
     FieldRule(
+        "return_tokens_as_token_ids",
+        Policy.HONOURED,
+        "extension, as in vLLM's server: logprobs name each token token_id:N (its bytes stay the "
+        "token's own, where vLLM sends those of the name); without logprobs a 400",
+    ),
+    FieldRule(
         "priority",
         Policy.INERT,
         "extension, as in vLLM's server: 0 only, as vLLM's default first-come-first-served "

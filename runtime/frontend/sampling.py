@@ -197,6 +197,12 @@ def build_sampling(
         params["logit_bias"] = _logit_bias(request.logit_bias, vocab_size)
     if logprobs is not None:
         params["logprobs"] = logprobs
+    elif request.return_tokens_as_token_ids:
+        raise InvalidRequestError(
+            "return_tokens_as_token_ids names the tokens of logprobs, which this request does "
+            "not ask for; send logprobs too, or leave it out",
+            param="return_tokens_as_token_ids",
+        )
     if structured is not None:
         _check_beside_grammar(request)
         key, value = structured

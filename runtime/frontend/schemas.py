@@ -264,6 +264,9 @@ class _Sampling(_Strict):
         description="Extension (vLLM): a space between special tokens in the text (slow "
         "tokenizers only).",
     )
+    return_tokens_as_token_ids: bool | None = Field(
+        default=None, description="Extension (vLLM): logprobs name each token token_id:N."
+    )
     priority: int | None = Field(
         default=None, description="Extension (vLLM): scheduling priority; 0 only here."
     )

@@ -8,7 +8,7 @@ backend's logprobs are keyed by token id, so the names come from the tokenizer's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tokenizers import Tokenizer
 
@@ -19,22 +19,32 @@ __all__ = ["TokenNames"]
 
 @dataclass(frozen=True)
 class TokenNames:
-    """Every token id's bytes (``None`` for special tokens, which are named by their text)."""
+    """Every token id's bytes (``None`` for special tokens, which are named by their text);
+    ``by_id`` names every token ``token_id:N`` instead (vLLM's ``return_tokens_as_token_ids``)."""
 
     table: TokenBytes
+    by_id: bool = False
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Tokenizer) -> TokenNames:
         return cls(token_bytes_table(tokenizer, tokenizer.get_vocab_size(with_added_tokens=True)))
 
+    def for_request(self, by_id: bool | None) -> TokenNames:
+        """These names, or the same table naming tokens by id where the request asks for it."""
+        return replace(self, by_id=True) if by_id else self
+
     def name(self, token_id: int | None, text: str) -> tuple[str, bytes]:
         """The logprobs name of a token (its id, and its text as the backend decoded it), and
-        its bytes."""
+        its bytes, which stay the token's own when it is named by id."""
         raw = None
         if token_id is not None and 0 <= token_id < len(self.table):
             raw = self.table[token_id]
         if raw is None:
-            return text, text.encode("utf-8")
+            raw = text.encode("utf-8")
+            if not self.by_id:
+                return text, raw
+        if self.by_id and token_id is not None:
+            return f"token_id:{token_id}", raw
         try:
             return raw.decode("utf-8"), raw
         except UnicodeDecodeError:

@@ -26,6 +26,7 @@ from runtime.frontend.schemas import (
     TokenizeRequest,
 )
 from tests.frontend.conftest import LOOKUP_TOOL, Served
+from tests.support import toy_model
 
 MODEL = "toy-llm"
 CHAT, COMPLETIONS, EMBEDDINGS, SCORE, TOKENIZE, DETOKENIZE = TABLES
@@ -606,6 +607,37 @@ def _(p: Probe) -> None:
 def _(p: Probe) -> None:
     sent = p.sent(spaces_between_special_tokens=False, skip_special_tokens=False)
     assert sent["spaces_between_special_tokens"] is False
+
+
+@case(GEN, "return_tokens_as_token_ids")
+def _(p: Probe) -> None:
+    if p.route == CHAT:
+        reply = p.ok(logprobs=True, top_logprobs=2, return_tokens_as_token_ids=True)
+        content = reply["choices"][0]["logprobs"]["content"]
+        names = [c["token"] for c in content]
+        tops = [[t["token"] for t in c["top_logprobs"]] for c in content]
+    else:
+        reply = p.ok(logprobs=2, return_tokens_as_token_ids=True)
+        names = reply["choices"][0]["logprobs"]["tokens"]
+        tops = [list(t) for t in reply["choices"][0]["logprobs"]["top_logprobs"]]
+    assert all(len(row) == 2 and all(t.startswith("token_id:") for t in row) for row in tops)
+    ids = [int(name.removeprefix("token_id:")) for name in names]
+    text = _text(p, reply)
+    if p.real:
+        assert p.served.state.tokenizer.decode(ids) == text
+    else:  # the toy's tokens are its words
+        assert ids == [toy_model.token_id(word) for word in text.split(" ")]
+    asked = {"logprobs": True} if p.route == CHAT else {"logprobs": 1}
+    events = _sse(p.post(stream=True, return_tokens_as_token_ids=True, **asked))
+    key = "content" if p.route == CHAT else "tokens"
+    streamed = [
+        t["token"] if p.route == CHAT else t
+        for e in events
+        for c in e["choices"]
+        for t in (c["logprobs"] or {}).get(key) or ()
+    ]
+    assert streamed and all(t.startswith("token_id:") for t in streamed), streamed
+    p.refused("return_tokens_as_token_ids", return_tokens_as_token_ids=True)
 
 
 @case(GEN, "priority")

@@ -319,6 +319,7 @@ async def create_chat_completion(
         request, collect(state.engine, params, n), state.settings.request_timeout_s
     )
     choices, prompt_tokens = generation.choices, generation.prompt_tokens
+    names = state.token_names.for_request(body.return_tokens_as_token_ids)
     out = []
     for i, c in enumerate(choices):
         if requirement is not None:
@@ -328,9 +329,7 @@ async def create_chat_completion(
             {
                 "index": i,
                 "message": message,
-                "logprobs": _logprobs(c.logprobs, top, state.token_names)
-                if logprobs is not None
-                else None,
+                "logprobs": _logprobs(c.logprobs, top, names) if logprobs is not None else None,
                 "finish_reason": finish,
             }
         )
@@ -384,6 +383,7 @@ async def _events(
     top: int,
 ) -> AsyncGenerator[bytes | dict[str, Any], None]:
     created = now()
+    names = state.token_names.for_request(body.return_tokens_as_token_ids)
     texts = [""] * n
     started = [False] * n
     done = [False] * n
@@ -430,9 +430,7 @@ async def _events(
                     {
                         "index": c.index,
                         "delta": delta,
-                        "logprobs": _logprobs(c.logprobs, top, state.token_names)
-                        if params.logprobs
-                        else None,
+                        "logprobs": _logprobs(c.logprobs, top, names) if params.logprobs else None,
                         "finish_reason": finish,
                     }
                 )

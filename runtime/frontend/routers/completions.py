@@ -276,6 +276,7 @@ async def create_completion(
     )
     choices = []
     prompt_tokens = completion_tokens = 0
+    names = state.token_names.for_request(body.return_tokens_as_token_ids)
     for p_index, generation in enumerate(results):
         prompt_tokens += generation.prompt_tokens
         echo = prepared.echoes[p_index]
@@ -293,9 +294,7 @@ async def create_completion(
                 {
                     "index": index,
                     "text": text,
-                    "logprobs": _logprobs(entries, top, 0, state.token_names)
-                    if want_logprobs
-                    else None,
+                    "logprobs": _logprobs(entries, top, 0, names) if want_logprobs else None,
                     "finish_reason": c.finish_reason,
                 }
             )
@@ -388,12 +387,13 @@ async def _events(
 ) -> AsyncGenerator[bytes | dict[str, Any], None]:
     created = now()
     frame = ChunkFrame(rid, "text_completion", created, body.model, report.final)
+    names = state.token_names.for_request(body.return_tokens_as_token_ids)
     requirement = prepared.requirement
     validate = (
         partial(validated_output, state, ROUTE, requirement) if requirement is not None else None
     )
     sent = [
-        _PromptChoices(i, n, echo, top if p.logprobs else None, state.token_names, validate)
+        _PromptChoices(i, n, echo, top if p.logprobs else None, names, validate)
         for i, (echo, p) in enumerate(zip(prepared.echoes, params, strict=True))
     ]
     # Prompts stream at once, their chunks interleaved as they come. Closed here, not left to
