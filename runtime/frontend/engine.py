@@ -20,12 +20,13 @@ __all__ = [
 @dataclass(frozen=True)
 class TokenLogprob:
     """A generated token as the backend decoded it, its log-probability, the most likely
-    alternatives (best first), and its id where the backend gives it."""
+    alternatives (best first), and its id and rank where the backend gives them."""
 
     token: str
     logprob: float
     top: tuple[TokenLogprob, ...] = ()
     token_id: int | None = None
+    rank: int | None = None
 
 
 @dataclass(frozen=True)

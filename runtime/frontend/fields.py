@@ -188,6 +188,15 @@ _SAMPLING = (
         "in vLLM it changes only the text of slow (Python) tokenizers",
     ),
     FieldRule(
+        "prompt_logprobs",
+        Policy.HONOURED,
+        "extension, as in vLLM's server: sampling_parameters.prompt_logprobs; the response "
+        "carries prompt_logprobs (on each choice of text completions, once for chat), per prompt "
+        "token null for the first, else {token_id: {logprob, rank, decoded_token}} for that token "
+        "and the most likely ones; above the engine's max_logprobs, with stream (as in vLLM), or "
+        "against the stock Triton backend (which returns none) a 400",
+    ),
+    FieldRule(
         "return_tokens_as_token_ids",
         Policy.HONOURED,
         "extension, as in vLLM's server: logprobs name each token token_id:N (its bytes stay the "

@@ -14,10 +14,11 @@ import orjson
 
 from runtime.frontend.coalesce import coalesced
 from runtime.frontend.engine import Engine, EngineOutput, GenerateParams, TokenLogprob
-from runtime.frontend.errors import InvalidOutputError, TruncatedOutputError
+from runtime.frontend.errors import BackendError, InvalidOutputError, TruncatedOutputError
 from runtime.frontend.schemas import StreamOptions
 from runtime.frontend.state import FrontendState
 from runtime.frontend.structured import OutputRequirement
+from runtime.frontend.token_names import TokenNames
 
 __all__ = [
     "ChunkFrame",
@@ -30,6 +31,7 @@ __all__ = [
     "new_id",
     "now",
     "openai_logprob",
+    "prompt_logprobs_field",
     "stream_outputs",
     "usage",
     "validated_output",
@@ -70,6 +72,31 @@ def openai_logprob(value: float) -> float:
     """``value`` as JSON can carry it: vLLM gives -inf to tokens a grammar masks, which
     Starlette refuses to encode (a 500) and orjson writes as ``null``."""
     return max(value, _LOGPROB_FLOOR)
+
+
+def prompt_logprobs_field(
+    positions: tuple[TokenLogprob | None, ...] | None, top: int, names: TokenNames
+) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's ``prompt_logprobs`` response field: per prompt token ``None`` for the first (nothing
+    precedes it), else that token's entry and the ``top`` likeliest, keyed by token id."""
+    if positions is None:
+        raise BackendError("Triton returned no prompt log-probabilities")
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for there in positions:
+        if there is None:
+            out.append(None)
+            continue
+        out.append(
+            {
+                str(e.token_id): {
+                    "logprob": openai_logprob(e.logprob),
+                    "rank": e.rank,
+                    "decoded_token": names.name(e.token_id, e.token)[0],
+                }
+                for e in (there, *there.top[:top])
+            }
+        )
+    return out
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

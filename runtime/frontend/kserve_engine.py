@@ -64,6 +64,11 @@ _STOCK_BACKEND_FIELDS = (
         "streams every token on its own whatever stream_interval says",
         "honours it",
     ),
+    (
+        "prompt_logprobs",
+        "returns no prompt log-probabilities",
+        "does",
+    ),
 )
 #: What a generation that echoes its prompt with log-probabilities asks for.
 _ECHO_OUTPUTS = (
@@ -209,7 +214,14 @@ def _step(step: dict[str, Any]) -> TokenLogprob:
 def _entry(key: str, entry: dict[str, Any]) -> TokenLogprob:
     """One ``{token_id: {"logprob", "rank", "decoded_token"}}`` item (vLLM's ``Logprob``)."""
     token_id = int(key) if key.isdigit() else None
-    return TokenLogprob(entry.get("decoded_token") or "", float(entry["logprob"]), (), token_id)
+    rank = entry.get("rank")
+    return TokenLogprob(
+        entry.get("decoded_token") or "",
+        float(entry["logprob"]),
+        (),
+        token_id,
+        rank if isinstance(rank, int) else None,
+    )
 
 
 def prompt_token_logprobs(text: str) -> list[float]:

@@ -195,6 +195,14 @@ def build_sampling(
         params["stop"] = [request.stop] if isinstance(request.stop, str) else request.stop
     if request.logit_bias:
         params["logit_bias"] = _logit_bias(request.logit_bias, vocab_size)
+    if request.prompt_logprobs is not None:
+        if request.stream:
+            raise InvalidRequestError(
+                "prompt_logprobs come with the whole response, as in vLLM, and not with a "
+                "stream; send stream false, or leave prompt_logprobs out",
+                param="prompt_logprobs",
+            )
+        params["prompt_logprobs"] = request.prompt_logprobs
     if logprobs is not None:
         params["logprobs"] = logprobs
     elif request.return_tokens_as_token_ids:

@@ -264,6 +264,12 @@ class _Sampling(_Strict):
         description="Extension (vLLM): a space between special tokens in the text (slow "
         "tokenizers only).",
     )
+    prompt_logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        description="Extension (vLLM): each prompt token's log-probability, with this many "
+        "alternatives.",
+    )
     return_tokens_as_token_ids: bool | None = Field(
         default=None, description="Extension (vLLM): logprobs name each token token_id:N."
     )

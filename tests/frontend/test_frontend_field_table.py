@@ -609,6 +609,27 @@ def _(p: Probe) -> None:
     assert sent["spaces_between_special_tokens"] is False
 
 
+@case(GEN, "prompt_logprobs")
+def _(p: Probe) -> None:
+    reply = p.ok(prompt_logprobs=2)
+    assert p.last().sampling_parameters["prompt_logprobs"] == 2
+    rows = reply["prompt_logprobs"] if p.route == CHAT else reply["choices"][0]["prompt_logprobs"]
+    assert len(rows) == reply["usage"]["prompt_tokens"] and rows[0] is None
+    for row in rows[1:]:
+        # The prompt's own token first, then the two likeliest (which may include it).
+        assert 2 <= len(row) <= 3 and all(e["logprob"] <= 0 for e in row.values())
+        ranked = sorted(row.values(), key=lambda e: e["rank"])
+        assert [e["rank"] for e in ranked[:2]] == [1, 2]
+        assert ranked[0]["logprob"] >= ranked[1]["logprob"]
+    if p.route == COMPLETIONS:
+        # The same numbers as echo's logprobs of the prompt's tokens.
+        echoed = p.ok(echo=True, logprobs=1, max_tokens=1)["choices"][0]["logprobs"]
+        own = [next(iter(row.values()))["logprob"] for row in rows[1:]]
+        assert echoed["token_logprobs"][1 : len(rows)] == pytest.approx(own, abs=1e-4)
+    p.refused("prompt_logprobs", prompt_logprobs=1, stream=True)
+    p.refused("prompt_logprobs", prompt_logprobs=p.served.state.settings.max_logprobs + 1)
+
+
 @case(GEN, "return_tokens_as_token_ids")
 def _(p: Probe) -> None:
     if p.route == CHAT:

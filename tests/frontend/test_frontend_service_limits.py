@@ -365,24 +365,30 @@ def test_scoring_is_refused_against_a_backend_without_prompt_logprobs(
 
 
 @pytest.mark.parametrize(
-    ("field", "value", "extra"),
+    ("field", "value", "extra", "streams"),
     [
         # The stock backend fails every logit_bias request (real Triton shows it:
         # tests/serving_backend/test_real_triton_stock_backend.py); say so before sending one.
-        ("logit_bias", {"3": 5}, {}),
+        ("logit_bias", {"3": 5}, {}, (False, True)),
         # It streams vLLM's cumulative outputs, which vLLM 0.27.1 never batches.
-        ("stream_interval", 4, {}),
+        ("stream_interval", 4, {}, (False, True)),
         # It has no prompt_logprobs output.
-        ("echo", True, {"logprobs": 1}),
+        ("echo", True, {"logprobs": 1}, (False, True)),
+        ("prompt_logprobs", 1, {}, (False,)),  # never streamed
     ],
 )
 def test_fields_the_stock_backend_cannot_honour_are_refused(
-    standin: KServeStandIn, tokenizer_dir: Path, field: str, value: Any, extra: dict[str, Any]
+    standin: KServeStandIn,
+    tokenizer_dir: Path,
+    field: str,
+    value: Any,
+    extra: dict[str, Any],
+    streams: tuple[bool, ...],
 ) -> None:
     served = serve(make_settings(standin, tokenizer_dir, model_name="llm-stock"), standin)
     try:
         sent = len(standin.requests)
-        for stream in (False, True):
+        for stream in streams:
             body = {"model": MODEL, "prompt": "the", field: value, "stream": stream, **extra}
             response = httpx.post(served.url + "/v1/completions", json=body)
             assert response.status_code == 400, response.text

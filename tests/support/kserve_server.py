@@ -576,8 +576,17 @@ class KServeStandIn:
             outputs[PROMPT_LOGPROBS_OUTPUT] = [
                 json.dumps(
                     [
-                        None if d is None else {str(k): {"logprob": v} for k, v in d.items()}
-                        for d in model.toy.prompt_logprobs(prompt)
+                        None
+                        if d is None
+                        else {
+                            str(k): {
+                                "logprob": v,
+                                "rank": 1 + sum(other > v for other in d.values()),
+                                "decoded_token": VOCAB[k],
+                            }
+                            for k, v in d.items()
+                        }
+                        for d in model.toy.prompt_logprobs(prompt, params["prompt_logprobs"])
                     ]
                 ).encode()
             ]

@@ -149,13 +149,15 @@ class ToyModel:
     def tokenize(text: str) -> list[int]:
         return [token_id(w) for w in _WHITESPACE.split(text) if w]
 
-    def prompt_logprobs(self, prompt: str) -> list[dict[int, float] | None]:
-        """Per prompt token, the log-probability of that token given the ones before it."""
+    def prompt_logprobs(self, prompt: str, top: int = 0) -> list[dict[int, float] | None]:
+        """Per prompt token, the log-probability of that token given the ones before it, then
+        those of the ``top`` likeliest tokens there."""
         ids = self.tokenize(prompt)
         out: list[dict[int, float] | None] = [None] if ids else []
         for i in range(1, len(ids)):
             lp = _log_softmax(_logits(tuple(ids[:i]), 0))
-            out.append({ids[i]: lp[ids[i]]})
+            ranked = sorted(range(len(VOCAB)), key=lambda t: (-lp[t], t))[:top]
+            out.append({ids[i]: lp[ids[i]], **{t: lp[t] for t in ranked}})
         return out
 
     def embed(self, text: str, dimensions: int | None = None) -> list[float]:

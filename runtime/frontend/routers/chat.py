@@ -30,6 +30,7 @@ from runtime.frontend.generation import (
     new_id,
     now,
     openai_logprob,
+    prompt_logprobs_field,
     stream_outputs,
     usage,
     validated_output,
@@ -187,6 +188,7 @@ def _check(state: FrontendState, body: ChatCompletionRequest) -> None:
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("top_logprobs requires logprobs=true", param="top_logprobs")
     check_logprobs(body.top_logprobs, state.settings.max_logprobs, "top_logprobs")
+    check_logprobs(body.prompt_logprobs, state.settings.max_logprobs, "prompt_logprobs")
     if body.stream_options is not None and not body.stream:
         raise InvalidRequestError("stream_options requires stream=true", param="stream_options")
 
@@ -334,13 +336,16 @@ async def create_chat_completion(
             }
         )
     completion_tokens = sum(c.tokens for c in choices)
+    reply = {
+        **envelope(params.request_id, "chat.completion", now(), body.model, out),
+        "usage": usage(prompt_tokens, completion_tokens),
+    }
+    if body.prompt_logprobs is not None:
+        reply["prompt_logprobs"] = prompt_logprobs_field(
+            generation.prompt_logprobs, body.prompt_logprobs, names
+        )
     # A Response skips FastAPI's jsonable_encoder pass over the dict (per-request cost).
-    return JSONResponse(
-        {
-            **envelope(params.request_id, "chat.completion", now(), body.model, out),
-            "usage": usage(prompt_tokens, completion_tokens),
-        }
-    )
+    return JSONResponse(reply)
 
 
 def _parsed(state: FrontendState, parser: ToolStream, text: str, finish: str | None) -> ToolDelta:

@@ -30,6 +30,7 @@ from runtime.frontend.generation import (
     new_id,
     now,
     openai_logprob,
+    prompt_logprobs_field,
     stream_outputs,
     usage,
     validated_output,
@@ -175,6 +176,7 @@ def _prepare(state: FrontendState, body: CompletionRequest) -> _Prepared:
     if body.stream_options is not None and not body.stream:
         raise InvalidRequestError("stream_options requires stream=true", param="stream_options")
     check_logprobs(body.logprobs, state.settings.max_logprobs, "logprobs")
+    check_logprobs(body.prompt_logprobs, state.settings.max_logprobs, "prompt_logprobs")
     requirement = requirement_for(None, body.structured_outputs)
     if requirement is not None and body.max_tokens == 0:
         raise InvalidRequestError(
@@ -224,7 +226,7 @@ def _prepare(state: FrontendState, body: CompletionRequest) -> _Prepared:
             vocab_size=state.tokenizer.get_vocab_size(),
         )
         if body.echo and body.logprobs is not None:
-            sampling["prompt_logprobs"] = body.logprobs
+            sampling["prompt_logprobs"] = max(body.logprobs, body.prompt_logprobs or 0)
         samplings.append(sampling)
         first_id = ids[0] if body.logprobs is not None else None
         echoes.append(
@@ -290,14 +292,17 @@ async def create_completion(
             if echo is not None:
                 positions = generation.prompt_logprobs
                 text, entries = echo.apply(c.text, c.logprobs, positions, want_logprobs)
-            choices.append(
-                {
-                    "index": index,
-                    "text": text,
-                    "logprobs": _logprobs(entries, top, 0, names) if want_logprobs else None,
-                    "finish_reason": c.finish_reason,
-                }
-            )
+            choice: dict[str, Any] = {
+                "index": index,
+                "text": text,
+                "logprobs": _logprobs(entries, top, 0, names) if want_logprobs else None,
+                "finish_reason": c.finish_reason,
+            }
+            if body.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = prompt_logprobs_field(
+                    generation.prompt_logprobs, body.prompt_logprobs, names
+                )
+            choices.append(choice)
     # A Response skips FastAPI's jsonable_encoder pass over the dict (per-request cost).
     return JSONResponse(
         {
