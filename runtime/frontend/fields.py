@@ -410,6 +410,14 @@ COMPLETION_FIELDS: tuple[FieldRule, ...] = (
         "distinct tokens keep distinct keys",
     ),
     FieldRule("suffix", Policy.REFUSED, "", _always("fill-in-the-middle is not supported")),
+    FieldRule(
+        "response_format",
+        Policy.HONOURED,
+        "extension, as in vLLM's server: as chat's response_format (json_object and "
+        "json_schema become structured outputs, the output is validated the same way, with "
+        "the same streamed error event); a 400 beside structured_outputs or constraints, or "
+        "with max_tokens 0",
+    ),
 )
 
 EMBEDDING_FIELDS: tuple[FieldRule, ...] = (

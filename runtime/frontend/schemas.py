@@ -359,6 +359,9 @@ class CompletionRequest(_Sampling):
     max_tokens: int | None = Field(default=None, ge=0)
     best_of: int | None = Field(default=None, ge=1, le=20)
     echo: bool | None = None
+    response_format: ResponseFormat | None = Field(
+        default=None, description="Extension (vLLM): chat's response_format, on completions."
+    )
     logprobs: int | None = Field(default=None, ge=0, le=5)
     suffix: str | None = None
 

@@ -339,8 +339,7 @@ def _refused_beside_grammar(p: Probe, field: str, **fields: Any) -> None:
     """``fields`` are a 400 naming ``field`` beside constraints, and beside structured outputs."""
     p.refused(field, constraints={"version": 1, "banned_tokens": [5]}, **fields)
     p.refused(field, structured_outputs={"choice": ["yes"]}, **fields)
-    if p.route == CHAT:
-        p.refused(field, response_format=JSON_OBJECT, **fields)
+    p.refused(field, response_format=JSON_OBJECT, **fields)
 
 
 def _same_as_greedy(p: Probe, **narrowing: Any) -> None:
@@ -572,7 +571,7 @@ def _(p: Probe) -> None:
     p.refused("prompt_cache_retention", prompt_cache_retention="24h")
 
 
-@case(CHAT, "response_format")
+@case(GEN, "response_format")
 def _(p: Probe) -> None:
     response = p.post(response_format={"type": "json_object"}, max_tokens=10)
     assert json.loads(p.last().sampling_parameters["structured_outputs"]) == {"json_object": True}
@@ -582,6 +581,14 @@ def _(p: Probe) -> None:
     else:
         assert isinstance(json.loads(_text(p, response.json())), dict), response.text
     assert "structured_outputs" not in p.sent(response_format={"type": "text"})
+    schema = {
+        "type": "object",
+        "properties": {"a": {"enum": ["x", "y"]}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    strict = {"type": "json_schema", "json_schema": {"name": "a", "strict": True, "schema": schema}}
+    assert json.loads(_text(p, p.ok(response_format=strict, max_tokens=16)))["a"] in ("x", "y")
     p.refused(
         "response_format.json_schema.schema",
         response_format={
@@ -589,6 +596,8 @@ def _(p: Probe) -> None:
             "json_schema": {"name": "x", "schema": {"type": 5}},
         },
     )
+    if p.route == COMPLETIONS:
+        p.refused("response_format", response_format=JSON_OBJECT, max_tokens=0, echo=True)
 
 
 @case(GEN, "skip_special_tokens")

@@ -177,12 +177,13 @@ def _prepare(state: FrontendState, body: CompletionRequest) -> _Prepared:
         raise InvalidRequestError("stream_options requires stream=true", param="stream_options")
     check_logprobs(body.logprobs, state.settings.max_logprobs, "logprobs")
     check_logprobs(body.prompt_logprobs, state.settings.max_logprobs, "prompt_logprobs")
-    requirement = requirement_for(None, body.structured_outputs)
+    requirement = requirement_for(body.response_format, body.structured_outputs)
     if requirement is not None and body.max_tokens == 0:
+        field = "structured_outputs" if body.structured_outputs else "response_format"
         raise InvalidRequestError(
-            "structured_outputs constrains generated text, and max_tokens=0 generates none; "
-            "send max_tokens of at least 1",
-            param="structured_outputs",
+            f"{field} constrains generated text, and max_tokens=0 generates none; send "
+            "max_tokens of at least 1",
+            param=field,
         )
     structured = (
         (state.structured_key, structured_outputs_value(requirement.spec()))
