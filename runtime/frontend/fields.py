@@ -188,6 +188,14 @@ _SAMPLING = (
         "in vLLM it changes only the text of slow (Python) tokenizers",
     ),
     FieldRule(
+        "request_id",
+        Policy.HONOURED,
+        "extension, as in vLLM's server: the response's id is chatcmpl- or cmpl- and this id, "
+        "and Triton's request id is the same (text completions add -N per prompt); 1 to 128 of "
+        "A-Z a-z 0-9 . _ : -, else a 400; unlike vLLM's server, an X-Request-Id header does not "
+        "replace it (that header names the request in the access log)",
+    ),
+    FieldRule(
         "prompt_logprobs",
         Policy.HONOURED,
         "extension, as in vLLM's server: sampling_parameters.prompt_logprobs; the response "

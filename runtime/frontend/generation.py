@@ -60,8 +60,9 @@ def validated_output(
         raise
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+def new_id(prefix: str, given: str | None = None) -> str:
+    """A response id: the client's ``request_id`` after ``prefix``, or a new one."""
+    return f"{prefix}-{given or uuid.uuid4().hex}"
 
 
 def now() -> int:

@@ -264,6 +264,11 @@ class _Sampling(_Strict):
         description="Extension (vLLM): a space between special tokens in the text (slow "
         "tokenizers only).",
     )
+    request_id: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9._:-]{1,128}$",
+        description="Extension (vLLM): the response's id, after its prefix.",
+    )
     prompt_logprobs: int | None = Field(
         default=None,
         ge=0,

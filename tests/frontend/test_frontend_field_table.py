@@ -618,6 +618,19 @@ def _(p: Probe) -> None:
     assert sent["spaces_between_special_tokens"] is False
 
 
+@case(GEN, "request_id")
+def _(p: Probe) -> None:
+    prefix = "chatcmpl" if p.route == CHAT else "cmpl"
+    assert p.ok(request_id="trace:42.a_b-c")["id"] == f"{prefix}-trace:42.a_b-c"
+    # Triton's request id too (one per prompt on text completions), for its logs and traces.
+    assert p.last().request_id.startswith(f"{prefix}-trace:42.a_b-c")
+    events = _sse(p.post(request_id="t1", stream=True))
+    assert {e["id"] for e in events} == {f"{prefix}-t1"}
+    assert p.ok()["id"] != p.ok()["id"]
+    p.refused("request_id", request_id="has space")
+    p.refused("request_id", request_id="x" * 129)
+
+
 @case(GEN, "prompt_logprobs")
 def _(p: Probe) -> None:
     reply = p.ok(prompt_logprobs=2)

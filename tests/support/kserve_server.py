@@ -170,6 +170,7 @@ class RecordedRequest:
     sampling_parameters: dict[str, Any]
     requested_outputs: tuple[str, ...]
     embedding_request: dict[str, Any] | None
+    request_id: str = ""
 
 
 class BackendError(Exception):
@@ -429,7 +430,7 @@ class KServeStandIn:
         prompt = text[0].decode("utf-8") if text is not None else None
         requested = tuple(o.name for o in request.outputs)
         recorded = RecordedRequest(
-            model.name, rpc, prompt, flags, params, requested, embedding_request
+            model.name, rpc, prompt, flags, params, requested, embedding_request, request.id
         )
         self.requests.append(recorded)
         if self.record_path is not None:

@@ -30,11 +30,13 @@ class RecordingKServeEngine(KServeEngine):
     def _stream(
         self, values: Mapping[str, Any], request_id: str, outputs: tuple[str, ...] = ()
     ) -> AsyncIterator[service_pb2.ModelInferResponse]:
-        self.requests.append(_recorded(self.model_name, values, outputs))
+        self.requests.append(_recorded(self.model_name, values, outputs, request_id))
         return super()._stream(values, request_id, outputs)
 
 
-def _recorded(model: str, values: Mapping[str, Any], outputs: tuple[str, ...]) -> RecordedRequest:
+def _recorded(
+    model: str, values: Mapping[str, Any], outputs: tuple[str, ...], request_id: str
+) -> RecordedRequest:
     flags = {
         name: bool(value)
         for name, value in values.items()
@@ -49,4 +51,5 @@ def _recorded(model: str, values: Mapping[str, Any], outputs: tuple[str, ...]) -
         sampling_parameters=json.loads(values.get("sampling_parameters") or "{}"),
         requested_outputs=outputs,
         embedding_request=json.loads(embedding) if embedding is not None else None,
+        request_id=request_id,
     )

@@ -311,7 +311,8 @@ async def create_chat_completion(
                 param="skip_special_tokens",
             )
         sampling["skip_special_tokens"] = False
-    params = GenerateParams(prompt, sampling, stream, logprobs is not None, new_id("chatcmpl"))
+    request_id = new_id("chatcmpl", body.request_id)
+    params = GenerateParams(prompt, sampling, stream, logprobs is not None, request_id)
     n = body.n or 1
     if stream:
         report = UsageReport.of(body.stream_options)

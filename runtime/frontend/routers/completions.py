@@ -258,7 +258,7 @@ async def create_completion(
     prepared = _prepare(state, body)
     await _check_echo(state, body)
     n = body.n or 1
-    rid = new_id("cmpl")
+    rid = new_id("cmpl", body.request_id)
     want_logprobs = body.logprobs is not None
     top = body.logprobs or 0
     stream = bool(body.stream)
