@@ -188,6 +188,15 @@ _SAMPLING = (
         "in vLLM it changes only the text of slow (Python) tokenizers",
     ),
     FieldRule(
+        "return_token_ids",
+        Policy.HONOURED,
+        "extension, as in vLLM's server: the response carries prompt_token_ids (on each choice "
+        "of text completions, once for chat; the frontend's tokenization of the prompt, whose "
+        "count is usage.prompt_tokens) and each choice's token_ids (from the engine: the "
+        "frontend asks for sampling_parameters.logprobs, at least 0, whose entries are keyed by "
+        "token id); with stream a 400 (vLLM streams them)",
+    ),
+    FieldRule(
         "request_id",
         Policy.HONOURED,
         "extension, as in vLLM's server: the response's id is chatcmpl- or cmpl- and this id, "

@@ -264,6 +264,10 @@ class _Sampling(_Strict):
         description="Extension (vLLM): a space between special tokens in the text (slow "
         "tokenizers only).",
     )
+    return_token_ids: bool | None = Field(
+        default=None,
+        description="Extension (vLLM): the prompt's and each choice's token ids, not streamed.",
+    )
     request_id: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z0-9._:-]{1,128}$",

@@ -618,6 +618,25 @@ def _(p: Probe) -> None:
     assert sent["spaces_between_special_tokens"] is False
 
 
+@case(GEN, "return_token_ids")
+def _(p: Probe) -> None:
+    no_eos = {"logit_bias": {"0": -100}} if p.real else {}
+    reply = p.ok(return_token_ids=True, max_tokens=5, temperature=0, **no_eos)
+    choice = reply["choices"][0]
+    ids = choice["token_ids"]
+    prompt_ids = reply["prompt_token_ids"] if p.route == CHAT else choice["prompt_token_ids"]
+    assert ids and len(ids) == reply["usage"]["completion_tokens"]
+    # The logprobs asked for to learn the ids stay out of the response.
+    assert p.last().sampling_parameters["logprobs"] == 0 and choice["logprobs"] is None
+    if p.real:
+        assert p.served.state.tokenizer.decode(ids) == _text(p, reply)
+        assert prompt_ids == p.served.state.prompt_ids(p.last().text_input)
+        assert len(prompt_ids) == reply["usage"]["prompt_tokens"]
+    else:  # the toy's tokens are its words
+        assert ids == [toy_model.token_id(word) for word in _text(p, reply).split(" ")]
+    p.refused("return_token_ids", return_token_ids=True, stream=True)
+
+
 @case(GEN, "request_id")
 def _(p: Probe) -> None:
     prefix = "chatcmpl" if p.route == CHAT else "cmpl"

@@ -312,7 +312,7 @@ async def create_chat_completion(
             )
         sampling["skip_special_tokens"] = False
     request_id = new_id("chatcmpl", body.request_id)
-    params = GenerateParams(prompt, sampling, stream, logprobs is not None, request_id)
+    params = GenerateParams(prompt, sampling, stream, "logprobs" in sampling, request_id)
     n = body.n or 1
     if stream:
         report = UsageReport.of(body.stream_options)
@@ -336,11 +336,15 @@ async def create_chat_completion(
                 "finish_reason": finish,
             }
         )
+        if body.return_token_ids:
+            out[-1]["token_ids"] = [t.token_id for t in c.logprobs]
     completion_tokens = sum(c.tokens for c in choices)
     reply = {
         **envelope(params.request_id, "chat.completion", now(), body.model, out),
         "usage": usage(prompt_tokens, completion_tokens),
     }
+    if body.return_token_ids:
+        reply["prompt_token_ids"] = state.prompt_ids(prompt)
     if body.prompt_logprobs is not None:
         reply["prompt_logprobs"] = prompt_logprobs_field(
             generation.prompt_logprobs, body.prompt_logprobs, names

@@ -263,7 +263,7 @@ async def create_completion(
     top = body.logprobs or 0
     stream = bool(body.stream)
     params = [
-        GenerateParams(p, s, stream, want_logprobs, f"{rid}-{i}")
+        GenerateParams(p, s, stream, "logprobs" in s, f"{rid}-{i}")
         for i, (p, s) in enumerate(zip(prepared.prompts, prepared.samplings, strict=True))
     ]
     if stream:
@@ -299,6 +299,9 @@ async def create_completion(
                 "logprobs": _logprobs(entries, top, 0, names) if want_logprobs else None,
                 "finish_reason": c.finish_reason,
             }
+            if body.return_token_ids:
+                choice["prompt_token_ids"] = state.prompt_ids(prepared.prompts[p_index])
+                choice["token_ids"] = [t.token_id for t in c.logprobs]
             if body.prompt_logprobs is not None:
                 choice["prompt_logprobs"] = prompt_logprobs_field(
                     generation.prompt_logprobs, body.prompt_logprobs, names
