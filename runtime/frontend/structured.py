@@ -4,7 +4,7 @@ what the engine returned."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import jsonschema
@@ -285,16 +285,12 @@ class ChoiceRequirement:
     """Exactly one of ``choices`` (``structured_outputs.choice``)."""
 
     choices: tuple[str, ...]
-    _set: frozenset[str] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_set", frozenset(self.choices))
 
     def spec(self) -> dict[str, Any]:
         return {"choice": list(self.choices)}
 
     def validate(self, text: str, *, index: int, finish_reason: str | None = None) -> None:
-        if text in self._set:
+        if text in self.choices:
             return
         if finish_reason == "length":
             raise _truncated(index, "its choice")

@@ -39,12 +39,10 @@ class TokenNames:
         raw = None
         if token_id is not None and 0 <= token_id < len(self.table):
             raw = self.table[token_id]
-        if raw is None:
-            raw = text.encode("utf-8")
-            if not self.by_id:
-                return text, raw
         if self.by_id and token_id is not None:
-            return f"token_id:{token_id}", raw
+            return f"token_id:{token_id}", raw if raw is not None else text.encode("utf-8")
+        if raw is None:
+            return text, text.encode("utf-8")
         try:
             return raw.decode("utf-8"), raw
         except UnicodeDecodeError:

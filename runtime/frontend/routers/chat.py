@@ -280,9 +280,10 @@ async def create_chat_completion(
             param=field,
         )
     prompt = render_prompt(state, body, plan.template_tools)
+    prompt_ids = state.prompt_ids(prompt)
     max_tokens = resolve_max_tokens(
         body.max_completion_tokens or body.max_tokens,
-        state.prompt_tokens(prompt),
+        len(prompt_ids),
         state.settings.max_model_len,
         "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens",
         prompt_field="messages",
@@ -344,7 +345,7 @@ async def create_chat_completion(
         "usage": usage(prompt_tokens, completion_tokens),
     }
     if body.return_token_ids:
-        reply["prompt_token_ids"] = state.prompt_ids(prompt)
+        reply["prompt_token_ids"] = prompt_ids
     if body.prompt_logprobs is not None:
         reply["prompt_logprobs"] = prompt_logprobs_field(
             generation.prompt_logprobs, body.prompt_logprobs, names

@@ -150,10 +150,11 @@ def _default_max_tokens(
 
 @dataclass(frozen=True)
 class _Prepared:
-    """A request's prompts, each one's sampling parameters and echo, and the output
-    requirement every choice is checked against."""
+    """A request's prompts (as text and as the engine's token ids), each one's sampling
+    parameters and echo, and the output requirement every choice is checked against."""
 
     prompts: list[str]
+    prompt_ids: list[list[int]]
     samplings: list[dict[str, Any]]
     echoes: list[_Echo | None]
     requirement: OutputRequirement | None
@@ -199,8 +200,8 @@ def _prepare(state: FrontendState, body: CompletionRequest) -> _Prepared:
         )
     samplings = []
     echoes: list[_Echo | None] = []
-    for i, prompt in enumerate(prompts):
-        ids = state.prompt_ids(prompt)
+    all_ids = [state.prompt_ids(prompt) for prompt in prompts]
+    for i, (prompt, ids) in enumerate(zip(prompts, all_ids, strict=True)):
         prompt_tokens = len(ids)
         if prompt_tokens == 0:
             # vLLM refuses it ("The decoder prompt cannot be empty"); "" that the tokenizer
@@ -233,7 +234,7 @@ def _prepare(state: FrontendState, body: CompletionRequest) -> _Prepared:
         echoes.append(
             _Echo.of(state, prompt, body.max_tokens == 0, first_id) if body.echo else None
         )
-    return _Prepared(prompts, samplings, echoes, requirement)
+    return _Prepared(prompts, all_ids, samplings, echoes, requirement)
 
 
 async def _check_echo(state: FrontendState, body: CompletionRequest) -> None:
@@ -300,7 +301,7 @@ async def create_completion(
                 "finish_reason": c.finish_reason,
             }
             if body.return_token_ids:
-                choice["prompt_token_ids"] = state.prompt_ids(prepared.prompts[p_index])
+                choice["prompt_token_ids"] = prepared.prompt_ids[p_index]
                 choice["token_ids"] = [t.token_id for t in c.logprobs]
             if body.prompt_logprobs is not None:
                 choice["prompt_logprobs"] = prompt_logprobs_field(
