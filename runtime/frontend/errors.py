@@ -147,7 +147,8 @@ class InvalidOutputError(FrontendError):
 
 
 class TruncatedOutputError(InvalidRequestError):
-    """Output cut by the client's max_tokens broke the requested format (counted too)."""
+    """Output cut short by the client's max_tokens or stop sequences broke the requested format
+    (counted too)."""
 
 
 class ErrorDetail(BaseModel):

@@ -96,7 +96,10 @@ _SAMPLING = (
     FieldRule(
         "stop",
         Policy.HONOURED,
-        "sampling_parameters.stop; an empty stop string is a 400, as in vLLM",
+        "sampling_parameters.stop; an empty stop string is a 400, as in vLLM; beside "
+        "response_format, structured_outputs or a forced tool call, output that stops before "
+        "the format is complete is a 400 output_stopped (param stop), as the engine ends such "
+        "output only once complete",
     ),
     FieldRule("stream", Policy.HONOURED, "server-sent events; backend tensor stream=true"),
     FieldRule(
@@ -148,7 +151,8 @@ _SAMPLING = (
         "stop_token_ids",
         Policy.HONOURED,
         "extension, as in vLLM's server: sampling_parameters.stop_token_ids; ids outside the "
-        "model's vocabulary are a 400",
+        "model's vocabulary are a 400; constrained output they end early is a 400 "
+        "output_stopped, as for stop",
     ),
     FieldRule(
         "ignore_eos",

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncGenerator, Collection, Sequence
+from collections.abc import AsyncGenerator, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -26,12 +26,14 @@ __all__ = [
     "Generation",
     "UsageReport",
     "collect",
+    "counted_invalid_output",
     "envelope",
     "merge_streams",
     "new_id",
     "now",
     "openai_logprob",
     "prompt_logprobs_field",
+    "stop_field",
     "stream_outputs",
     "usage",
     "validated_output",
@@ -43,6 +45,42 @@ T = TypeVar("T")
 _LOGPROB_FLOOR = -9999.0
 
 
+def stop_field(
+    stop: str | Sequence[str] | None, stop_token_ids: Sequence[int] | None
+) -> str | None:
+    """The request field whose stop sequences can end a choice early, if the client sent one."""
+    if stop:
+        return "stop"
+    return "stop_token_ids" if stop_token_ids else None
+
+
+@contextlib.contextmanager
+def counted_invalid_output(
+    state: FrontendState, route: str, index: int, finish_reason: str | None, stop: str | None
+) -> Iterator[None]:
+    """Count output that breaks the format the engine was asked to hold, then raise it.
+
+    The engine ends such output only when it is complete, so a choice that stopped early while
+    the client sent ``stop`` sequences (named by ``stop``) was cut by them: a 400, not a 502.
+    """
+    try:
+        yield
+    except InvalidOutputError:
+        state.metrics.invalid_output.labels(state.settings.model_id, route).inc()
+        if finish_reason != "stop" or stop is None:
+            raise
+        raise TruncatedOutputError(
+            f"choice {index} stopped before the requested format was complete, and the "
+            f"request's {stop} can end output early; the response was withheld: leave {stop} "
+            "out, or send sequences that the requested output cannot contain",
+            param=stop,
+            code="output_stopped",
+        ) from None
+    except TruncatedOutputError:
+        state.metrics.invalid_output.labels(state.settings.model_id, route).inc()
+        raise
+
+
 def validated_output(
     state: FrontendState,
     route: str,
@@ -50,14 +88,13 @@ def validated_output(
     text: str,
     index: int,
     finish_reason: str | None,
+    stop: str | None = None,
 ) -> None:
     """Check a finished choice's text against the request's requirement; output that fails it
-    is counted on ``llm_serving_frontend_invalid_output``, then raised."""
-    try:
+    is counted on ``llm_serving_frontend_invalid_output``, then raised (see
+    :func:`counted_invalid_output` for ``stop``)."""
+    with counted_invalid_output(state, route, index, finish_reason, stop):
         requirement.validate(text, index=index, finish_reason=finish_reason)
-    except (InvalidOutputError, TruncatedOutputError):
-        state.metrics.invalid_output.labels(state.settings.model_id, route).inc()
-        raise
 
 
 def new_id(prefix: str, given: str | None = None) -> str:

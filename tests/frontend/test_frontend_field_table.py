@@ -240,6 +240,35 @@ def _(p: Probe) -> None:
     assert _text(p, reply).split() == words[:at]
     assert reply["choices"][0]["finish_reason"] == "stop"
 
+    # The engine applies stop sequences to constrained output too; one that cuts it short is the
+    # client's to fix, like max_tokens (a 400), not invalid output from the engine (a 502).
+    schema = {"type": "object", "properties": {"a": {"enum": ["x"]}}, "required": ["a"]}
+    strict = {"type": "json_schema", "json_schema": {"name": "a", "strict": True, "schema": schema}}
+    cut_short = (
+        {"structured_outputs": {"choice": ["alpha beta"]}, "stop": ["beta"]},
+        {"response_format": strict, "stop": ['"']},
+    )
+    for fields in cut_short:
+        _stopped(p.post(max_tokens=16, **fields))
+        _stopped(p.post(max_tokens=16, stream=True, **fields))
+    if p.route == CHAT:
+        named = {"type": "function", "function": {"name": "lookup"}}
+        forced = {"tools": [LOOKUP_TOOL], "tool_choice": named, "max_tokens": 90, "temperature": 0}
+        _stopped(p.post(stop=['"'], **forced))
+        assert p.ok(stop=["never in JSON"], **forced)["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def _stopped(response: httpx.Response) -> None:
+    """``response`` is the 400 ``output_stopped``, or a stream that ends with its error event
+    (one whose output failed only after its first chunk went out)."""
+    if response.headers["content-type"].startswith("text/event-stream"):
+        events = response.text.split("\n\n")
+        error = json.loads(events[-2].removeprefix("data: "))["error"]
+    else:
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+    assert error["code"] == "output_stopped" and error["param"] == "stop", error
+
 
 @case(GEN, "stream")
 def _(p: Probe) -> None:

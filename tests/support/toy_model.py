@@ -125,6 +125,19 @@ class ToyChoice:
         return sum(s.logprob for s in self.steps)
 
 
+def _append(choice: ToyChoice, piece: str, stops: list[str], keep_stop: bool) -> None:
+    """Add a token's text; like vLLM, a stop string that it completes ends the choice there."""
+    before = len(choice.text)
+    choice.text += piece
+    for s in stops:
+        # Only text that the new token completed is searched.
+        at = choice.text.find(s, max(0, before - len(s) + 1)) if s else -1
+        if at >= 0:
+            choice.text = choice.text[: at + len(s) if keep_stop else at]
+            choice.finish_reason = "stop"
+            return
+
+
 class ToyModel:
     """Deterministic generation over :data:`VOCAB`; ``invalid_json`` corrupts JSON outputs.
 
@@ -223,15 +236,7 @@ class ToyModel:
                     continue
                 piece = VOCAB[tok] if not choice.text else " " + VOCAB[tok]
                 choice.steps.append(ToyStep(tok, piece, lp[tok], {i: lp[i] for i in ranked}))
-                before = len(choice.text)
-                choice.text += piece
-                for s in stops:
-                    # Like vLLM, only text that the new token completed is searched.
-                    at = choice.text.find(s, max(0, before - len(s) + 1)) if s else -1
-                    if at >= 0:
-                        choice.text = choice.text[: at + len(s) if keep_stop else at]
-                        choice.finish_reason = "stop"
-                        break
+                _append(choice, piece, stops, keep_stop)
                 if choice.finish_reason is None and step == limit - 1:
                     choice.finish_reason = "length"
             yield choices
@@ -242,17 +247,26 @@ class ToyModel:
         self, choices: list[ToyChoice], text: str, params: dict[str, Any]
     ) -> Iterator[list[ToyChoice]]:
         words = text.split(" ")
-        # Like vLLM, a structured output cut by max_tokens is returned truncated ("length").
+        # Like vLLM, a structured output cut by max_tokens (or by a stop string) is returned
+        # truncated.
         limit = params.get("max_tokens") or 16
+        stops = params.get("stop") or []
+        stops = [stops] if isinstance(stops, str) else list(stops)
+        keep_stop = bool(params.get("include_stop_str_in_output"))
         for step, word in enumerate(words[:limit]):
             for choice in choices:
-                piece = word if step == 0 else " " + word
+                if choice.finish_reason is not None:
+                    continue
                 tid = token_id(word)
+                piece = word if step == 0 else " " + word
                 choice.steps.append(ToyStep(tid, piece, -0.5, {tid: -0.5}))
-                choice.text += piece
+                _append(choice, piece, stops, keep_stop)
             yield choices
+            if all(c.finish_reason is not None for c in choices):
+                return
         for choice in choices:
-            choice.finish_reason = "stop" if len(words) <= limit else "length"
+            if choice.finish_reason is None:
+                choice.finish_reason = "stop" if len(words) <= limit else "length"
         yield choices
 
     def _emit_script(

@@ -16,9 +16,7 @@ from runtime.frontend.engine import GenerateParams, TokenLogprob
 from runtime.frontend.errors import (
     NOT_GENERATING,
     FieldRefusedError,
-    InvalidOutputError,
     InvalidRequestError,
-    TruncatedOutputError,
     error_responses,
 )
 from runtime.frontend.fields import check_fields
@@ -26,11 +24,13 @@ from runtime.frontend.generation import (
     ChunkFrame,
     UsageReport,
     collect,
+    counted_invalid_output,
     envelope,
     new_id,
     now,
     openai_logprob,
     prompt_logprobs_field,
+    stop_field,
     stream_outputs,
     usage,
     validated_output,
@@ -193,10 +193,11 @@ def _check(state: FrontendState, body: ChatCompletionRequest) -> None:
         raise InvalidRequestError("stream_options requires stream=true", param="stream_options")
 
 
-# TruncatedOutputError is a 400 too: the client's max_tokens broke the format it asked for.
+# TruncatedOutputError is a 400 too: the client's max_tokens or stop broke the format it asked for.
 _INVALID = (
     "Invalid request: a refused field or value (param names it), a body that is not JSON, or "
-    "output that max_tokens cut before it met response_format or finished a tool call"
+    "output that max_tokens or a stop sequence cut before it met response_format or finished a "
+    "tool call"
 )
 
 
@@ -324,11 +325,12 @@ async def create_chat_completion(
     )
     choices, prompt_tokens = generation.choices, generation.prompt_tokens
     names = state.token_names.for_request(body.return_tokens_as_token_ids)
+    stop = stop_field(body.stop, body.stop_token_ids)
     out = []
     for i, c in enumerate(choices):
         if requirement is not None:
-            validated_output(state, ROUTE, requirement, c.text, i, c.finish_reason)
-        message, finish = _message(state, plan, c.text, c.finish_reason)
+            validated_output(state, ROUTE, requirement, c.text, i, c.finish_reason, stop)
+        message, finish = _message(state, plan, c.text, c.finish_reason, i, stop)
         out.append(
             {
                 "index": i,
@@ -354,28 +356,38 @@ async def create_chat_completion(
     return JSONResponse(reply)
 
 
-def _parsed(state: FrontendState, parser: ToolStream, text: str, finish: str | None) -> ToolDelta:
+def _parsed(
+    state: FrontendState,
+    parser: ToolStream,
+    text: str,
+    finish: str | None,
+    index: int,
+    stop: str | None,
+) -> ToolDelta:
     """Feed a choice's new text (and its end) to its tool-call parser.
 
-    Output that breaks the tool-call format is counted, then raised.
+    Output that breaks the tool-call format is counted, then raised; ``stop`` names the
+    request's stop sequences where the engine forced the call (:func:`counted_invalid_output`).
     """
-    try:
+    with counted_invalid_output(state, ROUTE, index, finish, stop):
         piece = parser.feed(text)
         if finish is not None:
             piece.extend(parser.finish(finish))
         return piece
-    except (InvalidOutputError, TruncatedOutputError):
-        state.metrics.invalid_output.labels(state.settings.model_id, ROUTE).inc()
-        raise
 
 
 def _message(
-    state: FrontendState, plan: ToolPlan, text: str, finish: str | None
+    state: FrontendState,
+    plan: ToolPlan,
+    text: str,
+    finish: str | None,
+    index: int,
+    stop: str | None,
 ) -> tuple[dict[str, Any], str | None]:
     parser = tool_stream(plan)
     if parser is None:
         return {"role": "assistant", "content": text}, finish
-    _parsed(state, parser, text, finish)
+    _parsed(state, parser, text, finish, index, stop if plan.forced is not None else None)
     if not parser.calls:
         return {"role": "assistant", "content": text}, finish
     message: dict[str, Any] = {"role": "assistant", "content": parser.content}
@@ -399,6 +411,8 @@ async def _events(
     started = [False] * n
     done = [False] * n
     parsers = [tool_stream(plan) for _ in range(n)]
+    stop = stop_field(body.stop, body.stop_token_ids)
+    forced_stop = stop if plan.forced is not None else None
     prompt_tokens = completion_tokens = 0
     kind = "chat.completion.chunk"
     frame = ChunkFrame(params.request_id, kind, created, body.model, report.final)
@@ -417,12 +431,14 @@ async def _events(
                 if finish is not None:
                     done[c.index] = True
                     if requirement is not None:
-                        validated_output(state, ROUTE, requirement, texts[c.index], c.index, finish)
+                        validated_output(
+                            state, ROUTE, requirement, texts[c.index], c.index, finish, stop
+                        )
                 parser = parsers[c.index]
                 if parser is None:
                     delta: dict[str, Any] = {"content": c.text}
                 else:
-                    piece = _parsed(state, parser, c.text, finish)
+                    piece = _parsed(state, parser, c.text, finish, c.index, forced_stop)
                     delta = {}
                     if piece.content:
                         delta["content"] = piece.content

@@ -31,6 +31,7 @@ from runtime.frontend.generation import (
     now,
     openai_logprob,
     prompt_logprobs_field,
+    stop_field,
     stream_outputs,
     usage,
     validated_output,
@@ -281,13 +282,16 @@ async def create_completion(
     choices = []
     prompt_tokens = completion_tokens = 0
     names = state.token_names.for_request(body.return_tokens_as_token_ids)
+    stop = stop_field(body.stop, body.stop_token_ids)
     for p_index, generation in enumerate(results):
         prompt_tokens += generation.prompt_tokens
         echo = prepared.echoes[p_index]
         for c_index, c in enumerate(generation.choices):
             index = p_index * n + c_index
             if prepared.requirement is not None:
-                validated_output(state, ROUTE, prepared.requirement, c.text, index, c.finish_reason)
+                validated_output(
+                    state, ROUTE, prepared.requirement, c.text, index, c.finish_reason, stop
+                )
             completion_tokens += c.tokens
             text = c.text
             entries: Sequence[TokenLogprob | _Unscored] = c.logprobs
@@ -399,8 +403,11 @@ async def _events(
     frame = ChunkFrame(rid, "text_completion", created, body.model, report.final)
     names = state.token_names.for_request(body.return_tokens_as_token_ids)
     requirement = prepared.requirement
+    stop = stop_field(body.stop, body.stop_token_ids)
     validate = (
-        partial(validated_output, state, ROUTE, requirement) if requirement is not None else None
+        partial(validated_output, state, ROUTE, requirement, stop=stop)
+        if requirement is not None
+        else None
     )
     sent = [
         _PromptChoices(i, n, echo, top if p.logprobs else None, names, validate)
