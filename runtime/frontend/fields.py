@@ -198,7 +198,9 @@ _SAMPLING = (
         "of text completions, once for chat; the frontend's tokenization of the prompt, whose "
         "count is usage.prompt_tokens) and each choice's token_ids (from the engine: the "
         "frontend asks for sampling_parameters.logprobs, at least 0, whose entries are keyed by "
-        "token id); with stream a 400 (vLLM streams them)",
+        "token id); streamed as in vLLM, each chunk's choice carries its tokens' token_ids "
+        "and the prompt_token_ids come once (on each choice's first chunk of text completions, "
+        "on chat's first chunk)",
     ),
     FieldRule(
         "request_id",

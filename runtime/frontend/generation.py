@@ -163,8 +163,8 @@ def envelope(
 class ChunkFrame:
     """A stream's chunk envelope serialized once; each chunk then encodes only its choices.
 
-    ``encode`` returns the server-sent event: the :func:`envelope` with these choices (and
-    ``"usage": null`` when usage is streamed), compact JSON in UTF-8.
+    ``encode`` returns the server-sent event: the :func:`envelope` with these choices, then any
+    ``fields`` (and ``"usage": null`` when usage is streamed), compact JSON in UTF-8.
     """
 
     def __init__(
@@ -173,18 +173,20 @@ class ChunkFrame:
         empty = orjson.dumps(envelope(request_id, object_type, created, model, []))
         # The envelope ends with its choices: cut the empty list open.
         self._head = b"data: " + empty[: -len(b"]}")]
-        self._tail = b'],"usage":null}\n\n' if include_usage else b"]}\n\n"
+        self._tail = b',"usage":null}\n\n' if include_usage else b"}\n\n"
 
-    def encode(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+    def encode(
+        self,
+        choices: list[dict[str, Any]],
+        usage: dict[str, int] | None = None,
+        fields: dict[str, Any] | None = None,
+    ) -> bytes:
+        chunk = self._head + orjson.dumps(choices)[1:-1] + b"]"
+        if fields:
+            chunk += b"," + orjson.dumps(fields)[1:-1]
         if usage is None:
-            return self._head + orjson.dumps(choices)[1:-1] + self._tail
-        return (
-            self._head
-            + orjson.dumps(choices)[1:-1]
-            + b'],"usage":'
-            + orjson.dumps(usage)
-            + b"}\n\n"
-        )
+            return chunk + self._tail
+        return chunk + b',"usage":' + orjson.dumps(usage) + b"}\n\n"
 
 
 @dataclass(frozen=True)

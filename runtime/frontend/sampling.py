@@ -212,12 +212,6 @@ def build_sampling(
             param="return_tokens_as_token_ids",
         )
     if request.return_token_ids:
-        if request.stream:
-            raise InvalidRequestError(
-                "return_token_ids comes with the whole response here, not with a stream; send "
-                "stream false, or leave return_token_ids out",
-                param="return_token_ids",
-            )
         # Triton's backend returns no token ids, but each logprobs entry is keyed by one.
         params.setdefault("logprobs", 0)
     if structured is not None:

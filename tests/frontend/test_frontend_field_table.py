@@ -669,7 +669,26 @@ def _(p: Probe) -> None:
         assert len(prompt_ids) == reply["usage"]["prompt_tokens"]
     else:  # the toy's tokens are its words
         assert ids == [toy_model.token_id(word) for word in _text(p, reply).split(" ")]
-    p.refused("return_token_ids", return_token_ids=True, stream=True)
+
+    # Streamed as vLLM streams them: each chunk's own tokens, the prompt's ids once, up front.
+    usage = {"include_usage": True}
+    events = _sse(
+        p.post(
+            return_token_ids=True,
+            max_tokens=5,
+            temperature=0,
+            stream=True,
+            stream_options=usage,
+            **no_eos,
+        )
+    )
+    chunks = [e for e in events if e["choices"]]
+    assert [i for e in chunks for i in e["choices"][0]["token_ids"]] == ids
+    holders = chunks if p.route == CHAT else [e["choices"][0] for e in chunks]
+    assert holders[0]["prompt_token_ids"] == prompt_ids
+    assert not any("prompt_token_ids" in h for h in holders[1:])
+    assert all(e["choices"][0]["logprobs"] is None for e in chunks)
+    assert events[-1]["usage"]["completion_tokens"] == len(ids)
 
 
 @case(GEN, "request_id")

@@ -318,7 +318,8 @@ async def create_chat_completion(
     n = body.n or 1
     if stream:
         report = UsageReport.of(body.stream_options)
-        events = _events(state, body, params, n, requirement, plan, report, top)
+        ids = prompt_ids if body.return_token_ids else None
+        events = _events(state, body, params, n, requirement, plan, report, top, ids)
         return await sse_response(state, events)
     generation = await run_until_disconnect(
         request, collect(state.engine, params, n), state.settings.request_timeout_s
@@ -404,7 +405,10 @@ async def _events(
     plan: ToolPlan,
     report: UsageReport,
     top: int,
+    prompt_ids: list[int] | None,
 ) -> AsyncGenerator[bytes | dict[str, Any], None]:
+    """The stream's chunks; ``prompt_ids`` (with ``return_token_ids``) go on the first, and
+    every choice then carries its tokens' ids."""
     created = now()
     names = state.token_names.for_request(body.return_tokens_as_token_ids)
     texts = [""] * n
@@ -447,23 +451,26 @@ async def _events(
                     if finish is not None and parser.calls:
                         finish = "tool_calls"
                     # Held-back text makes some outputs say nothing yet; they carry no chunk
-                    # unless their tokens' log-probabilities must go out.
+                    # unless their tokens' log-probabilities or ids must go out.
                     if not delta and finish is None and not params.logprobs:
                         continue
                 if not started[c.index]:
                     started[c.index] = True
                     delta["role"] = "assistant"
-                deltas.append(
-                    {
-                        "index": c.index,
-                        "delta": delta,
-                        "logprobs": _logprobs(c.logprobs, top, names) if params.logprobs else None,
-                        "finish_reason": finish,
-                    }
-                )
+                choice = {
+                    "index": c.index,
+                    "delta": delta,
+                    "logprobs": _logprobs(c.logprobs, top, names) if body.logprobs else None,
+                    "finish_reason": finish,
+                }
+                if body.return_token_ids:
+                    choice["token_ids"] = [t.token_id for t in c.logprobs]
+                deltas.append(choice)
             if deltas:
                 so_far = usage(prompt_tokens, completion_tokens) if report.continuous else None
-                yield frame.encode(deltas, so_far)
+                first = {"prompt_token_ids": prompt_ids} if prompt_ids is not None else None
+                prompt_ids = None
+                yield frame.encode(deltas, so_far, first)
     if report.final:
         final = envelope(params.request_id, kind, created, body.model, [])
         final["usage"] = usage(prompt_tokens, completion_tokens)

@@ -332,7 +332,10 @@ class _PromptChoices:
         top: int | None,
         names: TokenNames,
         validate: Callable[[str, int, str | None], None] | None,
+        prompt_ids: list[int] | None,
     ) -> None:
+        """``prompt_ids`` (with ``return_token_ids``) go on each choice's first chunk, and every
+        chunk then carries its tokens' ids."""
         self.index = index
         self.n = n
         self.echo = echo
@@ -342,6 +345,8 @@ class _PromptChoices:
         # Each choice's generated text so far, for ``validate`` when it ends.
         self.texts = [""] * n if validate is not None else []
         self.echoed = [echo is None] * n
+        self.prompt_ids = prompt_ids
+        self.started = [False] * n
         self.done = [False] * n
         self.offsets = [0] * n
         self.prompt_tokens = 0
@@ -375,16 +380,20 @@ class _PromptChoices:
                 elif self.echo.only:
                     text, entries = "", []
             self.done[c.index] = c.finish_reason is not None
-            deltas.append(
-                {
-                    "index": index,
-                    "text": text,
-                    "logprobs": _logprobs(entries, self.top, self.offsets[c.index], self.names)
-                    if self.top is not None
-                    else None,
-                    "finish_reason": c.finish_reason,
-                }
-            )
+            delta = {
+                "index": index,
+                "text": text,
+                "logprobs": _logprobs(entries, self.top, self.offsets[c.index], self.names)
+                if self.top is not None
+                else None,
+                "finish_reason": c.finish_reason,
+            }
+            if self.prompt_ids is not None:
+                if not self.started[c.index]:
+                    self.started[c.index] = True
+                    delta["prompt_token_ids"] = self.prompt_ids
+                delta["token_ids"] = [t.token_id for t in c.logprobs]
+            deltas.append(delta)
             self.offsets[c.index] += len(text)
         return deltas
 
@@ -410,8 +419,16 @@ async def _events(
         else None
     )
     sent = [
-        _PromptChoices(i, n, echo, top if p.logprobs else None, names, validate)
-        for i, (echo, p) in enumerate(zip(prepared.echoes, params, strict=True))
+        _PromptChoices(
+            i,
+            n,
+            echo,
+            top if body.logprobs is not None else None,
+            names,
+            validate,
+            ids if body.return_token_ids else None,
+        )
+        for i, (echo, ids) in enumerate(zip(prepared.echoes, prepared.prompt_ids, strict=True))
     ]
     # Prompts stream at once, their chunks interleaved as they come. Closed here, not left to
     # the garbage collector, so every prompt's backend request ends now.
