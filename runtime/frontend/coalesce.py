@@ -24,10 +24,12 @@ def merge_outputs(outputs: list[EngineOutput]) -> EngineOutput:
     if len(outputs) == 1:
         return outputs[0]
     merged: dict[int, ChoiceOutput] = {}
-    prompt_tokens = None
+    prompt_tokens = cached_tokens = None
     for output in outputs:
         if output.prompt_tokens is not None:
             prompt_tokens = output.prompt_tokens
+        if output.cached_tokens is not None:
+            cached_tokens = output.cached_tokens
         for c in output.choices:
             before = merged.get(c.index)
             if before is None:
@@ -44,6 +46,7 @@ def merge_outputs(outputs: list[EngineOutput]) -> EngineOutput:
         choices=tuple(merged.values()),
         prompt_tokens=prompt_tokens,
         finished=outputs[-1].finished,
+        cached_tokens=cached_tokens,
     )
 
 

@@ -31,13 +31,15 @@ class TokenLogprob:
 
 @dataclass(frozen=True)
 class GenerateParams:
-    """One generation: the prompt text, the backend's ``sampling_parameters`` and flags."""
+    """One generation: the prompt text, the backend's ``sampling_parameters`` and flags, and
+    the prefix cache's ``cache_salt``."""
 
     prompt: str
     sampling: dict[str, Any]
     stream: bool
     logprobs: bool
     request_id: str
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -54,12 +56,14 @@ class ChoiceOutput:
 @dataclass(frozen=True)
 class EngineOutput:
     """New outputs of every choice; the prompt's token count and, when the sampling
-    parameters ask for ``prompt_logprobs``, each prompt position's (the first has none)."""
+    parameters ask for ``prompt_logprobs``, each prompt position's (the first has none);
+    on the last, where the backend counts them, the prompt tokens its prefix cache served."""
 
     choices: tuple[ChoiceOutput, ...]
     prompt_tokens: int | None = None
     finished: bool = False
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    cached_tokens: int | None = None
 
 
 @dataclass(frozen=True)

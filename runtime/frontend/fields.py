@@ -211,6 +211,15 @@ _SAMPLING = (
         "replace it (that header names the request in the access log)",
     ),
     FieldRule(
+        "cache_salt",
+        Policy.HONOURED,
+        "extension, as in vLLM's server: a non-empty string (else a 400) that the "
+        "llm_serving_vllm backend gives vLLM with the prompt, so that only requests with the "
+        "same salt share prefix-cached blocks (one salt per tenant keeps another tenant from "
+        "timing its prompts against the cache); sent as Triton's cache_salt request parameter; "
+        "a 400 against the stock backend, which would drop it",
+    ),
+    FieldRule(
         "prompt_logprobs",
         Policy.HONOURED,
         "extension, as in vLLM's server: sampling_parameters.prompt_logprobs; the response "

@@ -137,13 +137,19 @@ def prompt_logprobs_field(
     return out
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    """The OpenAI ``usage`` object."""
-    return {
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+) -> dict[str, Any]:
+    """The OpenAI ``usage`` object; ``prompt_tokens_details`` where the backend counted the
+    prompt tokens its prefix cache served."""
+    reply: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        reply["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return reply
 
 
 def envelope(
@@ -285,11 +291,13 @@ class Collected:
 @dataclass
 class Generation:
     """A non-streamed generation: its choices, the prompt's token count and, when the
-    sampling parameters ask for them, the prompt's log-probabilities."""
+    sampling parameters ask for them, the prompt's log-probabilities; the prompt tokens the
+    prefix cache served, where the backend counts them."""
 
     choices: list[Collected]
     prompt_tokens: int = 0
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    cached_tokens: int | None = None
 
 
 async def collect(engine: Engine, params: GenerateParams, n: int) -> Generation:
@@ -300,6 +308,8 @@ async def collect(engine: Engine, params: GenerateParams, n: int) -> Generation:
             result.prompt_tokens = output.prompt_tokens
         if result.prompt_logprobs is None:
             result.prompt_logprobs = output.prompt_logprobs
+        if output.cached_tokens is not None:
+            result.cached_tokens = output.cached_tokens
         for c in output.choices:
             slot = result.choices[c.index]
             slot.text += c.text

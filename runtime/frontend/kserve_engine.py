@@ -47,7 +47,12 @@ from runtime.frontend.errors import (
     NotSupportedError,
 )
 from runtime.frontend.tensors import INPUT_SHAPE, input_tensor
-from runtime.serving_backend import INVALID_PARAMETERS, PROMPT_LOGPROBS_OUTPUT
+from runtime.serving_backend import (
+    CACHE_SALT_PARAMETER,
+    CACHED_TOKENS_OUTPUT,
+    INVALID_PARAMETERS,
+    PROMPT_LOGPROBS_OUTPUT,
+)
 
 __all__ = ["PROMPT_LOGPROBS_OUTPUT", "KServeEngine", "prompt_token_logprobs"]
 
@@ -96,14 +101,21 @@ def _channel_options() -> list[tuple[str, Any]]:
 
 
 def _request(
-    model: str, request_id: str, values: Mapping[str, Any], outputs: tuple[str, ...] = ()
+    model: str,
+    request_id: str,
+    values: Mapping[str, Any],
+    outputs: tuple[str, ...] = (),
+    parameters: Mapping[str, str] | None = None,
 ) -> service_pb2.ModelInferRequest:
-    """A ``ModelInferRequest`` with every input as raw contents, as tritonclient encodes them.
+    """A ``ModelInferRequest`` with every input as raw contents, as tritonclient encodes them,
+    and ``parameters`` as the request's string parameters.
 
     The wire type comes from the tensor table, so every tensor sent here is declared there
     (the table ``llm-serving package verify`` checks python backend models against).
     """
     request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+    for key, text in (parameters or {}).items():
+        request.parameters[key].string_param = text
     for name, value in values.items():
         wire_type = input_tensor(name).wire_type
         request.inputs.add(name=name, datatype=wire_type, shape=INPUT_SHAPE)
@@ -286,11 +298,15 @@ class KServeEngine(Engine):
         return self._outputs
 
     async def _stream(
-        self, values: Mapping[str, Any], request_id: str, outputs: tuple[str, ...] = ()
+        self,
+        values: Mapping[str, Any],
+        request_id: str,
+        outputs: tuple[str, ...] = (),
+        parameters: Mapping[str, str] | None = None,
     ) -> AsyncIterator[service_pb2.ModelInferResponse]:
         if self._infer is None:
             raise BackendUnavailableError("the engine is not started")
-        call = self._infer(_request(self.model_name, request_id, values, outputs))
+        call = self._infer(_request(self.model_name, request_id, values, outputs, parameters))
         try:
             while True:
                 message = await call.read()
@@ -328,6 +344,16 @@ class KServeEngine(Engine):
                     f"model '{self.model_name}' runs the stock Triton vLLM backend, which {stock}; "
                     f"the serving image's llm_serving_vllm backend {ours}",
                 )
+        parameters = None
+        if params.cache_salt is not None:
+            if CACHED_TOKENS_OUTPUT not in await self._declared_outputs():
+                raise FieldRefusedError(
+                    "cache_salt",
+                    f"model '{self.model_name}' runs a Triton vLLM backend that would drop it "
+                    "(the stock one, or an llm_serving_vllm older than cache_salt); the serving "
+                    "image's llm_serving_vllm backend gives it to vLLM",
+                )
+            parameters = {CACHE_SALT_PARAMETER: params.cache_salt}
         values = {
             "text_input": params.prompt,
             "stream": params.stream,
@@ -339,8 +365,12 @@ class KServeEngine(Engine):
             "return_logprobs": params.logprobs,
         }
         # The stand-ins and Triton alike return prompt_logprobs only when it is asked for.
-        wanted = _ECHO_OUTPUTS if "prompt_logprobs" in params.sampling else ()
-        async for response in self._stream(values, params.request_id, wanted):
+        wanted: tuple[str, ...] = ()
+        if "prompt_logprobs" in params.sampling:
+            wanted = _ECHO_OUTPUTS
+            if CACHED_TOKENS_OUTPUT in await self._declared_outputs():
+                wanted += (CACHED_TOKENS_OUTPUT,)
+        async for response in self._stream(values, params.request_id, wanted, parameters):
             outputs = _outputs(response)
             texts = outputs.get("text_output", [])
             reasons = outputs.get("finish_reason") or [_NOT_FINISHED] * len(texts)
@@ -366,11 +396,13 @@ class KServeEngine(Engine):
             )
             finished = all(c.finish_reason is not None for c in choices)
             prompt_logprobs = outputs.get(PROMPT_LOGPROBS_OUTPUT)
+            cached = outputs.get(CACHED_TOKENS_OUTPUT)
             yield EngineOutput(
                 choices=choices,
                 prompt_tokens=prompt_tokens[0] if prompt_tokens else None,
                 finished=finished,
                 prompt_logprobs=_prompt_logprobs(prompt_logprobs[0]) if prompt_logprobs else None,
+                cached_tokens=cached[0] if cached else None,
             )
             if finished:
                 return

@@ -266,12 +266,18 @@ class _Sampling(_Strict):
     )
     return_token_ids: bool | None = Field(
         default=None,
-        description="Extension (vLLM): the prompt's and each choice's token ids, not streamed.",
+        description="Extension (vLLM): the prompt's and each choice's token ids.",
     )
     request_id: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z0-9._:-]{1,128}$",
         description="Extension (vLLM): the response's id, after its prefix.",
+    )
+    cache_salt: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Extension (vLLM): only requests with the same salt share prefix-cached "
+        "prompt blocks.",
     )
     prompt_logprobs: int | None = Field(
         default=None,

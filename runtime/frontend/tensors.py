@@ -61,6 +61,8 @@ FRONTEND_OUTPUTS = (
     FrontendTensor("num_output_tokens", "TYPE_UINT32", required=False),
     # Only backends that return vLLM's prompt log-probabilities declare it (scoring).
     FrontendTensor("prompt_logprobs", "TYPE_STRING", required=False),
+    # The llm_serving_vllm backend's count of prompt tokens the prefix cache served.
+    FrontendTensor("num_cached_tokens", "TYPE_UINT32", required=False),
 )
 _INPUTS = {t.name: t for t in FRONTEND_INPUTS}
 

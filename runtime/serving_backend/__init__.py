@@ -1,5 +1,6 @@
 """The Triton backend the serving image renders for ``vllm`` packages: NVIDIA's stock vLLM
-backend, unchanged, plus vLLM's prompt log-probabilities for the requests that ask for them.
+backend, unchanged, plus vLLM's prompt log-probabilities for the requests that ask for them,
+each request's prefix-cached prompt tokens, and vLLM's per-request ``cache_salt``.
 
 ``/v1/score`` ranks candidates by log p(candidate | prompt) from one prefill, which needs vLLM's
 ``RequestOutput.prompt_logprobs``; the stock backend neither declares an output for them nor
@@ -28,6 +29,8 @@ from pathlib import Path
 
 __all__ = [
     "BACKEND_NAME",
+    "CACHED_TOKENS_OUTPUT",
+    "CACHE_SALT_PARAMETER",
     "DEFAULT_STOCK_BACKEND_DIR",
     "INVALID_PARAMETERS",
     "MODEL_FILE",
@@ -47,6 +50,13 @@ DEFAULT_STOCK_BACKEND_DIR = Path("/opt/tritonserver/backends") / STOCK_BACKEND_N
 STOCK_BACKEND_DIR_ENV = "LLM_SERVING_STOCK_VLLM_BACKEND_DIR"
 #: The output this backend adds: per request, one JSON string of ``RequestOutput.prompt_logprobs``.
 PROMPT_LOGPROBS_OUTPUT = "prompt_logprobs"
+#: The output this backend adds to a generation's last response: vLLM's
+#: ``RequestOutput.num_cached_tokens``, the prompt tokens its prefix cache served.
+CACHED_TOKENS_OUTPUT = "num_cached_tokens"
+#: The request parameter (KServe ``parameters``, beside the ``sampling_parameters`` tensor)
+#: whose string becomes the prompt's ``cache_salt``: only requests with the same salt share
+#: cached prefix blocks.
+CACHE_SALT_PARAMETER = "cache_salt"
 #: How the backend begins the reason for a request that vLLM refuses as given (its sampling
 #: parameters, or a structured output that does not compile); the frontend answers it as a 400.
 INVALID_PARAMETERS = "invalid sampling parameters"

@@ -1,14 +1,18 @@
-"""The stock vLLM backend with one more output: ``prompt_logprobs``, for ``/v1/score``.
+"""The stock vLLM backend with two more outputs, ``prompt_logprobs`` (for ``/v1/score``) and
+``num_cached_tokens``, and vLLM's ``cache_salt`` taken from a request parameter.
 
 Two subclasses, each deferring everything it does not change to NVIDIA's code:
 
 - `TritonPythonModel` auto-completes the model configuration as the stock model does, then
-  declares ``prompt_logprobs`` (TYPE_STRING) unless ``config.pbtxt`` already does; it answers a
+  declares ``prompt_logprobs`` (TYPE_STRING) and ``num_cached_tokens`` (TYPE_UINT32) unless
+  ``config.pbtxt`` already does; it answers a
   request whose sampling parameters vLLM cannot take with the reason
   (:mod:`runtime.serving_backend.sampling_parameters`) before the stock code sees it;
 - `ScoringGenerateRequest` builds each generate response as the stock ``GenerateRequest``
   does, then, when vLLM returned prompt log-probabilities (the request's sampling parameters
-  set ``prompt_logprobs``), appends them as that output, once per request; it also hands the
+  set ``prompt_logprobs``), appends them as that output, once per request, and the count of
+  prompt tokens served from the prefix cache to the last response; it gives vLLM the prompt
+  with the request's ``cache_salt`` parameter, if it has one; it also hands the
   stock code vLLM's outputs with every choice of an ``n > 1`` request in them
   (:mod:`runtime.serving_backend.choices`), and ``logit_bias`` with integer token ids; streamed,
   it skips the outputs that vLLM's ``stream_interval`` would not have sent
@@ -33,7 +37,12 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from vllm.v1.engine.exceptions import EngineGenerateError
 
-from runtime.serving_backend import INVALID_PARAMETERS, PROMPT_LOGPROBS_OUTPUT
+from runtime.serving_backend import (
+    CACHE_SALT_PARAMETER,
+    CACHED_TOKENS_OUTPUT,
+    INVALID_PARAMETERS,
+    PROMPT_LOGPROBS_OUTPUT,
+)
 from runtime.serving_backend.choices import ChoiceMerger
 from runtime.serving_backend.prompt_logprobs import encode_prompt_logprobs
 from runtime.serving_backend.sampling_parameters import (
@@ -49,6 +58,7 @@ from runtime.serving_backend.stream_interval import (
 )
 
 __all__ = [
+    "CACHED_TOKENS_CONFIG",
     "PROMPT_LOGPROBS_CONFIG",
     "ScoringGenerateRequest",
     "TritonPythonModel",
@@ -59,6 +69,8 @@ _stock: Any = load_stock_backend()
 
 #: The output this backend declares; per-request, like the stock ``logprobs`` output.
 PROMPT_LOGPROBS_CONFIG = {"name": PROMPT_LOGPROBS_OUTPUT, "data_type": "TYPE_STRING", "dims": [-1]}
+#: Typed as the stock ``num_input_tokens``.
+CACHED_TOKENS_CONFIG = {"name": CACHED_TOKENS_OUTPUT, "data_type": "TYPE_UINT32", "dims": [1]}
 # Set in a request's response state once its prompt log-probabilities went out: vLLM repeats
 # them on every streamed output (cumulative mode) or sends them once then [] (delta mode).
 _SENT = "llm_serving_prompt_logprobs_sent"
@@ -77,11 +89,22 @@ class ScoringGenerateRequest(_stock.GenerateRequest):
         engine_interval = engine_stream_interval(generate)
         self._interval = engine_interval
 
-        def with_int_logit_bias(prompt: Any, sampling_params: Any, *rest: Any, **kw: Any) -> Any:
+        def adjusted(prompt: Any, sampling_params: Any, *rest: Any, **kw: Any) -> Any:
             self._interval = request_stream_interval(sampling_params, engine_interval)
+            salt = _cache_salt(self.triton_request)
+            if salt is not None:
+                # vLLM's TextPrompt; the stock code makes one itself only for images.
+                prompt = (
+                    {**prompt, "cache_salt": salt}
+                    if isinstance(prompt, dict)
+                    else {
+                        "prompt": prompt,
+                        "cache_salt": salt,
+                    }
+                )
             return generate(prompt, int_logit_bias(sampling_params), *rest, **kw)
 
-        self.executor_callback = with_int_logit_bias
+        self.executor_callback = adjusted
 
     async def execute(self) -> Any:
         """The stock request's vLLM outputs, each holding all ``n`` choices; streamed, those
@@ -110,21 +133,29 @@ class ScoringGenerateRequest(_stock.GenerateRequest):
         self, request_output: Any, request_output_state: dict[str, Any], prepend_input: bool
     ) -> Any:
         """The stock response for ``request_output``, plus ``prompt_logprobs`` the first time
-        vLLM's ``RequestOutput.prompt_logprobs`` is non-empty."""
+        vLLM's ``RequestOutput.prompt_logprobs`` is non-empty, and ``num_cached_tokens`` on the
+        last."""
         response = super().create_response(
             request_output=request_output,
             request_output_state=request_output_state,
             prepend_input=prepend_input,
         )
+        added = []
         positions = request_output.prompt_logprobs
-        if not positions or request_output_state.get(_SENT):
+        if positions and not request_output_state.get(_SENT):
+            request_output_state[_SENT] = True
+            added.append(
+                pb_utils.Tensor(
+                    PROMPT_LOGPROBS_OUTPUT,
+                    np.asarray([encode_prompt_logprobs(positions)], dtype=np.object_),
+                )
+            )
+        cached = request_output.num_cached_tokens
+        if request_output.finished and cached is not None:
+            added.append(pb_utils.Tensor(CACHED_TOKENS_OUTPUT, np.asarray([cached], np.uint32)))
+        if not added:
             return response
-        request_output_state[_SENT] = True
-        tensor = pb_utils.Tensor(
-            PROMPT_LOGPROBS_OUTPUT,
-            np.asarray([encode_prompt_logprobs(positions)], dtype=np.object_),
-        )
-        return pb_utils.InferenceResponse(output_tensors=[*response.output_tensors(), tensor])
+        return pb_utils.InferenceResponse(output_tensors=[*response.output_tensors(), *added])
 
 
 def _parameters_text(request: Any) -> str:
@@ -138,6 +169,15 @@ def _parameters_text(request: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
+def _cache_salt(request: Any) -> str | None:
+    """The request's ``cache_salt`` parameter, if it is a non-empty string."""
+    try:
+        salt = json.loads(request.parameters()).get(CACHE_SALT_PARAMETER)
+    except (ValueError, AttributeError):
+        return None
+    return salt if isinstance(salt, str) and salt else None
+
+
 def _requested_n(request: Any) -> int:
     """``n`` of the request's sampling parameters (1 when absent or unreadable)."""
     try:
@@ -148,15 +188,16 @@ def _requested_n(request: Any) -> int:
 
 
 class TritonPythonModel(_stock.TritonPythonModel):
-    """The stock vLLM model, declaring ``prompt_logprobs`` among its outputs and answering
-    requests whose sampling parameters vLLM cannot take with the reason."""
+    """The stock vLLM model, declaring ``prompt_logprobs`` and ``num_cached_tokens`` among its
+    outputs and answering requests whose sampling parameters vLLM cannot take with the reason."""
 
     @classmethod
     def auto_complete_config(cls, auto_complete_model_config: Any) -> Any:
         config = super().auto_complete_config(auto_complete_model_config)
         declared = {output["name"] for output in config.as_dict().get("output", [])}
-        if PROMPT_LOGPROBS_OUTPUT not in declared:
-            config.add_output(dict(PROMPT_LOGPROBS_CONFIG))
+        for output in (PROMPT_LOGPROBS_CONFIG, CACHED_TOKENS_CONFIG):
+            if output["name"] not in declared:
+                config.add_output(dict(output))
         return config
 
     def execute(self, requests: list[Any]) -> None:

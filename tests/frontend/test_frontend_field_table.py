@@ -8,6 +8,7 @@ toy model makes exact outputs checkable (a word per token, scripted structured o
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -702,6 +703,33 @@ def _(p: Probe) -> None:
     assert p.ok()["id"] != p.ok()["id"]
     p.refused("request_id", request_id="has space")
     p.refused("request_id", request_id="x" * 129)
+
+
+@case(GEN, "cache_salt")
+def _(p: Probe) -> None:
+    # Longer than one prefix-cache block (the real engine's are 128 tokens on a CPU).
+    text = "the cat sat on the mat and the dog ran up " * 20
+    prompt = (
+        {"messages": [{"role": "user", "content": text}]} if p.route == CHAT else {"prompt": text}
+    )
+
+    def cached(**fields: Any) -> int:
+        reply = p.ok(max_tokens=2, **prompt, **fields)
+        return reply["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    # Salts no request has used: only a request with the same salt finds the prompt cached.
+    first, second = f"tenant-{uuid.uuid4().hex}", f"tenant-{uuid.uuid4().hex}"
+    assert cached(cache_salt=first) == 0
+    assert p.last().parameters == {"cache_salt": first}
+    assert cached(cache_salt=first) > 0
+    assert cached(cache_salt=second) == 0
+    cached()
+    assert cached() > 0 and p.last().parameters == {}
+    streamed = _sse(
+        p.post(max_tokens=2, stream=True, stream_options={"include_usage": True}, **prompt)
+    )
+    assert streamed[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    p.refused("cache_salt", cache_salt="")
 
 
 @case(GEN, "prompt_logprobs")

@@ -375,6 +375,8 @@ def test_scoring_is_refused_against_a_backend_without_prompt_logprobs(
         # It has no prompt_logprobs output.
         ("echo", True, {"logprobs": 1}, (False, True)),
         ("prompt_logprobs", 1, {}, (False,)),  # never streamed
+        # It reads no request parameters beside the sampling_parameters tensor.
+        ("cache_salt", "tenant-a", {}, (False, True)),
     ],
 )
 def test_fields_the_stock_backend_cannot_honour_are_refused(

@@ -303,6 +303,10 @@ def test_stream_usage_is_the_engines_token_count(served: Served) -> None:
     prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert usage.prompt_tokens == len(tokenizer(prompt)["input_ids"])
     assert usage.completion_tokens == tokens
+    # The llm_serving_vllm backend's count: a prompt shorter than one block (128 tokens on a
+    # CPU) has nothing cached.
+    assert usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens == 0
     deadline = time.monotonic() + 10
     while served.vllm_counter("generation_tokens") - generated_before < tokens:
         assert time.monotonic() < deadline, "vLLM never counted the streamed tokens"

@@ -16,7 +16,11 @@ from vllm.logprobs import FlatLogprobs, Logprob
 from vllm.outputs import CompletionOutput, RequestOutput
 
 from runtime.frontend.kserve_engine import prompt_token_logprobs
-from runtime.serving_backend import PROMPT_LOGPROBS_OUTPUT
+from runtime.serving_backend import (
+    CACHE_SALT_PARAMETER,
+    CACHED_TOKENS_OUTPUT,
+    PROMPT_LOGPROBS_OUTPUT,
+)
 from runtime.serving_backend.prompt_logprobs import encode_prompt_logprobs
 from runtime.serving_backend.stock import (
     HOOK_PARAMETERS,
@@ -60,7 +64,12 @@ def loaded(backend: ModuleType, pb_utils: ModuleType) -> Any:
 
 
 def infer(
-    model: Any, pb_utils: ModuleType, prompt: str, params: dict[str, Any], **flags: bool
+    model: Any,
+    pb_utils: ModuleType,
+    prompt: str,
+    params: dict[str, Any],
+    request_parameters: dict[str, Any] | None = None,
+    **flags: bool,
 ) -> list[tuple[Any, int]]:
     tensors = [
         pb_utils.Tensor("text_input", np.asarray([prompt.encode()], dtype=np.object_)),
@@ -69,7 +78,7 @@ def infer(
         ),
         *(pb_utils.Tensor(k, np.asarray([v], dtype=bool)) for k, v in flags.items()),
     ]
-    request = pb_utils.InferenceRequest(tensors)
+    request = pb_utils.InferenceRequest(tensors, parameters=request_parameters)
     model.execute([request])
     return request.get_response_sender().sent
 
@@ -78,14 +87,15 @@ def outputs(response: Any) -> dict[str, list[Any]]:
     return {t.name(): t.as_numpy().tolist() for t in response.output_tensors()}
 
 
-def test_auto_complete_declares_prompt_logprobs_beside_the_stock_outputs(
+def test_auto_complete_declares_its_outputs_beside_the_stock_ones(
     backend: ModuleType, pb_utils: ModuleType
 ) -> None:
     config = backend.TritonPythonModel.auto_complete_config(config_of(pb_utils)).as_dict()
     names = [o["name"] for o in config["output"]]
-    assert names == [*STOCK_OUTPUTS, PROMPT_LOGPROBS_OUTPUT]
-    declared = next(o for o in config["output"] if o["name"] == PROMPT_LOGPROBS_OUTPUT)
-    assert declared["data_type"] == "TYPE_STRING"
+    assert names == [*STOCK_OUTPUTS, PROMPT_LOGPROBS_OUTPUT, CACHED_TOKENS_OUTPUT]
+    types = {o["name"]: o["data_type"] for o in config["output"]}
+    assert types[PROMPT_LOGPROBS_OUTPUT] == "TYPE_STRING"
+    assert types[CACHED_TOKENS_OUTPUT] == types["num_input_tokens"] == "TYPE_UINT32"
     # The stock completion still ran: decoupled, no Triton batching, its inputs.
     assert config["model_transaction_policy"] == {"decoupled": True}
     assert config["max_batch_size"] == 0
@@ -109,7 +119,7 @@ def test_a_prefill_request_returns_the_models_prompt_logprobs(
     ((response, flags),) = infer(model, pb_utils, prompt, PREFILL, exclude_input_in_output=True)
     assert flags == pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
     out = outputs(response)
-    assert list(out) == ["text_output", PROMPT_LOGPROBS_OUTPUT]
+    assert list(out) == ["text_output", PROMPT_LOGPROBS_OUTPUT, CACHED_TOKENS_OUTPUT]
     (encoded,) = out[PROMPT_LOGPROBS_OUTPUT]
     rows = json.loads(encoded)
     toy = ToyModel().prompt_logprobs(prompt)
@@ -134,10 +144,10 @@ def test_requests_without_prompt_logprobs_get_the_stock_response_unchanged(
     text_output = {"name": "text_output", "data_type": "TYPE_STRING"}
     stock.initialize({"model_config": json.dumps({"output": [text_output]})})
     # The stock model's own _infer now builds our request class too; the request class is the
-    # only difference, and without prompt_logprobs it adds nothing.
+    # only difference, and without prompt_logprobs it adds only the cached prompt tokens.
     ((theirs, _),) = infer(stock, pb_utils, "the sky", params, return_finish_reason=True)
-    assert outputs(ours) == outputs(theirs)
-    assert list(outputs(ours)) == ["text_output", "finish_reason"]
+    assert outputs(ours) == {**outputs(theirs), CACHED_TOKENS_OUTPUT: [0]}
+    assert list(outputs(ours)) == ["text_output", "finish_reason", CACHED_TOKENS_OUTPUT]
 
 
 def test_a_stream_carries_prompt_logprobs_once(backend: ModuleType, pb_utils: ModuleType) -> None:
@@ -166,6 +176,25 @@ def test_a_stream_goes_out_every_stream_interval_tokens(
         return b"".join(outputs(r)["text_output"][0] for r, _ in sent)
 
     assert text(batched) == text(each)
+
+
+def test_the_last_response_counts_the_prompt_tokens_the_prefix_cache_served(
+    backend: ModuleType, pb_utils: ModuleType
+) -> None:
+    model = loaded(backend, pb_utils)
+    prompt = "the cat sat on the mat and the dog ran"  # ten toy tokens: two whole blocks
+    params = {"max_tokens": 3, "temperature": 0.0}
+
+    def cached(salt: str | None = None) -> int:
+        sent = infer(model, pb_utils, prompt, params, {CACHE_SALT_PARAMETER: salt}, stream=True)
+        counts = [outputs(r).get(CACHED_TOKENS_OUTPUT) for r, _ in sent]
+        assert counts[:-1] == [None] * (len(sent) - 1)  # on the last response only
+        (count,) = counts[-1]
+        return count
+
+    assert (cached(), cached()) == (0, 8)
+    # The request's cache_salt reaches vLLM with the prompt: only the same salt shares blocks.
+    assert (cached("tenant-a"), cached("tenant-a"), cached("tenant-b")) == (0, 8, 0)
 
 
 def test_flat_and_list_prompt_logprobs_encode_alike() -> None:

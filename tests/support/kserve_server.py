@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -53,13 +54,14 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
 from runtime.serving_backend import BACKEND_NAME as SCORING_BACKEND
+from runtime.serving_backend import CACHE_SALT_PARAMETER, CACHED_TOKENS_OUTPUT
 from tests.support.repository_models import (
     BackendFailure,
     InvalidInput,
     ModelRepository,
     read_config,
 )
-from tests.support.toy_model import VOCAB, ToyChoice, ToyModel
+from tests.support.toy_model import VOCAB, ToyChoice, ToyModel, ToyPrefixCache
 from tests.support.triton_flags import TRUE_WORDS, FlagError, check_pod_flags, parse_triton_flags
 
 __all__ = [
@@ -144,6 +146,7 @@ _INPUTS = (
 # Not an output of the stock backend: declared by the serving image's backend (or in
 # config.pbtxt) for vLLM's prompt log-probabilities, which the frontend's scoring reads.
 PROMPT_LOGPROBS_OUTPUT = "prompt_logprobs"
+_EXTRA_TYPES = {PROMPT_LOGPROBS_OUTPUT: "BYTES", CACHED_TOKENS_OUTPUT: "UINT32"}
 # The backends a config.pbtxt may name: NVIDIA's vLLM backend, and ours built on it.
 _BACKENDS = frozenset({"vllm", SCORING_BACKEND})
 
@@ -154,9 +157,10 @@ class StandInModel:
 
     name: str
     toy: ToyModel = field(default_factory=ToyModel)
-    extra_outputs: tuple[str, ...] = (PROMPT_LOGPROBS_OUTPUT,)
+    extra_outputs: tuple[str, ...] = (PROMPT_LOGPROBS_OUTPUT, CACHED_TOKENS_OUTPUT)
     max_model_len: int = 512
     backend: str = SCORING_BACKEND
+    prefix_cache: ToyPrefixCache = field(default_factory=ToyPrefixCache)
 
 
 @dataclass(frozen=True)
@@ -171,6 +175,8 @@ class RecordedRequest:
     requested_outputs: tuple[str, ...]
     embedding_request: dict[str, Any] | None
     request_id: str = ""
+    #: The request's string parameters (``cache_salt``).
+    parameters: dict[str, str] = field(default_factory=dict)
 
 
 class BackendError(Exception):
@@ -367,7 +373,7 @@ class KServeStandIn:
         return f"{self.host}:{self.port}"
 
     def outputs_of(self, model: StandInModel) -> list[tuple[str, str]]:
-        return [*_GENERATE_OUTPUTS, *((o, "BYTES") for o in model.extra_outputs)]
+        return [*_GENERATE_OUTPUTS, *((o, _EXTRA_TYPES[o]) for o in model.extra_outputs)]
 
     async def serve(self) -> None:
         """Bind and serve until :meth:`shutdown`; sets ``port`` once bound."""
@@ -429,8 +435,17 @@ class KServeStandIn:
         text = inputs.get("text_input")
         prompt = text[0].decode("utf-8") if text is not None else None
         requested = tuple(o.name for o in request.outputs)
+        parameters = {k: v.string_param for k, v in request.parameters.items() if v.string_param}
         recorded = RecordedRequest(
-            model.name, rpc, prompt, flags, params, requested, embedding_request, request.id
+            model.name,
+            rpc,
+            prompt,
+            flags,
+            params,
+            requested,
+            embedding_request,
+            request.id,
+            parameters,
         )
         self.requests.append(recorded)
         if self.record_path is not None:
@@ -502,6 +517,24 @@ class KServeStandIn:
         for key in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
             if key in params and not isinstance(params[key], int | float):
                 raise BackendError(f"Error generating stream: {key} must be a number")
+        # As the llm_serving_vllm backend: the salt reaches the engine (the stock one ignores
+        # request parameters beside a sampling_parameters tensor).
+        salt = None
+        if (
+            CACHED_TOKENS_OUTPUT in model.extra_outputs
+            and CACHE_SALT_PARAMETER in request.parameters
+        ):
+            salt = request.parameters[CACHE_SALT_PARAMETER].string_param or None
+        cached = model.prefix_cache.lookup(model.toy.tokenize(prompt), salt)
+        respond = functools.partial(
+            self._generate_response,
+            model,
+            request,
+            params=params,
+            flags=flags,
+            prompt=prompt,
+            cached=cached,
+        )
         try:
             steps = model.toy.generate(prompt, params)
             sent = [0] * int(params.get("n", 1))
@@ -514,27 +547,27 @@ class KServeStandIn:
                     await asyncio.sleep(0)
                 if stream:
                     done = all(c.finish_reason is not None for c in choices)
-                    yield self._generate_response(
-                        model, request, choices, params, flags, sent, sent_steps, "", done, prompt
-                    )
+                    yield respond(choices, sent, sent_steps, "", done)
             if not stream:
-                yield self._generate_response(
-                    model,
-                    request,
-                    choices,
-                    params,
-                    flags,
-                    [0] * len(choices),
-                    [0] * len(choices),
-                    prompt if prepend else "",
-                    True,
-                    prompt=prompt,
-                )
+                unsent = [0] * len(choices)
+                yield respond(choices, unsent, list(unsent), prompt if prepend else "", True)
         except (ValueError, TypeError) as exc:
             raise BackendError(f"Error generating stream: {exc}") from exc
 
     def _generate_response(
-        self, model, request, choices, params, flags, sent, sent_steps, prefix, final, prompt
+        self,
+        model,
+        request,
+        choices,
+        sent,
+        sent_steps,
+        prefix,
+        final,
+        *,
+        params,
+        flags,
+        prompt,
+        cached,
     ):
         outputs: dict[str, list[Any]] = {
             "text_output": [
@@ -570,6 +603,8 @@ class KServeStandIn:
             outputs["num_output_tokens"] = [
                 len(c.steps) - sent_steps[i] for i, c in enumerate(choices)
             ]
+        if final and CACHED_TOKENS_OUTPUT in model.extra_outputs:
+            outputs[CACHED_TOKENS_OUTPUT] = [cached]
         requested = {o.name for o in request.outputs}
         if PROMPT_LOGPROBS_OUTPUT in requested:
             if params.get("prompt_logprobs") is None:
@@ -706,10 +741,13 @@ def load_models(
             executed.load(config.parent)
             continue
         declared = re.findall(r'name:\s*"([^"]+)"', text)
-        # The serving image's backend declares prompt_logprobs in its auto-complete
-        # (tests/serving_backend checks it does); the stock one only if config.pbtxt does.
-        if backend.group(1) == SCORING_BACKEND or PROMPT_LOGPROBS_OUTPUT in declared:
-            extra: tuple[str, ...] = (PROMPT_LOGPROBS_OUTPUT,)
+        # The serving image's backend declares prompt_logprobs and num_cached_tokens in its
+        # auto-complete (tests/serving_backend checks it does); the stock one declares
+        # prompt_logprobs only if config.pbtxt does.
+        if backend.group(1) == SCORING_BACKEND:
+            extra: tuple[str, ...] = (PROMPT_LOGPROBS_OUTPUT, CACHED_TOKENS_OUTPUT)
+        elif PROMPT_LOGPROBS_OUTPUT in declared:
+            extra = (PROMPT_LOGPROBS_OUTPUT,)
         else:
             extra = ()
         models.append(StandInModel(name, extra_outputs=extra, backend=backend.group(1)))

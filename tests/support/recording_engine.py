@@ -28,14 +28,22 @@ class RecordingKServeEngine(KServeEngine):
         self.requests: list[RecordedRequest] = []
 
     def _stream(
-        self, values: Mapping[str, Any], request_id: str, outputs: tuple[str, ...] = ()
+        self,
+        values: Mapping[str, Any],
+        request_id: str,
+        outputs: tuple[str, ...] = (),
+        parameters: Mapping[str, str] | None = None,
     ) -> AsyncIterator[service_pb2.ModelInferResponse]:
-        self.requests.append(_recorded(self.model_name, values, outputs, request_id))
-        return super()._stream(values, request_id, outputs)
+        self.requests.append(_recorded(self.model_name, values, outputs, request_id, parameters))
+        return super()._stream(values, request_id, outputs, parameters)
 
 
 def _recorded(
-    model: str, values: Mapping[str, Any], outputs: tuple[str, ...], request_id: str
+    model: str,
+    values: Mapping[str, Any],
+    outputs: tuple[str, ...],
+    request_id: str,
+    parameters: Mapping[str, str] | None,
 ) -> RecordedRequest:
     flags = {
         name: bool(value)
@@ -52,4 +60,5 @@ def _recorded(
         requested_outputs=outputs,
         embedding_request=json.loads(embedding) if embedding is not None else None,
         request_id=request_id,
+        parameters=dict(parameters or {}),
     )

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["VOCAB", "ToyChoice", "ToyModel", "ToyStep", "token_id"]
+__all__ = ["VOCAB", "ToyChoice", "ToyModel", "ToyPrefixCache", "ToyStep", "token_id"]
 
 VOCAB: tuple[str, ...] = (
     "<eos>",
@@ -136,6 +136,28 @@ def _append(choice: ToyChoice, piece: str, stops: list[str], keep_stop: bool) ->
             choice.text = choice.text[: at + len(s) if keep_stop else at]
             choice.finish_reason = "stop"
             return
+
+
+class ToyPrefixCache:
+    """vLLM's prefix cache as a client sees it (``RequestOutput.num_cached_tokens``): a prompt's
+    leading whole blocks that an earlier prompt with the same ``cache_salt`` computed. As in
+    vLLM, the prompt's last token is always computed, so a repeated prompt is not all cached."""
+
+    BLOCK = 4
+
+    def __init__(self) -> None:
+        self._blocks: set[tuple[str | None, tuple[int, ...]]] = set()
+
+    def lookup(self, tokens: list[int], salt: str | None) -> int:
+        """The tokens of ``tokens`` served from the cache; its blocks are cached from now on."""
+        cached = 0
+        for end in range(self.BLOCK, len(tokens), self.BLOCK):
+            if (salt, tuple(tokens[:end])) not in self._blocks:
+                break
+            cached = end
+        for end in range(self.BLOCK, len(tokens) + 1, self.BLOCK):
+            self._blocks.add((salt, tuple(tokens[:end])))
+        return cached
 
 
 class ToyModel:

@@ -7,7 +7,8 @@ shape of streamed and final output) without a minute's engine start. They get re
 ``RequestOutput`` objects whose text and (prompt) log-probabilities come from
 :class:`tests.support.toy_model.ToyModel`, the model the KServe stand-in serves. Outputs are
 cumulative, as vLLM's default ``RequestOutputKind.CUMULATIVE``: every one repeats the prompt
-log-probabilities. It never runs in product code.
+log-probabilities, and the prompt tokens a :class:`~tests.support.toy_model.ToyPrefixCache`
+served, keyed by the prompt's ``cache_salt``. It never runs in product code.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from vllm.logprobs import FlatLogprobs, Logprob, create_prompt_logprobs
 from vllm.outputs import CompletionOutput, RequestOutput
 
-from tests.support.toy_model import VOCAB, ToyModel
+from tests.support.toy_model import VOCAB, ToyModel, ToyPrefixCache
 
 __all__ = ["ToyEngine", "prompt_logprobs_of"]
 
@@ -42,11 +43,14 @@ class ToyEngine:
 
     def __init__(self, toy: ToyModel | None = None) -> None:
         self.toy = toy or ToyModel()
+        self.prefix_cache = ToyPrefixCache()
 
     async def generate(
         self, prompt: Any, sampling_params: Any, request_id: str, lora_request: Any = None
     ) -> AsyncIterator[RequestOutput]:
         text = prompt["prompt"] if isinstance(prompt, dict) else prompt
+        salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+        cached = self.prefix_cache.lookup(self.toy.tokenize(text), salt)
         params = {
             "max_tokens": sampling_params.max_tokens,
             "temperature": sampling_params.temperature,
@@ -72,4 +76,5 @@ class ToyEngine:
                     for i, c in enumerate(choices)
                 ],
                 finished=all(c.finish_reason is not None for c in choices),
+                num_cached_tokens=cached,
             )

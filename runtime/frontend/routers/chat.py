@@ -314,7 +314,9 @@ async def create_chat_completion(
             )
         sampling["skip_special_tokens"] = False
     request_id = new_id("chatcmpl", body.request_id)
-    params = GenerateParams(prompt, sampling, stream, "logprobs" in sampling, request_id)
+    params = GenerateParams(
+        prompt, sampling, stream, "logprobs" in sampling, request_id, body.cache_salt
+    )
     n = body.n or 1
     if stream:
         report = UsageReport.of(body.stream_options)
@@ -345,7 +347,7 @@ async def create_chat_completion(
     completion_tokens = sum(c.tokens for c in choices)
     reply = {
         **envelope(params.request_id, "chat.completion", now(), body.model, out),
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, generation.cached_tokens),
     }
     if body.return_token_ids:
         reply["prompt_token_ids"] = prompt_ids
@@ -418,6 +420,7 @@ async def _events(
     stop = stop_field(body.stop, body.stop_token_ids)
     forced_stop = stop if plan.forced is not None else None
     prompt_tokens = completion_tokens = 0
+    cached_tokens: int | None = None
     kind = "chat.completion.chunk"
     frame = ChunkFrame(params.request_id, kind, created, body.model, report.final)
 
@@ -425,6 +428,8 @@ async def _events(
     async with aclosing(stream_outputs(state.engine, params)) as outputs:
         async for output in outputs:
             prompt_tokens = output.prompt_tokens or prompt_tokens
+            if output.cached_tokens is not None:
+                cached_tokens = output.cached_tokens
             deltas = []
             for c in output.choices:
                 if done[c.index]:
@@ -467,11 +472,15 @@ async def _events(
                     choice["token_ids"] = [t.token_id for t in c.logprobs]
                 deltas.append(choice)
             if deltas:
-                so_far = usage(prompt_tokens, completion_tokens) if report.continuous else None
+                so_far = (
+                    usage(prompt_tokens, completion_tokens, cached_tokens)
+                    if report.continuous
+                    else None
+                )
                 first = {"prompt_token_ids": prompt_ids} if prompt_ids is not None else None
                 prompt_ids = None
                 yield frame.encode(deltas, so_far, first)
     if report.final:
         final = envelope(params.request_id, kind, created, body.model, [])
-        final["usage"] = usage(prompt_tokens, completion_tokens)
+        final["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
         yield final

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from functools import partial
@@ -265,7 +265,7 @@ async def create_completion(
     top = body.logprobs or 0
     stream = bool(body.stream)
     params = [
-        GenerateParams(p, s, stream, "logprobs" in s, f"{rid}-{i}")
+        GenerateParams(p, s, stream, "logprobs" in s, f"{rid}-{i}", body.cache_salt)
         for i, (p, s) in enumerate(zip(prepared.prompts, prepared.samplings, strict=True))
     ]
     if stream:
@@ -316,7 +316,9 @@ async def create_completion(
     return JSONResponse(
         {
             **envelope(rid, "text_completion", now(), body.model, choices),
-            "usage": usage(prompt_tokens, completion_tokens),
+            "usage": usage(
+                prompt_tokens, completion_tokens, _summed(g.cached_tokens for g in results)
+            ),
         }
     )
 
@@ -351,11 +353,14 @@ class _PromptChoices:
         self.offsets = [0] * n
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.cached_tokens: int | None = None
         self.positions: tuple[TokenLogprob | None, ...] | None = None
 
     def deltas(self, output: EngineOutput) -> list[dict[str, Any]]:
         """The chunk choices for ``output``; each keeps its index ``prompt_index * n + index``."""
         self.prompt_tokens = output.prompt_tokens or self.prompt_tokens
+        if output.cached_tokens is not None:
+            self.cached_tokens = output.cached_tokens
         self.positions = self.positions or output.prompt_logprobs
         deltas = []
         for c in output.choices:
@@ -444,6 +449,16 @@ async def _events(
         yield final
 
 
-def _usage(sent: list[_PromptChoices]) -> dict[str, int]:
+def _usage(sent: list[_PromptChoices]) -> dict[str, Any]:
     """The request's usage so far, over every prompt."""
-    return usage(sum(s.prompt_tokens for s in sent), sum(s.completion_tokens for s in sent))
+    return usage(
+        sum(s.prompt_tokens for s in sent),
+        sum(s.completion_tokens for s in sent),
+        _summed(s.cached_tokens for s in sent),
+    )
+
+
+def _summed(counts: Iterable[int | None]) -> int | None:
+    """The prompts' cached tokens, once the backend has counted every prompt's."""
+    known = list(counts)
+    return None if None in known else sum(c for c in known if c is not None)
