@@ -170,12 +170,27 @@ def _parameters_text(request: Any) -> str:
 
 
 def _cache_salt(request: Any) -> str | None:
-    """The request's ``cache_salt`` parameter, if it is a non-empty string."""
+    """The request's ``cache_salt`` parameter; `InvalidSamplingParameters` for one that would
+    not partition the cache (not a non-empty string), or that the stock code would read as a
+    sampling parameter (no ``sampling_parameters`` tensor: Triton's generate endpoint)."""
     try:
-        salt = json.loads(request.parameters()).get(CACHE_SALT_PARAMETER)
-    except (ValueError, AttributeError):
+        parameters = json.loads(request.parameters())
+    except ValueError:
         return None
-    return salt if isinstance(salt, str) and salt else None
+    if not isinstance(parameters, dict) or CACHE_SALT_PARAMETER not in parameters:
+        return None
+    salt = parameters[CACHE_SALT_PARAMETER]
+    if not isinstance(salt, str) or not salt:
+        raise InvalidSamplingParameters(
+            f"the {CACHE_SALT_PARAMETER} request parameter must be a non-empty string, got {salt!r}"
+        )
+    if pb_utils.get_input_tensor_by_name(request, "sampling_parameters") is None:
+        raise InvalidSamplingParameters(
+            f"the {CACHE_SALT_PARAMETER} request parameter needs the sampling parameters in "
+            "the sampling_parameters tensor: without it the request's parameters are the "
+            "sampling parameters, and vLLM's have no cache_salt"
+        )
+    return salt
 
 
 def _requested_n(request: Any) -> int:
@@ -211,6 +226,7 @@ class TritonPythonModel(_stock.TritonPythonModel):
                 accepted.append(request)
                 continue
             try:
+                _cache_salt(request)
                 check_sampling_parameters(_parameters_text(request))
             except InvalidSamplingParameters as exc:
                 error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)

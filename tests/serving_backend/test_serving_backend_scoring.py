@@ -186,7 +186,8 @@ def test_the_last_response_counts_the_prompt_tokens_the_prefix_cache_served(
     params = {"max_tokens": 3, "temperature": 0.0}
 
     def cached(salt: str | None = None) -> int:
-        sent = infer(model, pb_utils, prompt, params, {CACHE_SALT_PARAMETER: salt}, stream=True)
+        salted = {CACHE_SALT_PARAMETER: salt} if salt else None
+        sent = infer(model, pb_utils, prompt, params, salted, stream=True)
         counts = [outputs(r).get(CACHED_TOKENS_OUTPUT) for r, _ in sent]
         assert counts[:-1] == [None] * (len(sent) - 1)  # on the last response only
         (count,) = counts[-1]
@@ -195,6 +196,33 @@ def test_the_last_response_counts_the_prompt_tokens_the_prefix_cache_served(
     assert (cached(), cached()) == (0, 8)
     # The request's cache_salt reaches vLLM with the prompt: only the same salt shares blocks.
     assert (cached("tenant-a"), cached("tenant-a"), cached("tenant-b")) == (0, 8, 0)
+
+
+def test_a_cache_salt_that_would_not_partition_the_cache_is_refused(
+    backend: ModuleType, pb_utils: ModuleType
+) -> None:
+    model = loaded(backend, pb_utils)
+    prompt = pb_utils.Tensor("text_input", np.asarray([b"the cat"], dtype=np.object_))
+    params = {"max_tokens": 2}
+    tensor = pb_utils.Tensor(
+        "sampling_parameters", np.asarray([json.dumps(params).encode()], dtype=np.object_)
+    )
+    requests = [
+        # An int64 KServe parameter, and an empty salt: vLLM would share the cache unsalted.
+        pb_utils.InferenceRequest([prompt, tensor], parameters={CACHE_SALT_PARAMETER: 7}),
+        pb_utils.InferenceRequest([prompt, tensor], parameters={CACHE_SALT_PARAMETER: ""}),
+        # Without the tensor the request's parameters are the sampling parameters.
+        pb_utils.InferenceRequest([prompt], parameters={**params, CACHE_SALT_PARAMETER: "a"}),
+        pb_utils.InferenceRequest([prompt, tensor], parameters={CACHE_SALT_PARAMETER: "a"}),
+    ]
+    model.execute(requests)
+    reasons = ("non-empty string, got 7", "non-empty string, got ''", "sampling_parameters tensor")
+    for request, reason in zip(requests[:3], reasons, strict=True):
+        ((response, _),) = request.get_response_sender().sent
+        assert response.error().code() == pb_utils.TritonError.INVALID_ARG
+        assert reason in response.error().message()
+    ((served, _),) = requests[3].get_response_sender().sent
+    assert not served.has_error() and outputs(served)["text_output"]
 
 
 def test_flat_and_list_prompt_logprobs_encode_alike() -> None:
