@@ -23,6 +23,7 @@ __all__ = [
     "ErrorResponse",
     "FieldRefusedError",
     "FrontendError",
+    "IncompleteOutputError",
     "InvalidOutputError",
     "InvalidRequestError",
     "ModelNotFoundError",
@@ -144,6 +145,11 @@ class InvalidOutputError(FrontendError):
 
     status_code = 502
     error_type = "server_error"
+
+
+class IncompleteOutputError(InvalidOutputError):
+    """Output that ended before the requested format was complete (JSON that does not parse,
+    part of a choice): the engine's fault, unless the client's stop sequence ended it."""
 
 
 class TruncatedOutputError(InvalidRequestError):

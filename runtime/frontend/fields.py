@@ -97,9 +97,10 @@ _SAMPLING = (
         "stop",
         Policy.HONOURED,
         "sampling_parameters.stop; an empty stop string is a 400, as in vLLM; beside "
-        "response_format, structured_outputs or a forced tool call, output that stops before "
-        "the format is complete is a 400 output_stopped (param stop), as the engine ends such "
-        "output only once complete",
+        "response_format, structured_outputs json, json_object or choice, or a forced tool "
+        "call, output that stops unfinished (JSON that does not parse, part of a choice) is a "
+        "400 output_stopped (param stop), as the engine ends such output only once complete; "
+        "regex and grammar output is returned as the engine ends it",
     ),
     FieldRule("stream", Policy.HONOURED, "server-sent events; backend tensor stream=true"),
     FieldRule(
@@ -151,7 +152,7 @@ _SAMPLING = (
         "stop_token_ids",
         Policy.HONOURED,
         "extension, as in vLLM's server: sampling_parameters.stop_token_ids; ids outside the "
-        "model's vocabulary are a 400; constrained output they end early is a 400 "
+        "model's vocabulary are a 400; constrained output they leave unfinished is a 400 "
         "output_stopped, as for stop",
     ),
     FieldRule(

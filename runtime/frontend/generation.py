@@ -14,7 +14,12 @@ import orjson
 
 from runtime.frontend.coalesce import coalesced
 from runtime.frontend.engine import Engine, EngineOutput, GenerateParams, TokenLogprob
-from runtime.frontend.errors import BackendError, InvalidOutputError, TruncatedOutputError
+from runtime.frontend.errors import (
+    BackendError,
+    IncompleteOutputError,
+    InvalidOutputError,
+    TruncatedOutputError,
+)
 from runtime.frontend.schemas import StreamOptions
 from runtime.frontend.state import FrontendState
 from runtime.frontend.structured import OutputRequirement
@@ -60,19 +65,21 @@ def counted_invalid_output(
 ) -> Iterator[None]:
     """Count output that breaks the format the engine was asked to hold, then raise it.
 
-    The engine ends such output only when it is complete, so a choice that stopped early while
-    the client sent ``stop`` sequences (named by ``stop``) was cut by them: a 400, not a 502.
+    The engine ends such output only when it is complete, so a choice that stopped unfinished
+    while the client sent stop sequences (``stop`` names the field) was cut by them: a 400,
+    not a 502. Complete output that breaks the format stays the engine's fault.
     """
     try:
         yield
-    except InvalidOutputError:
+    except InvalidOutputError as exc:
         state.metrics.invalid_output.labels(state.settings.model_id, route).inc()
-        if finish_reason != "stop" or stop is None:
+        if not isinstance(exc, IncompleteOutputError) or finish_reason != "stop" or stop is None:
             raise
         raise TruncatedOutputError(
             f"choice {index} stopped before the requested format was complete, and the "
-            f"request's {stop} can end output early; the response was withheld: leave {stop} "
-            "out, or send sequences that the requested output cannot contain",
+            "request's stop sequences (stop, stop_token_ids) can end output early; the "
+            "response was withheld: leave out the sequences that the requested output can "
+            "contain",
             param=stop,
             code="output_stopped",
         ) from None
@@ -184,7 +191,7 @@ class ChunkFrame:
     def encode(
         self,
         choices: list[dict[str, Any]],
-        usage: dict[str, int] | None = None,
+        usage: dict[str, Any] | None = None,
         fields: dict[str, Any] | None = None,
     ) -> bytes:
         chunk = self._head + orjson.dumps(choices)[1:-1] + b"]"

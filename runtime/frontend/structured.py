@@ -13,7 +13,12 @@ import referencing.exceptions
 import referencing.jsonschema
 from jsonschema_specifications import REGISTRY as METASCHEMAS
 
-from runtime.frontend.errors import InvalidOutputError, InvalidRequestError, TruncatedOutputError
+from runtime.frontend.errors import (
+    IncompleteOutputError,
+    InvalidOutputError,
+    InvalidRequestError,
+    TruncatedOutputError,
+)
 from runtime.frontend.schemas import ResponseFormat, StructuredOutputs
 
 if TYPE_CHECKING:
@@ -242,7 +247,7 @@ class JsonRequirement:
         except json.JSONDecodeError as exc:
             if finish_reason == "length":
                 raise _truncated(index, "its JSON") from None
-            raise InvalidOutputError(
+            raise IncompleteOutputError(
                 f"the engine returned invalid JSON for choice {index} ({exc.msg} at "
                 f"position {exc.pos}); the response was withheld",
                 param=self.param,
@@ -294,7 +299,9 @@ class ChoiceRequirement:
             return
         if finish_reason == "length":
             raise _truncated(index, "its choice")
-        raise InvalidOutputError(
+        # Part of a choice is unfinished output; anything else is wrong output.
+        unfinished = any(c.startswith(text) for c in self.choices)
+        raise (IncompleteOutputError if unfinished else InvalidOutputError)(
             f"choice {index} is not one of structured_outputs.choice (the engine returned "
             f"{text[:80]!r}); the response was withheld",
             param="structured_outputs",

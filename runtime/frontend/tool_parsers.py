@@ -18,7 +18,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from runtime.frontend.errors import InvalidOutputError, TruncatedOutputError
+from runtime.frontend.errors import (
+    IncompleteOutputError,
+    InvalidOutputError,
+    TruncatedOutputError,
+)
 from runtime.frontend.structured import schema_violation
 from runtime.frontend.tools import ToolCall, ToolPlan
 
@@ -79,6 +83,10 @@ class ToolDelta:
 
 class _Malformed(Exception):
     """The output broke the tool-call format; the stream turns it into a typed error."""
+
+
+class _Unfinished(_Malformed):
+    """The output ended inside a forced call's JSON."""
 
 
 _WS = " \t\n\r"
@@ -253,7 +261,12 @@ class ToolStream(abc.ABC):
                     param="max_tokens",
                     code="output_truncated",
                 ) from None
-            raise self._malformed(str(exc)) from None
+            error = self._malformed(str(exc))
+            if isinstance(exc, _Unfinished):
+                raise IncompleteOutputError(
+                    error.message, param=error.param, code=error.code
+                ) from None
+            raise error from None
         self._content.append(delta.content)
         return delta
 
@@ -414,7 +427,7 @@ class _ForcedToolStream(ToolStream):
         except json.JSONDecodeError as exc:
             if finish_reason == "length":
                 raise _Malformed("truncated") from None
-            raise _Malformed(exc.msg) from None
+            raise _Unfinished(exc.msg) from None
 
     def _malformed(self, detail: str) -> InvalidOutputError:
         return InvalidOutputError(

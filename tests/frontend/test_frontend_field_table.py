@@ -259,7 +259,7 @@ def _(p: Probe) -> None:
         assert p.ok(stop=["never in JSON"], **forced)["choices"][0]["finish_reason"] == "tool_calls"
 
 
-def _stopped(response: httpx.Response) -> None:
+def _stopped(response: httpx.Response, param: str = "stop") -> None:
     """``response`` is the 400 ``output_stopped``, or a stream that ends with its error event
     (one whose output failed only after its first chunk went out)."""
     if response.headers["content-type"].startswith("text/event-stream"):
@@ -268,7 +268,7 @@ def _stopped(response: httpx.Response) -> None:
     else:
         assert response.status_code == 400, response.text
         error = response.json()["error"]
-    assert error["code"] == "output_stopped" and error["param"] == "stop", error
+    assert error["code"] == "output_stopped" and error["param"] == param, error
 
 
 @case(GEN, "stream")
@@ -446,6 +446,17 @@ def _(p: Probe) -> None:
     assert p.last().sampling_parameters["stop_token_ids"] == [token]
     assert _text(p, reply) == "" and reply["choices"][0]["finish_reason"] == "stop"
     p.refused("stop_token_ids", stop_token_ids=[p.served.state.tokenizer.get_vocab_size()])
+
+    # Constrained output a stop token cuts short is the client's 400, as with stop strings.
+    choice = "alpha beta"
+    if p.real:  # every token the choice can start with: the output stops at once
+        tokenizer = p.served.state.tokenizer
+        pieces = {i: tokenizer.decode([i]) for i in range(tokenizer.get_vocab_size())}
+        ids = [i for i, piece in pieces.items() if piece and piece in choice]
+    else:  # the toy's tokens are its words
+        ids = [toy_model.token_id("beta")]
+    constrained = {"structured_outputs": {"choice": [choice]}, "max_tokens": 8}
+    _stopped(p.post(stop_token_ids=ids, **constrained), "stop_token_ids")
 
 
 @case(GEN, "include_stop_str_in_output")

@@ -269,17 +269,22 @@ class ToyModel:
         self, choices: list[ToyChoice], text: str, params: dict[str, Any]
     ) -> Iterator[list[ToyChoice]]:
         words = text.split(" ")
-        # Like vLLM, a structured output cut by max_tokens (or by a stop string) is returned
-        # truncated.
+        # Like vLLM, a structured output cut by max_tokens (or by a stop string or token) is
+        # returned truncated.
         limit = params.get("max_tokens") or 16
         stops = params.get("stop") or []
         stops = [stops] if isinstance(stops, str) else list(stops)
         keep_stop = bool(params.get("include_stop_str_in_output"))
+        stop_ids = set(params.get("stop_token_ids") or ())
         for step, word in enumerate(words[:limit]):
             for choice in choices:
                 if choice.finish_reason is not None:
                     continue
                 tid = token_id(word)
+                if tid in stop_ids:
+                    choice.steps.append(ToyStep(tid, "", -0.5, {tid: -0.5}))
+                    choice.finish_reason = "stop"
+                    continue
                 piece = word if step == 0 else " " + word
                 choice.steps.append(ToyStep(tid, piece, -0.5, {tid: -0.5}))
                 _append(choice, piece, stops, keep_stop)
