@@ -41,6 +41,7 @@ def merge_outputs(outputs: list[EngineOutput]) -> EngineOutput:
                     finish_reason=c.finish_reason,
                     num_tokens=before.num_tokens + c.num_tokens,
                     logprobs=before.logprobs + c.logprobs,
+                    stop_reason=c.stop_reason,
                 )
     return EngineOutput(
         choices=tuple(merged.values()),

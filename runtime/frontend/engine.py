@@ -44,13 +44,15 @@ class GenerateParams:
 
 @dataclass(frozen=True)
 class ChoiceOutput:
-    """New text of one choice since the previous output; ``finish_reason`` once it ends."""
+    """New text of one choice since the previous output; ``finish_reason`` once it ends, with
+    vLLM's ``stop_reason`` (the stop string or token id that ended it) where the backend says."""
 
     index: int
     text: str
     finish_reason: str | None
     num_tokens: int
     logprobs: tuple[TokenLogprob, ...] = ()
+    stop_reason: str | int | None = None
 
 
 @dataclass(frozen=True)

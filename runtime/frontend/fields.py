@@ -96,7 +96,9 @@ _SAMPLING = (
     FieldRule(
         "stop",
         Policy.HONOURED,
-        "sampling_parameters.stop; an empty stop string is a 400, as in vLLM; beside "
+        "sampling_parameters.stop; an empty stop string is a 400, as in vLLM; as in vLLM's "
+        "server each finished choice carries stop_reason, the stop string or stop token id "
+        "that ended it (null otherwise, and always null against the stock backend); beside "
         "response_format, structured_outputs json, json_object or choice, or a forced tool "
         "call, output that stops unfinished (JSON that does not parse, part of a choice) is a "
         "400 output_stopped (param stop), as the engine ends such output only once complete; "

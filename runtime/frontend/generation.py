@@ -293,6 +293,7 @@ class Collected:
     finish_reason: str | None = None
     tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    stop_reason: str | int | None = None
 
 
 @dataclass
@@ -323,4 +324,6 @@ async def collect(engine: Engine, params: GenerateParams, n: int) -> Generation:
             slot.tokens += c.num_tokens
             slot.logprobs.extend(c.logprobs)
             slot.finish_reason = c.finish_reason or slot.finish_reason
+            if c.finish_reason is not None:
+                slot.stop_reason = c.stop_reason
     return result

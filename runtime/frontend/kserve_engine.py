@@ -52,6 +52,7 @@ from runtime.serving_backend import (
     CACHED_TOKENS_OUTPUT,
     INVALID_PARAMETERS,
     PROMPT_LOGPROBS_OUTPUT,
+    STOP_REASON_OUTPUT,
 )
 
 __all__ = ["PROMPT_LOGPROBS_OUTPUT", "KServeEngine", "prompt_token_logprobs"]
@@ -84,6 +85,9 @@ _ECHO_OUTPUTS = (
     "logprobs",
     PROMPT_LOGPROBS_OUTPUT,
 )
+#: The llm_serving_vllm backend's outputs that a generation reads where the model declares them
+#: (an older backend may not).
+_OUR_OUTPUTS = (CACHED_TOKENS_OUTPUT, STOP_REASON_OUTPUT)
 _STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 
@@ -128,6 +132,15 @@ def _request(
     for name in outputs:
         request.outputs.add(name=name)
     return request
+
+
+def _stop_reason(encoded: str) -> str | int | None:
+    """vLLM's ``stop_reason`` from the backend's JSON of it (``None`` for anything else)."""
+    try:
+        value = json.loads(encoded)
+    except ValueError:
+        return None
+    return value if isinstance(value, str | int) and not isinstance(value, bool) else None
 
 
 def _outputs(response: service_pb2.ModelInferResponse) -> dict[str, list[Any]]:
@@ -367,9 +380,8 @@ class KServeEngine(Engine):
         # The stand-ins and Triton alike return prompt_logprobs only when it is asked for.
         wanted: tuple[str, ...] = ()
         if "prompt_logprobs" in params.sampling:
-            wanted = _ECHO_OUTPUTS
-            if CACHED_TOKENS_OUTPUT in await self._declared_outputs():
-                wanted += (CACHED_TOKENS_OUTPUT,)
+            declared = await self._declared_outputs()
+            wanted = _ECHO_OUTPUTS + tuple(o for o in _OUR_OUTPUTS if o in declared)
         async for response in self._stream(values, params.request_id, wanted, parameters):
             outputs = _outputs(response)
             texts = outputs.get("text_output", [])
@@ -382,6 +394,7 @@ class KServeEngine(Engine):
                     code="engine_error",
                 )
             counts = outputs.get("num_output_tokens")
+            stops = outputs.get(STOP_REASON_OUTPUT)
             logprobs = outputs.get("logprobs") if params.logprobs else None
             prompt_tokens = outputs.get("num_input_tokens")
             choices = tuple(
@@ -391,6 +404,7 @@ class KServeEngine(Engine):
                     finish_reason=None if reasons[i] == _NOT_FINISHED else reasons[i],
                     num_tokens=counts[i] if counts else 0,
                     logprobs=_logprobs(logprobs[i]) if logprobs else (),
+                    stop_reason=_stop_reason(stops[i]) if stops and i < len(stops) else None,
                 )
                 for i, text in enumerate(texts)
             )

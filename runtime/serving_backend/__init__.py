@@ -1,6 +1,7 @@
 """The Triton backend the serving image renders for ``vllm`` packages: NVIDIA's stock vLLM
 backend, unchanged, plus vLLM's prompt log-probabilities for the requests that ask for them,
-each request's prefix-cached prompt tokens, and vLLM's per-request ``cache_salt``.
+each request's prefix-cached prompt tokens, each finished choice's ``stop_reason``, and
+vLLM's per-request ``cache_salt``.
 
 ``/v1/score`` ranks candidates by log p(candidate | prompt) from one prefill, which needs vLLM's
 ``RequestOutput.prompt_logprobs``; the stock backend neither declares an output for them nor
@@ -38,6 +39,7 @@ __all__ = [
     "RESPONSE_HOOK",
     "STOCK_BACKEND_DIR_ENV",
     "STOCK_BACKEND_NAME",
+    "STOP_REASON_OUTPUT",
 ]
 
 #: The backend name ``config.pbtxt`` names and the folder under ``/opt/tritonserver/backends``.
@@ -53,6 +55,10 @@ PROMPT_LOGPROBS_OUTPUT = "prompt_logprobs"
 #: The output this backend adds to a generation's last response: vLLM's
 #: ``RequestOutput.num_cached_tokens``, the prompt tokens its prefix cache served.
 CACHED_TOKENS_OUTPUT = "num_cached_tokens"
+#: The output this backend adds to responses in which a choice has finished: per choice, the
+#: JSON of vLLM's ``CompletionOutput.stop_reason`` (the stop string or token id that ended it,
+#: ``null`` for the end of sequence or a choice still running).
+STOP_REASON_OUTPUT = "stop_reason"
 #: The request parameter (KServe ``parameters``, beside the ``sampling_parameters`` tensor)
 #: whose string becomes the prompt's ``cache_salt``: only requests with the same salt share
 #: cached prefix blocks.

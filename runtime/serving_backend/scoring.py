@@ -1,17 +1,19 @@
-"""The stock vLLM backend with two more outputs, ``prompt_logprobs`` (for ``/v1/score``) and
-``num_cached_tokens``, and vLLM's ``cache_salt`` taken from a request parameter.
+"""The stock vLLM backend with three more outputs, ``prompt_logprobs`` (for ``/v1/score``),
+``num_cached_tokens`` and ``stop_reason``, and vLLM's ``cache_salt`` taken from a request
+parameter.
 
 Two subclasses, each deferring everything it does not change to NVIDIA's code:
 
 - `TritonPythonModel` auto-completes the model configuration as the stock model does, then
-  declares ``prompt_logprobs`` (TYPE_STRING) and ``num_cached_tokens`` (TYPE_UINT32) unless
-  ``config.pbtxt`` already does; it answers a
+  declares ``prompt_logprobs`` (TYPE_STRING), ``num_cached_tokens`` (TYPE_UINT32) and
+  ``stop_reason`` (TYPE_STRING) unless ``config.pbtxt`` already does; it answers a
   request whose sampling parameters vLLM cannot take with the reason
   (:mod:`runtime.serving_backend.sampling_parameters`) before the stock code sees it;
 - `ScoringGenerateRequest` builds each generate response as the stock ``GenerateRequest``
   does, then, when vLLM returned prompt log-probabilities (the request's sampling parameters
-  set ``prompt_logprobs``), appends them as that output, once per request, and the count of
-  prompt tokens served from the prefix cache to the last response; it gives vLLM the prompt
+  set ``prompt_logprobs``), appends them as that output, once per request, the count of
+  prompt tokens served from the prefix cache to the last response, and each choice's
+  ``stop_reason`` to every response in which one has finished; it gives vLLM the prompt
   with the request's ``cache_salt`` parameter, if it has one; it also hands the
   stock code vLLM's outputs with every choice of an ``n > 1`` request in them
   (:mod:`runtime.serving_backend.choices`), and ``logit_bias`` with integer token ids; streamed,
@@ -42,6 +44,7 @@ from runtime.serving_backend import (
     CACHED_TOKENS_OUTPUT,
     INVALID_PARAMETERS,
     PROMPT_LOGPROBS_OUTPUT,
+    STOP_REASON_OUTPUT,
 )
 from runtime.serving_backend.choices import ChoiceMerger
 from runtime.serving_backend.prompt_logprobs import encode_prompt_logprobs
@@ -60,6 +63,7 @@ from runtime.serving_backend.stream_interval import (
 __all__ = [
     "CACHED_TOKENS_CONFIG",
     "PROMPT_LOGPROBS_CONFIG",
+    "STOP_REASON_CONFIG",
     "ScoringGenerateRequest",
     "TritonPythonModel",
 ]
@@ -71,6 +75,8 @@ _stock: Any = load_stock_backend()
 PROMPT_LOGPROBS_CONFIG = {"name": PROMPT_LOGPROBS_OUTPUT, "data_type": "TYPE_STRING", "dims": [-1]}
 #: Typed as the stock ``num_input_tokens``.
 CACHED_TOKENS_CONFIG = {"name": CACHED_TOKENS_OUTPUT, "data_type": "TYPE_UINT32", "dims": [1]}
+#: One element per choice, as the stock ``finish_reason``.
+STOP_REASON_CONFIG = {"name": STOP_REASON_OUTPUT, "data_type": "TYPE_STRING", "dims": [-1]}
 # Set in a request's response state once its prompt log-probabilities went out: vLLM repeats
 # them on every streamed output (cumulative mode) or sends them once then [] (delta mode).
 _SENT = "llm_serving_prompt_logprobs_sent"
@@ -133,8 +139,8 @@ class ScoringGenerateRequest(_stock.GenerateRequest):
         self, request_output: Any, request_output_state: dict[str, Any], prepend_input: bool
     ) -> Any:
         """The stock response for ``request_output``, plus ``prompt_logprobs`` the first time
-        vLLM's ``RequestOutput.prompt_logprobs`` is non-empty, and ``num_cached_tokens`` on the
-        last."""
+        vLLM's ``RequestOutput.prompt_logprobs`` is non-empty, ``stop_reason`` once a choice has
+        finished, and ``num_cached_tokens`` on the last."""
         response = super().create_response(
             request_output=request_output,
             request_output_state=request_output_state,
@@ -150,6 +156,10 @@ class ScoringGenerateRequest(_stock.GenerateRequest):
                     np.asarray([encode_prompt_logprobs(positions)], dtype=np.object_),
                 )
             )
+        choices = request_output.outputs
+        if any(c.finish_reason is not None for c in choices):
+            reasons = [json.dumps(c.stop_reason) for c in choices]
+            added.append(pb_utils.Tensor(STOP_REASON_OUTPUT, np.asarray(reasons, np.object_)))
         cached = request_output.num_cached_tokens
         if request_output.finished and cached is not None:
             added.append(pb_utils.Tensor(CACHED_TOKENS_OUTPUT, np.asarray([cached], np.uint32)))
@@ -203,14 +213,14 @@ def _requested_n(request: Any) -> int:
 
 
 class TritonPythonModel(_stock.TritonPythonModel):
-    """The stock vLLM model, declaring ``prompt_logprobs`` and ``num_cached_tokens`` among its
-    outputs and answering requests whose sampling parameters vLLM cannot take with the reason."""
+    """The stock vLLM model, declaring this backend's outputs among its own and answering
+    requests whose sampling parameters vLLM cannot take with the reason."""
 
     @classmethod
     def auto_complete_config(cls, auto_complete_model_config: Any) -> Any:
         config = super().auto_complete_config(auto_complete_model_config)
         declared = {output["name"] for output in config.as_dict().get("output", [])}
-        for output in (PROMPT_LOGPROBS_CONFIG, CACHED_TOKENS_CONFIG):
+        for output in (PROMPT_LOGPROBS_CONFIG, CACHED_TOKENS_CONFIG, STOP_REASON_CONFIG):
             if output["name"] not in declared:
                 config.add_output(dict(output))
         return config

@@ -233,13 +233,20 @@ def _(p: Probe) -> None:
 
 @case(GEN, "stop")
 def _(p: Probe) -> None:
-    words = _text(p, p.ok(max_tokens=8, temperature=0)).split()
+    free = p.ok(max_tokens=8, temperature=0)
+    words = _text(p, free).split()
     # A stop word that does not occur in the text before it.
     at = next(i for i in range(1, 8) if words[i] not in " ".join(words[:i]))
     reply = p.ok(max_tokens=8, temperature=0, stop=[words[at]])
     assert p.last().sampling_parameters["stop"] == [words[at]]
     assert _text(p, reply).split() == words[:at]
+    # vLLM's stop_reason names the stop string that matched (null when no stop sequence did).
     assert reply["choices"][0]["finish_reason"] == "stop"
+    assert reply["choices"][0]["stop_reason"] == words[at]
+    assert free["choices"][0]["stop_reason"] is None
+    streamed = _sse(p.post(max_tokens=8, temperature=0, stop=[words[at]], stream=True))
+    ending = [c for e in streamed for c in e["choices"] if "stop_reason" in c]
+    assert [(c["finish_reason"], c["stop_reason"]) for c in ending] == [("stop", words[at])]
 
     # The engine applies stop sequences to constrained output too; one that cuts it short is the
     # client's to fix, like max_tokens (a 400), not invalid output from the engine (a 502).
@@ -445,6 +452,7 @@ def _(p: Probe) -> None:
     reply = p.ok(stop_token_ids=[token], **forced)
     assert p.last().sampling_parameters["stop_token_ids"] == [token]
     assert _text(p, reply) == "" and reply["choices"][0]["finish_reason"] == "stop"
+    assert reply["choices"][0]["stop_reason"] == token
     p.refused("stop_token_ids", stop_token_ids=[p.served.state.tokenizer.get_vocab_size()])
 
     # Constrained output a stop token cuts short is the client's 400, as with stop strings.

@@ -20,6 +20,7 @@ from runtime.serving_backend import (
     CACHE_SALT_PARAMETER,
     CACHED_TOKENS_OUTPUT,
     PROMPT_LOGPROBS_OUTPUT,
+    STOP_REASON_OUTPUT,
 )
 from runtime.serving_backend.prompt_logprobs import encode_prompt_logprobs
 from runtime.serving_backend.stock import (
@@ -92,9 +93,14 @@ def test_auto_complete_declares_its_outputs_beside_the_stock_ones(
 ) -> None:
     config = backend.TritonPythonModel.auto_complete_config(config_of(pb_utils)).as_dict()
     names = [o["name"] for o in config["output"]]
-    assert names == [*STOCK_OUTPUTS, PROMPT_LOGPROBS_OUTPUT, CACHED_TOKENS_OUTPUT]
+    assert names == [
+        *STOCK_OUTPUTS,
+        PROMPT_LOGPROBS_OUTPUT,
+        CACHED_TOKENS_OUTPUT,
+        STOP_REASON_OUTPUT,
+    ]
     types = {o["name"]: o["data_type"] for o in config["output"]}
-    assert types[PROMPT_LOGPROBS_OUTPUT] == "TYPE_STRING"
+    assert types[PROMPT_LOGPROBS_OUTPUT] == types[STOP_REASON_OUTPUT] == "TYPE_STRING"
     assert types[CACHED_TOKENS_OUTPUT] == types["num_input_tokens"] == "TYPE_UINT32"
     # The stock completion still ran: decoupled, no Triton batching, its inputs.
     assert config["model_transaction_policy"] == {"decoupled": True}
@@ -119,7 +125,12 @@ def test_a_prefill_request_returns_the_models_prompt_logprobs(
     ((response, flags),) = infer(model, pb_utils, prompt, PREFILL, exclude_input_in_output=True)
     assert flags == pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
     out = outputs(response)
-    assert list(out) == ["text_output", PROMPT_LOGPROBS_OUTPUT, CACHED_TOKENS_OUTPUT]
+    assert list(out) == [
+        "text_output",
+        PROMPT_LOGPROBS_OUTPUT,
+        STOP_REASON_OUTPUT,
+        CACHED_TOKENS_OUTPUT,
+    ]
     (encoded,) = out[PROMPT_LOGPROBS_OUTPUT]
     rows = json.loads(encoded)
     toy = ToyModel().prompt_logprobs(prompt)
@@ -144,10 +155,11 @@ def test_requests_without_prompt_logprobs_get_the_stock_response_unchanged(
     text_output = {"name": "text_output", "data_type": "TYPE_STRING"}
     stock.initialize({"model_config": json.dumps({"output": [text_output]})})
     # The stock model's own _infer now builds our request class too; the request class is the
-    # only difference, and without prompt_logprobs it adds only the cached prompt tokens.
+    # only difference, and without prompt_logprobs it adds only the stop reason and the cached
+    # prompt tokens.
     ((theirs, _),) = infer(stock, pb_utils, "the sky", params, return_finish_reason=True)
-    assert outputs(ours) == {**outputs(theirs), CACHED_TOKENS_OUTPUT: [0]}
-    assert list(outputs(ours)) == ["text_output", "finish_reason", CACHED_TOKENS_OUTPUT]
+    added = {STOP_REASON_OUTPUT: ["null"], CACHED_TOKENS_OUTPUT: [0]}
+    assert outputs(ours) == {**outputs(theirs), **added}
 
 
 def test_a_stream_carries_prompt_logprobs_once(backend: ModuleType, pb_utils: ModuleType) -> None:
@@ -196,6 +208,22 @@ def test_the_last_response_counts_the_prompt_tokens_the_prefix_cache_served(
     assert (cached(), cached()) == (0, 8)
     # The request's cache_salt reaches vLLM with the prompt: only the same salt shares blocks.
     assert (cached("tenant-a"), cached("tenant-a"), cached("tenant-b")) == (0, 8, 0)
+
+
+def test_a_finished_choice_carries_the_stop_string_or_token_that_ended_it(
+    backend: ModuleType, pb_utils: ModuleType
+) -> None:
+    model = loaded(backend, pb_utils)
+    free = infer(model, pb_utils, "the", {"max_tokens": 6, "temperature": 0.0}, stream=True)
+    words = b"".join(outputs(r)["text_output"][0] for r, _ in free).decode().split()
+    (token,) = ToyModel().tokenize(words[1])
+    for stop, expected in (({"stop": [words[2]]}, words[2]), ({"stop_token_ids": [token]}, token)):
+        params = {"max_tokens": 6, "temperature": 0.0, **stop}
+        sent = infer(model, pb_utils, "the", params, stream=True)
+        reasons = [outputs(r).get(STOP_REASON_OUTPUT) for r, _ in sent]
+        # Only once the choice has finished: a stream pays nothing per token for it.
+        assert reasons[:-1] == [None] * (len(sent) - 1)
+        assert [json.loads(r) for r in reasons[-1]] == [expected]
 
 
 def test_a_cache_salt_that_would_not_partition_the_cache_is_refused(

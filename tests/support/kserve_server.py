@@ -54,7 +54,11 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
 from runtime.serving_backend import BACKEND_NAME as SCORING_BACKEND
-from runtime.serving_backend import CACHE_SALT_PARAMETER, CACHED_TOKENS_OUTPUT
+from runtime.serving_backend import (
+    CACHE_SALT_PARAMETER,
+    CACHED_TOKENS_OUTPUT,
+    STOP_REASON_OUTPUT,
+)
 from tests.support.repository_models import (
     BackendFailure,
     InvalidInput,
@@ -146,7 +150,11 @@ _INPUTS = (
 # Not an output of the stock backend: declared by the serving image's backend (or in
 # config.pbtxt) for vLLM's prompt log-probabilities, which the frontend's scoring reads.
 PROMPT_LOGPROBS_OUTPUT = "prompt_logprobs"
-_EXTRA_TYPES = {PROMPT_LOGPROBS_OUTPUT: "BYTES", CACHED_TOKENS_OUTPUT: "UINT32"}
+_EXTRA_TYPES = {
+    PROMPT_LOGPROBS_OUTPUT: "BYTES",
+    CACHED_TOKENS_OUTPUT: "UINT32",
+    STOP_REASON_OUTPUT: "BYTES",
+}
 # The backends a config.pbtxt may name: NVIDIA's vLLM backend, and ours built on it.
 _BACKENDS = frozenset({"vllm", SCORING_BACKEND})
 
@@ -157,7 +165,11 @@ class StandInModel:
 
     name: str
     toy: ToyModel = field(default_factory=ToyModel)
-    extra_outputs: tuple[str, ...] = (PROMPT_LOGPROBS_OUTPUT, CACHED_TOKENS_OUTPUT)
+    extra_outputs: tuple[str, ...] = (
+        PROMPT_LOGPROBS_OUTPUT,
+        CACHED_TOKENS_OUTPUT,
+        STOP_REASON_OUTPUT,
+    )
     max_model_len: int = 512
     backend: str = SCORING_BACKEND
     prefix_cache: ToyPrefixCache = field(default_factory=ToyPrefixCache)
@@ -605,6 +617,9 @@ class KServeStandIn:
             ]
         if final and CACHED_TOKENS_OUTPUT in model.extra_outputs:
             outputs[CACHED_TOKENS_OUTPUT] = [cached]
+        finished = any(c.finish_reason is not None for c in choices)
+        if finished and STOP_REASON_OUTPUT in model.extra_outputs:
+            outputs[STOP_REASON_OUTPUT] = [json.dumps(c.stop_reason).encode() for c in choices]
         requested = {o.name for o in request.outputs}
         if PROMPT_LOGPROBS_OUTPUT in requested:
             if params.get("prompt_logprobs") is None:
@@ -741,11 +756,15 @@ def load_models(
             executed.load(config.parent)
             continue
         declared = re.findall(r'name:\s*"([^"]+)"', text)
-        # The serving image's backend declares prompt_logprobs and num_cached_tokens in its
-        # auto-complete (tests/serving_backend checks it does); the stock one declares
+        # The serving image's backend declares its outputs in its auto-complete
+        # (tests/serving_backend checks it does); the stock one declares
         # prompt_logprobs only if config.pbtxt does.
         if backend.group(1) == SCORING_BACKEND:
-            extra: tuple[str, ...] = (PROMPT_LOGPROBS_OUTPUT, CACHED_TOKENS_OUTPUT)
+            extra: tuple[str, ...] = (
+                PROMPT_LOGPROBS_OUTPUT,
+                CACHED_TOKENS_OUTPUT,
+                STOP_REASON_OUTPUT,
+            )
         elif PROMPT_LOGPROBS_OUTPUT in declared:
             extra = (PROMPT_LOGPROBS_OUTPUT,)
         else:

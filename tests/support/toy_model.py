@@ -119,6 +119,8 @@ class ToyChoice:
     steps: list[ToyStep] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
+    #: As vLLM's: the stop string or stop token id that ended the choice (None for EOS).
+    stop_reason: str | int | None = None
 
     @property
     def cumulative_logprob(self) -> float:
@@ -135,6 +137,7 @@ def _append(choice: ToyChoice, piece: str, stops: list[str], keep_stop: bool) ->
         if at >= 0:
             choice.text = choice.text[: at + len(s) if keep_stop else at]
             choice.finish_reason = "stop"
+            choice.stop_reason = s
             return
 
 
@@ -255,6 +258,7 @@ class ToyModel:
                 if tok == EOS_ID or tok in stop_ids:
                     choice.steps.append(ToyStep(tok, "", lp[tok], {i: lp[i] for i in ranked}))
                     choice.finish_reason = "stop"
+                    choice.stop_reason = None if tok == EOS_ID else tok
                     continue
                 piece = VOCAB[tok] if not choice.text else " " + VOCAB[tok]
                 choice.steps.append(ToyStep(tok, piece, lp[tok], {i: lp[i] for i in ranked}))
@@ -284,6 +288,7 @@ class ToyModel:
                 if tid in stop_ids:
                     choice.steps.append(ToyStep(tid, "", -0.5, {tid: -0.5}))
                     choice.finish_reason = "stop"
+                    choice.stop_reason = tid
                     continue
                 piece = word if step == 0 else " " + word
                 choice.steps.append(ToyStep(tid, piece, -0.5, {tid: -0.5}))

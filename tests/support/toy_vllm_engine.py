@@ -55,6 +55,8 @@ class ToyEngine:
             "max_tokens": sampling_params.max_tokens,
             "temperature": sampling_params.temperature,
             "n": sampling_params.n,
+            "stop": sampling_params.stop,
+            "stop_token_ids": sampling_params.stop_token_ids,
         }
         wanted = sampling_params.prompt_logprobs is not None
         plp = prompt_logprobs_of(self.toy, text) if wanted else None
@@ -72,6 +74,7 @@ class ToyEngine:
                         cumulative_logprob=c.cumulative_logprob,
                         logprobs=None,
                         finish_reason=c.finish_reason,
+                        stop_reason=c.stop_reason,
                     )
                     for i, c in enumerate(choices)
                 ],

@@ -340,6 +340,7 @@ async def create_chat_completion(
                 "message": message,
                 "logprobs": _logprobs(c.logprobs, top, names) if logprobs is not None else None,
                 "finish_reason": finish,
+                "stop_reason": c.stop_reason,
             }
         )
         if body.return_token_ids:
@@ -468,6 +469,8 @@ async def _events(
                     "logprobs": _logprobs(c.logprobs, top, names) if body.logprobs else None,
                     "finish_reason": finish,
                 }
+                if finish is not None:
+                    choice["stop_reason"] = c.stop_reason
                 if body.return_token_ids:
                     choice["token_ids"] = [t.token_id for t in c.logprobs]
                 deltas.append(choice)

@@ -303,6 +303,7 @@ async def create_completion(
                 "text": text,
                 "logprobs": _logprobs(entries, top, 0, names) if want_logprobs else None,
                 "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason,
             }
             if body.return_token_ids:
                 choice["prompt_token_ids"] = prepared.prompt_ids[p_index]
@@ -393,6 +394,8 @@ class _PromptChoices:
                 else None,
                 "finish_reason": c.finish_reason,
             }
+            if c.finish_reason is not None:
+                delta["stop_reason"] = c.stop_reason
             if self.prompt_ids is not None:
                 if not self.started[c.index]:
                     self.started[c.index] = True
