@@ -371,7 +371,8 @@ def _parsed(
     """Feed a choice's new text (and its end) to its tool-call parser.
 
     Output that breaks the tool-call format is counted, then raised; ``stop`` names the
-    request's stop sequences where the engine forced the call (:func:`counted_invalid_output`).
+    request's stop sequences, blamed only for a forced call's unfinished JSON
+    (:func:`counted_invalid_output`).
     """
     with counted_invalid_output(state, ROUTE, index, finish, stop):
         piece = parser.feed(text)
@@ -391,7 +392,7 @@ def _message(
     parser = tool_stream(plan)
     if parser is None:
         return {"role": "assistant", "content": text}, finish
-    _parsed(state, parser, text, finish, index, stop if plan.forced is not None else None)
+    _parsed(state, parser, text, finish, index, stop)
     if not parser.calls:
         return {"role": "assistant", "content": text}, finish
     message: dict[str, Any] = {"role": "assistant", "content": parser.content}
@@ -419,7 +420,6 @@ async def _events(
     done = [False] * n
     parsers = [tool_stream(plan) for _ in range(n)]
     stop = stop_field(body.stop, body.stop_token_ids)
-    forced_stop = stop if plan.forced is not None else None
     prompt_tokens = completion_tokens = 0
     cached_tokens: int | None = None
     kind = "chat.completion.chunk"
@@ -448,7 +448,7 @@ async def _events(
                 if parser is None:
                     delta: dict[str, Any] = {"content": c.text}
                 else:
-                    piece = _parsed(state, parser, c.text, finish, c.index, forced_stop)
+                    piece = _parsed(state, parser, c.text, finish, c.index, stop)
                     delta = {}
                     if piece.content:
                         delta["content"] = piece.content
